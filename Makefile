@@ -1,0 +1,55 @@
+# specrank — two commands: `make run` (the main job) and `make test`.
+# Every target does its own set-up; nothing else needs to run first.
+
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# An unpinned torch pulls a ~2.8 GB CUDA build; where no GPU is present,
+# install the pinned CPU wheel first so the project's range is already met.
+TORCH_CPU := torch==2.13.0
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-slow test-gpu bench lint format clean
+
+help:  ## list targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-12s %s\n", $$1, $$2}'
+
+setup: $(STAMP)  ## create .venv and install the project (idempotent)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"specrank needs Python 3.11, found {sys.version.split()[0]} at {sys.executable}"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then \
+		echo "CUDA GPU found: installing torch from the index"; \
+		$(PY) -m pip install --quiet torch; \
+	else \
+		echo "no CUDA GPU: installing the pinned CPU wheel $(TORCH_CPU)"; \
+		$(PY) -m pip install --quiet $(TORCH_CPU); \
+	fi
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)  ## run the default test suite (no slow, no gpu)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)  ## run the slow tests too
+	$(PY) -m pytest -q -m 'not gpu'
+
+test-gpu: $(STAMP)  ## run the gpu tests (needs CUDA)
+	$(PY) -m pytest -q -m gpu
+
+bench: $(STAMP)  ## run the benchmarks (prints figures)
+	$(PY) -m bench.select_values
+
+lint: $(STAMP)  ## ruff lint + format check
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)  ## ruff autofix + format
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+clean:  ## remove the venv and generated outputs
+	rm -rf $(VENV) outputs multirun .pytest_cache

