@@ -36,42 +36,51 @@ def _check_parent(parent: Tensor) -> None:
         raise TypeError(f"parent must be an int64/int32 tensor [R, P]; got dtype {parent.dtype}")
 
 
-def level_slices(depth: Tensor) -> list[tuple[int, int]] | None:
+Levels = list[tuple[int, int]]
+
+
+def pool_levels(parent: Tensor, depth: Tensor) -> Levels | None:
     """Contiguous pool-index ranges of depths 1, 2, ... when every round shares them.
 
     Pools grown with one configuration have the same depth layout in every
     round (10, 100, 100, ...); then path quantities take one pass per level
-    instead of a fixed-point iteration. None when layouts differ.
+    instead of a fixed-point iteration. Returns None when layouts differ or a
+    parent does not sit in an earlier level (then the general route is used).
     """
+    _check_parent(parent)
     first = depth[:1]
     if depth.shape[0] == 0 or not bool((depth == first).all()):
         return None
     d = first[0].tolist()
-    if any(b < a for a, b in itertools.pairwise(d)):
+    if d[0] != 1 or any(b < a for a, b in itertools.pairwise(d)):
         return None
     bounds = [0] + [i for i in range(1, len(d)) if d[i] != d[i - 1]] + [len(d)]
-    return list(itertools.pairwise(bounds))
+    levels = list(itertools.pairwise(bounds))
+    lo1, hi1 = levels[0]
+    if not bool((parent[:, lo1:hi1] < 0).all()):
+        return None
+    for lo, hi in levels[1:]:
+        block = parent[:, lo:hi]
+        if not bool(((block >= 0) & (block < lo)).all()):
+            return None
+    return levels
 
 
 def _path_reduce(
-    edge: Tensor, parent: Tensor, depth: Tensor | None, identity: float, combine
+    edge: Tensor, parent: Tensor, levels: Levels | None, identity: float, combine
 ) -> Tensor:
     _check_parent(parent)
-    has_parent = parent >= 0  # [R, P]
-    gather_idx = parent.clamp(min=0).long()  # [R, P]
-    levels = None if depth is None else level_slices(depth)
-    if levels and all(bool((parent[:, lo:hi] < lo).all()) for lo, hi in levels):
+    acc = edge.clone()
+    if levels:
         # One pass per level: every parent sits in an earlier level, already final.
-        acc = edge.clone()
         for lo, hi in levels[1:]:
-            above = torch.gather(acc, -1, gather_idx[:, lo:hi])
-            acc[:, lo:hi] = combine(
-                torch.where(has_parent[:, lo:hi], above, identity), edge[:, lo:hi]
-            )
+            above = torch.gather(acc, -1, parent[:, lo:hi].long())
+            acc[:, lo:hi] = combine(above, edge[:, lo:hi])
         return acc
     # General case, fixed-point propagation: after k sweeps every node of depth
     # <= k holds its full path value; stop when nothing changes.
-    acc = edge.clone()
+    has_parent = parent >= 0  # [R, P]
+    gather_idx = parent.clamp(min=0).long()  # [R, P]
     for _ in range(edge.shape[-1]):
         above = torch.where(has_parent, torch.gather(acc, -1, gather_idx), identity)
         new = combine(above, edge)
@@ -81,27 +90,26 @@ def _path_reduce(
     return acc
 
 
-def path_sum(edge: Tensor, parent: Tensor, depth: Tensor | None = None) -> Tensor:
+def path_sum(edge: Tensor, parent: Tensor, levels: Levels | None = None) -> Tensor:
     """Sum of per-edge values along each candidate's path from the root. [R, P].
 
-    Pass `depth` to use the fast one-pass-per-level route when layouts agree.
+    Pass `levels` (from `pool_levels`) for the fast one-pass-per-level route.
     """
-    return _path_reduce(edge, parent, depth, 0.0, torch.add)
+    return _path_reduce(edge, parent, levels, 0.0, torch.add)
 
 
-def path_product(edge: Tensor, parent: Tensor, depth: Tensor | None = None) -> Tensor:
+def path_product(edge: Tensor, parent: Tensor, levels: Levels | None = None) -> Tensor:
     """Product of per-edge values along each candidate's path (path probability). [R, P]."""
-    return _path_reduce(edge, parent, depth, 1.0, torch.mul)
+    return _path_reduce(edge, parent, levels, 1.0, torch.mul)
 
 
-def first_level_ancestor(parent: Tensor, depth: Tensor | None = None) -> Tensor:
+def first_level_ancestor(parent: Tensor, levels: Levels | None = None) -> Tensor:
     """Pool index of each candidate's depth-1 ancestor (itself at depth 1). [R, P] int64."""
     _check_parent(parent)
     self_idx = torch.arange(parent.shape[-1], device=parent.device).expand_as(parent)
     anc = torch.where(parent >= 0, parent.long(), self_idx)
-    levels = None if depth is None else level_slices(depth)
-    if levels and all(bool((parent[:, lo:hi] < lo).all()) for lo, hi in levels):
-        for lo, hi in levels[1:]:  # parents' ancestors are final one level up
+    if levels:
+        for lo, hi in levels[1:]:  # a parent's ancestor is final one level up
             anc[:, lo:hi] = torch.gather(anc, -1, anc[:, lo:hi])
         return anc
     for _ in range(parent.shape[-1]):  # pointer jumping: log2(depth) rounds
@@ -176,9 +184,9 @@ def top_b(score: Tensor, budget: int, valid: Tensor | None = None) -> Tensor:
     return keep if valid is None else keep & valid
 
 
-def draft_scores(draft_logprob: Tensor, parent: Tensor, depth: Tensor | None = None) -> Tensor:
+def draft_scores(draft_logprob: Tensor, parent: Tensor, levels: Levels | None = None) -> Tensor:
     """Cumulative draft log-probability of every candidate (the draft rule). [R, P]."""
-    return path_sum(draft_logprob, parent, depth)
+    return path_sum(draft_logprob, parent, levels)
 
 
 def replace_first_factor(
@@ -190,7 +198,7 @@ def replace_first_factor(
     how root, reranker, calibrated and substituted rules enter the selector.
     """
     edge = torch.where(depth == 1, first_logprob, draft_logprob)
-    return path_sum(edge, parent, depth)
+    return path_sum(edge, parent, pool_levels(parent, depth))
 
 
 def restrict_to_top_m(draft_score: Tensor, top_m: int, valid: Tensor | None = None) -> Tensor:

@@ -31,10 +31,12 @@ from torch import Tensor
 
 from decode.pool_batch import PoolBatch
 from decode.select import (
+    Levels,
     draft_scores,
     first_level_ancestor,
     path_product,
     path_sum,
+    pool_levels,
     rank_order,
     ranking_keys,
     restrict_to_top_m,
@@ -47,20 +49,53 @@ DRAW_RULES = ("root_draw", "pearl", "pearl_commit")
 RULES = FACTOR_RULES + DRAW_RULES
 
 
-def rule_edge_logfactors(pool: PoolBatch, rule: str) -> Tensor:
-    """Per-edge log factors whose path sums are the rule's scores. [R, P]."""
-    log_law = torch.log(pool.law_edge_prob())  # log 0 = -inf ranks last (SPEC §6)
+@dataclass
+class PoolContext:
+    """Per-batch quantities every rule shares, computed once. [R, P] unless noted."""
+
+    pool: PoolBatch
+    levels: Levels | None  # fast path-reduction layout, None for ragged pools
+    law: Tensor  # per-edge target probability under each round's law
+    log_law: Tensor  # its log (log 0 = -inf ranks last, SPEC §6)
+    first_ancestor: Tensor  # int64 pool index of the depth-1 ancestor
+    draft: Tensor  # cumulative draft log-probability (the draft rule's score)
+    valid: Tensor  # bool: in the pool and inside the top-M restriction
+    path_prob: Tensor  # P(u) under the law, 0 outside `valid`
+
+
+def pool_context(pool: PoolBatch, top_m: int = 0) -> PoolContext:
+    levels = pool_levels(pool.parent, pool.depth)
+    law = pool.law_edge_prob()
+    draft = draft_scores(pool.draft_logprob, pool.parent, levels)
+    valid = restrict_to_top_m(draft, top_m, pool.valid)
+    return PoolContext(
+        pool=pool,
+        levels=levels,
+        law=law,
+        log_law=torch.log(law),
+        first_ancestor=first_level_ancestor(pool.parent, levels),
+        draft=draft,
+        valid=valid,
+        path_prob=path_product(law, pool.parent, levels) * valid,
+    )
+
+
+def rule_scores(ctx: PoolContext, rule: str) -> Tensor:
+    """Candidate scores of a factor rule: path sums of its per-edge log factors. [R, P]."""
+    pool = ctx.pool
     if rule == "draft":
-        return pool.draft_logprob
+        return ctx.draft
+    if rule == "oracle":  # log of the path probability: no second path reduction
+        return torch.log(ctx.path_prob)
     if rule == "root":
-        return torch.where(pool.depth == 1, log_law, pool.draft_logprob)
-    if rule == "root_softmax":  # greedy rounds ranked by the unit-temperature softmax
-        return torch.where(pool.depth == 1, torch.log(pool.target_prob), pool.draft_logprob)
-    if rule == "depth_two":
-        return torch.where(pool.depth <= 2, log_law, pool.draft_logprob)
-    if rule == "oracle":
-        return log_law
-    raise ValueError(f"The 'rule' must be one of {FACTOR_RULES}. Got {rule!r} instead.")
+        edge = torch.where(pool.depth == 1, ctx.log_law, pool.draft_logprob)
+    elif rule == "root_softmax":  # greedy rounds ranked by the unit-temperature softmax
+        edge = torch.where(pool.depth == 1, torch.log(pool.target_prob), pool.draft_logprob)
+    elif rule == "depth_two":
+        edge = torch.where(pool.depth <= 2, ctx.log_law, pool.draft_logprob)
+    else:
+        raise ValueError(f"The 'rule' must be one of {FACTOR_RULES}. Got {rule!r} instead.")
+    return path_sum(edge, pool.parent, ctx.levels)
 
 
 def values_at_budgets(order: Tensor, path_prob: Tensor, budgets: Sequence[int]) -> Tensor:
@@ -76,37 +111,25 @@ def values_at_budgets(order: Tensor, path_prob: Tensor, budgets: Sequence[int]) 
     return torch.where(idx >= 0, out, torch.zeros_like(out))  # B = 0: the empty tree
 
 
-@dataclass
-class SubtreeTerms:
-    """Candidates below each first-level candidate, grouped by subtree, [R, P] each.
+def subtree_ranks(ctx: PoolContext) -> tuple[Tensor, Tensor, Tensor]:
+    """Candidates grouped by first-level subtree, each group in draft order.
 
-    Entries are sorted by (first-level ancestor, draft rank); depth-1 and
-    invalid entries come last with `below = False`.
+    Returns (perm, below, rank_below), each [R, P]: `perm` sorts the pool by
+    (first-level ancestor, draft rank) with depth-1 and invalid entries last;
+    `below` marks valid candidates of depth >= 2 (in perm order); `rank_below`
+    is each entry's rank among the candidates below the same first-level
+    candidate. One sort of unique composite int64 keys does all of it.
     """
-
-    path_prob: Tensor  # P(u), law path probability
-    first_prob: Tensor  # law probability of u's first-level ancestor g: p(g|c)
-    below: Tensor  # bool: a valid candidate of depth >= 2
-    rank_below: Tensor  # rank of u among the candidates below g, in draft order
-    under_top: Tensor  # bool: g is the drafter's top first-level candidate
-
-
-def subtree_terms(
-    pool: PoolBatch, draft_score: Tensor, valid: Tensor, path_prob: Tensor, top_first: Tensor
-) -> SubtreeTerms:
-    """Group candidates by first-level subtree with one sort of composite keys."""
-    n_rounds, width = pool.shape
+    n_rounds, width = ctx.pool.shape
     index_bits = max(1, (width - 1).bit_length())
-    group_bits = width.bit_length()
-    if 32 + index_bits + group_bits > 63:
+    if 32 + index_bits + width.bit_length() > 63:
         raise ValueError(f"pools of {width} candidates are too wide for 63-bit subtree keys")
-    anc = first_level_ancestor(pool.parent, pool.depth)  # [R, P]
-    below = (pool.depth >= 2) & valid
-    group = torch.where(below, anc, width)  # sentinel group `width` sorts last
-    score_desc = 0x7FFFFFFF - (ranking_keys(draft_score, valid) >> 32)  # in [0, 2^32)
-    positions = torch.arange(width, device=anc.device).expand(n_rounds, width)
+    below = (ctx.pool.depth >= 2) & ctx.valid
+    group = torch.where(below, ctx.first_ancestor, width)  # sentinel group `width` sorts last
+    score_desc = 0x7FFFFFFF - (ranking_keys(ctx.draft, ctx.valid) >> 32)  # in [0, 2^32)
+    positions = torch.arange(width, device=group.device).expand(n_rounds, width)
     key = (group << (32 + index_bits)) | (score_desc << index_bits) | positions
-    # keys are unique, so the fast unstable sort is exact (see select.rank_order)
+    # keys are unique, so numpy's fast unstable sort is exact (see select.rank_order)
     perm = (
         torch.from_numpy(np.argsort(key.numpy(), axis=-1))
         if key.device.type == "cpu"
@@ -116,45 +139,54 @@ def subtree_terms(
     starts = torch.ones_like(below)
     starts[:, 1:] = group_sorted[:, 1:] != group_sorted[:, :-1]
     start_pos = torch.cummax(torch.where(starts, positions, 0), dim=-1).values
-    anc_sorted = torch.gather(anc, -1, perm)
-    return SubtreeTerms(
-        path_prob=torch.gather(path_prob, -1, perm),
-        first_prob=torch.gather(torch.gather(pool.law_edge_prob(), -1, anc), -1, perm),
-        below=torch.gather(below, -1, perm),
-        rank_below=positions - start_pos,
-        under_top=anc_sorted == top_first[:, None],
-    )
+    return perm, group_sorted < width, positions - start_pos
 
 
-def draw_values(terms: SubtreeTerms, budgets: Sequence[int]) -> dict[str, Tensor]:
-    """Root-draw and PEARL-commit values and expected tree sizes. [R, n_budgets] each."""
-    mass = terms.path_prob * terms.below
-    size = terms.first_prob * terms.below
-    cols: dict[str, list[Tensor]] = {}
+def _mass_by_rank(values: Tensor, rank: Tensor, mask: Tensor) -> Tensor:
+    """Cumulative mass of masked entries by within-subtree rank: out[:, r] = sum(rank <= r). [R, P]."""
+    binned = torch.zeros_like(values).scatter_add_(-1, rank, values * mask)
+    return torch.cumsum(binned, dim=-1)
+
+
+def draw_values(ctx: PoolContext, top_first: Tensor, budgets: Sequence[int]) -> dict[str, Tensor]:
+    """Root-draw and PEARL-commit values and expected tree sizes. [R, n_budgets] each.
+
+    Root-draw keeps, below whichever first-level g is drawn, g's b-1 best-ranked
+    descendants; PEARL-commit keeps them only below the drafter's top g*.
+    """
+    perm, below, rank = subtree_ranks(ctx)
+    path_prob = torch.gather(ctx.path_prob, -1, perm)
+    anc = torch.gather(ctx.first_ancestor, -1, perm)
+    first_prob = torch.gather(ctx.law, -1, anc)  # p(g|c) of each entry's subtree root
+    under_top = below & (anc == top_first[:, None])
+    curves = {
+        "root_draw": _mass_by_rank(path_prob, rank, below),
+        "size/root_draw": _mass_by_rank(first_prob, rank, below),
+        "pearl_commit": _mass_by_rank(path_prob, rank, under_top),
+        "size/pearl_commit": _mass_by_rank(first_prob, rank, under_top),
+    }
     for b in budgets:
         if b < 1:
             raise ValueError(f"Draw rules need a budget >= 1 (the drawn token). Got {b} instead.")
-        kept = terms.rank_below < (b - 1)  # the b-1 best-ranked candidates below each g
-        commit = kept & terms.under_top
-        for name, m in (("root_draw", kept), ("pearl_commit", commit)):
-            cols.setdefault(name, []).append(1 + (mass * m).sum(-1))
-            cols.setdefault(f"size/{name}", []).append(1 + (size * m).sum(-1))
-    return {k: torch.stack(v, dim=-1) for k, v in cols.items()}
+    width = ctx.pool.shape[1]
+    idx = torch.tensor([min(b - 1, width) - 1 for b in budgets])  # b-1 kept below g
+    out = {}
+    for name, cum in curves.items():
+        taken = cum[:, idx.clamp(min=0)]
+        out[name] = 1 + torch.where(idx >= 0, taken, torch.zeros_like(taken))
+    return out
 
 
-def pearl_curves(
-    pool: PoolBatch, draft_order: Tensor, path_prob: Tensor, valid: Tensor
-) -> tuple[Tensor, Tensor]:
-    """PEARL value and expected tree size at every pre-draw budget b = 1..k. [R, k] each.
+def pearl_curves(ctx: PoolContext, draft_order: Tensor) -> tuple[Tensor, Tensor]:
+    """PEARL value and expected tree size at pre-draw budgets b = 1..k. [R, k] each.
 
     PEARL keeps the part of the draft tree T_b below the drawn first token, so
     value(b) = 1 + sum of P(u) over depth>=2 members of T_b, and the expected
     size adds p(g|c) for each such u below g.
     """
-    anc = first_level_ancestor(pool.parent, pool.depth)
-    first_prob = torch.gather(pool.law_edge_prob(), -1, anc)
-    below = ((pool.depth >= 2) & valid).float()
-    value = 1 + torch.cumsum(torch.gather(path_prob * below, -1, draft_order), dim=-1)
+    below = ((ctx.pool.depth >= 2) & ctx.valid).float()
+    first_prob = torch.gather(ctx.law, -1, ctx.first_ancestor)
+    value = 1 + torch.cumsum(torch.gather(ctx.path_prob * below, -1, draft_order), dim=-1)
     size = 1 + torch.cumsum(torch.gather(first_prob * below, -1, draft_order), dim=-1)
     return value, size
 
@@ -199,33 +231,23 @@ def evaluate_pools(
         raise ValueError(f"Unknown rule(s) {unknown}; known rules are {list(RULES)}")
     if not budgets or min(budgets) < 0:
         raise ValueError(f"The 'budgets' must be a non-empty list of ints >= 0. Got {budgets}.")
-    law = pool.law_edge_prob()
-    draft = draft_scores(pool.draft_logprob, pool.parent, pool.depth)
-    valid = restrict_to_top_m(draft, top_m, pool.valid)
-    path_prob = path_product(law, pool.parent, pool.depth) * valid
+    ctx = pool_context(pool, top_m)
     k = max(budgets)
-    draft_order = rank_order(draft, valid, k=k)
+    draft_order = rank_order(ctx.draft, ctx.valid, k=k)
     out: dict[str, Tensor] = {}
-    for rule in rules:
-        if rule == "draft":
-            order = draft_order
-        elif rule == "oracle":  # log of the path probability: one product, no extra sum
-            order = rank_order(torch.log(path_prob), valid, k=k)
-        elif rule in FACTOR_RULES:
-            score = path_sum(rule_edge_logfactors(pool, rule), pool.parent, pool.depth)
-            order = rank_order(score, valid, k=k)
-        else:
-            continue
-        out[rule] = values_at_budgets(order, path_prob, budgets)
-    for name, score in (extra_scores or {}).items():
-        out[name] = values_at_budgets(rank_order(score, valid, k=k), path_prob, budgets)
+    scores = {r: None for r in rules if r in FACTOR_RULES} | dict(extra_scores or {})
+    for name, score in scores.items():
+        order = (
+            draft_order
+            if name == "draft"
+            else rank_order(rule_scores(ctx, name) if score is None else score, ctx.valid, k=k)
+        )
+        out[name] = values_at_budgets(order, ctx.path_prob, budgets)
     if "pearl" in rules:
-        value, size = pearl_curves(pool, draft_order, path_prob, valid)
+        value, size = pearl_curves(ctx, draft_order)
         idx = [min(b, value.shape[-1]) - 1 for b in budgets]
         out["pearl"], out["size/pearl"] = value[:, idx], size[:, idx]
     if "root_draw" in rules or "pearl_commit" in rules:
-        top_first = draft_order[:, 0]  # draft rank 0 is a depth-1 candidate
-        terms = subtree_terms(pool, draft, valid, path_prob, top_first)
-        drawn = draw_values(terms, budgets)
-        out.update({k_: v for k_, v in drawn.items() if k_.split("/")[-1] in rules})
+        drawn = draw_values(ctx, draft_order[:, 0], budgets)  # draft rank 0 is a depth-1 node
+        out.update({name: v for name, v in drawn.items() if name.split("/")[-1] in rules})
     return out

@@ -14,6 +14,7 @@ from decode.select import (
     first_level_ancestor,
     path_product,
     path_sum,
+    pool_levels,
     rank_candidates,
     rank_order,
     restrict_to_top_m,
@@ -47,7 +48,7 @@ def pools_and_scores(draw):
 @settings(max_examples=300, deadline=None)
 @given(pools_and_scores(), st.integers(0, 30), st.integers(0, 30))
 def test_selection_is_ancestor_closed_with_exactly_b_nodes(case, budget, top_m):
-    parent, depth, edge = case
+    parent, _depth, edge = case
     par = torch.from_numpy(parent)[None]
     score = path_sum(torch.from_numpy(edge)[None], par)
     keep = top_b(score, budget)[0].numpy()
@@ -76,7 +77,9 @@ def test_rank_follows_spec_tie_break(case):
 
 def test_top_k_order_equals_full_order():
     rng = np.random.default_rng(0)
-    score = torch.from_numpy(rng.choice([0.0, -1.0, -2.0, -np.inf], size=(50, 400)).astype(np.float32))
+    score = torch.from_numpy(
+        rng.choice([0.0, -1.0, -2.0, -np.inf], size=(50, 400)).astype(np.float32)
+    )
     assert torch.equal(rank_order(score, k=20), rank_order(score)[:, :20])
 
 
@@ -88,10 +91,12 @@ def test_nan_scores_are_refused():
 def test_path_reductions_match_a_python_walk_on_both_routes():
     rng = np.random.default_rng(1)
     pool = random_pool_batch(rng, 6, [3, 5, 4, 2])
-    for depth in (pool.depth, None):  # level route and fixed-point route
-        prod = path_product(pool.target_prob, pool.parent, depth)
-        summ = path_sum(pool.draft_logprob, pool.parent, depth)
-        anc = first_level_ancestor(pool.parent, depth)
+    levels = pool_levels(pool.parent, pool.depth)
+    assert levels is not None and len(levels) == 4
+    for lv in (levels, None):  # level route and fixed-point route
+        prod = path_product(pool.target_prob, pool.parent, lv)
+        summ = path_sum(pool.draft_logprob, pool.parent, lv)
+        anc = first_level_ancestor(pool.parent, lv)
         for r, i in itertools.product(range(6), range(pool.shape[1])):
             p, s, j = 1.0, 0.0, i
             while pool.parent[r, j] >= 0:

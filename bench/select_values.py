@@ -1,0 +1,144 @@
+"""Benchmark: rule values on paper-scale synthetic traces (365,922 rounds x 710 candidates).
+
+    python -m bench.select_values                 # paper scale (generates the cache once)
+    python -m bench.select_values --rounds 20000  # quicker
+
+Prints generation time (once), read + densify time, evaluation time for draft,
+root, depth-two, oracle, root-draw and PEARL-style values at B=8 and B=59,
+rounds per second, peak memory, and the speed-up of the batched evaluator over
+a per-round reference loop measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from decode.pool_batch import POOL_COLUMNS, pool_batch_from_table
+from decode.select import draft_scores, first_level_ancestor, path_product, rank_order
+from decode.trace_schema import trace_store
+from decode.tree_values import evaluate_pools
+
+PAPER_ROUNDS = 365_922
+ROUNDS_PER_PROMPT = 40
+RULES = ["draft", "root", "depth_two", "oracle", "root_draw", "pearl"]
+BUDGETS = [8, 59]
+CACHE = Path(__file__).resolve().parent / ".cache"
+
+
+def ensure_traces(rounds: int) -> Path:
+    """Synthetic traces of at least `rounds` rounds, generated once into bench/.cache."""
+    prompts = -(-rounds // ROUNDS_PER_PROMPT)
+    out = CACHE / f"synthetic_{prompts}x{ROUNDS_PER_PROMPT}"
+    marker = out / "complete"
+    if not marker.exists():
+        print(
+            f"generating {prompts * ROUNDS_PER_PROMPT:,} synthetic rounds into {out} ...",
+            flush=True,
+        )
+        t = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "decode.synth", f"paths.synthetic={out}",
+             f"synth_job.prompts={prompts}", f"synth_job.rounds_per_prompt={ROUNDS_PER_PROMPT}",
+             "synth_job.prompts_per_shard=256", "hydra.run.dir=" + str(CACHE / "hydra")],
+            check=True,
+        )  # fmt: skip
+        marker.write_text("ok")
+        print(f"  generated and written in {time.perf_counter() - t:.1f} s", flush=True)
+    return out
+
+
+def reference_loop_values(pool, budgets) -> dict[str, np.ndarray]:
+    """Baseline: draft/oracle/root values one round at a time (what a naive loop costs)."""
+    law = pool.law_edge_prob()
+    out = {r: np.zeros((pool.shape[0], len(budgets))) for r in ("draft", "root", "oracle")}
+    for r in range(pool.shape[0]):
+        sl = slice(r, r + 1)
+        prob = path_product(law[sl], pool.parent[sl])
+        draft = draft_scores(pool.draft_logprob[sl], pool.parent[sl])
+        anc = first_level_ancestor(pool.parent[sl])
+        root = (
+            draft
+            - torch.gather(pool.draft_logprob[sl], -1, anc)
+            + torch.log(torch.gather(law[sl], -1, anc))
+        )
+        for name, score in (("draft", draft), ("root", root), ("oracle", torch.log(prob))):
+            order = rank_order(score)
+            mass = torch.cumsum(prob[0, order[0]], 0)
+            out[name][r] = [mass[b - 1].item() for b in budgets]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=PAPER_ROUNDS)
+    parser.add_argument("--chunk", type=int, default=16384, help="rounds per evaluation batch")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+
+    dataset = trace_store(ensure_traces(args.rounds)).dataset()
+    n_read = n_eval = 0
+    t_read = t_eval = 0.0
+    sums = {r: np.zeros(len(BUDGETS)) for r in RULES}
+    t = time.perf_counter()
+    for batch in dataset.to_batches(columns=POOL_COLUMNS, batch_size=args.chunk):
+        table = pa.Table.from_batches([batch]).slice(0, max(0, args.rounds - n_read))
+        if table.num_rows == 0:
+            break
+        pool = pool_batch_from_table(table)
+        n_read += table.num_rows
+        t_read += time.perf_counter() - t
+        t = time.perf_counter()
+        values = evaluate_pools(pool, BUDGETS, rules=RULES)
+        for r in RULES:
+            sums[r] += values[r].double().sum(0).numpy()
+        n_eval += table.num_rows
+        t_eval += time.perf_counter() - t
+        t = time.perf_counter()
+    if n_read == 0:
+        raise SystemExit("no rounds read")
+
+    # Same-run baseline on a small slice: per-round loop vs the batched evaluator.
+    sample = pool_batch_from_table(dataset.head(500, columns=POOL_COLUMNS))
+    t0 = time.perf_counter()
+    ref = reference_loop_values(sample, BUDGETS)
+    t_loop = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    fast = evaluate_pools(sample, BUDGETS, rules=["draft", "root", "oracle"])
+    t_fast = time.perf_counter() - t0
+    for name in ref:
+        np.testing.assert_allclose(fast[name].numpy(), ref[name], atol=1e-4)
+
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(
+        f"\nrounds: {n_eval:,} x {pool.shape[1]} candidates, torch threads {torch.get_num_threads()}"
+    )
+    print(f"read + densify : {t_read:7.1f} s  ({n_read / t_read:,.0f} rounds/s)")
+    print(
+        f"evaluate       : {t_eval:7.1f} s  ({n_eval / t_eval:,.0f} rounds/s)  rules {RULES} at B={BUDGETS}"
+    )
+    print(f"total          : {t_read + t_eval:7.1f} s")
+    print(f"peak memory    : {peak_gb:.2f} GiB (max RSS)")
+    print(
+        f"batched vs per-round loop (draft, root, oracle; 500 rounds): {t_loop / t_fast:.0f}x faster"
+    )
+    print("\nmean expected accepted tokens per round:")
+    for r in RULES:
+        print(
+            f"  {r:10s} "
+            + "  ".join(f"B={b}: {s / n_eval:.3f}" for b, s in zip(BUDGETS, sums[r], strict=True))
+        )
+
+
+if __name__ == "__main__":
+    main()
