@@ -1,0 +1,168 @@
+"""Evaluate every selection rule on the same recorded pools (SPEC §6, issue 6).
+
+Streams a trace store in chunks of rounds; for each chunk it builds the dense
+pools, turns every first-factor source into candidate scores and asks
+`decode.tree_values` for the value of each rule at each budget. The result is a
+per-round table (keys, breakdown fields, `<rule>@B<b>` values) from which
+`rerank.summary` computes gains and intervals.
+
+First-factor sources (each replaces log q(x1) in the draft score):
+  learned   out-of-fold predictions phat (rerankers, isotonic q1) joined by key
+  sub_<row> direct substitution of a retained row's log-probability
+  mix_<row>_w<w>  (1-w) log q(x1) + w log r(x1), for each candidate weight
+A retained row that is absent in a round leaves that round's draft factor in
+place: the rule then ranks exactly like draft selection there (SPEC §7: rows
+are missing, never zero).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import torch
+from torch import Tensor
+
+from decode.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
+from decode.select import path_sum
+from decode.tree_values import RULES, evaluate_pools, pool_context
+
+ROUND_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]
+RETAINED_ROWS = {"cache": "fl_cache_logprob", "same": "fl_same_logprob", "prev": "fl_prev_logprob"}
+TRACE_COLUMNS = sorted(set(POOL_COLUMNS) | set(ROUND_KEYS) | set(RETAINED_ROWS.values()))
+FIRST_FACTOR_FLOOR = 1e-6  # phat is clipped here so log phat is finite (see rerank.models)
+
+
+@dataclass
+class EvalPlan:
+    """What to evaluate on each chunk of rounds."""
+
+    budgets: list[int]
+    rules: list[str] = field(default_factory=lambda: list(RULES))
+    substitutions: list[str] = field(default_factory=lambda: list(RETAINED_ROWS))
+    mixture_weights: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
+    top_m: int = 0
+
+
+def first_level_matrix(values: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
+    """[R, width] float32 from a list column over first-level candidates; NaN where null/absent."""
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+    flat = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32)  # nulls -> nan
+    out = np.full((len(lengths), width), np.nan, dtype=np.float32)
+    out[np.arange(width)[None, :] < lengths[:, None]] = flat
+    return out
+
+
+def _first_factor_scores(pool: PoolBatch, levels, first_logprob: Tensor) -> Tensor:
+    """Scores with the depth-1 factor replaced wherever `first_logprob` is not NaN. [R, P]."""
+    edge = torch.where(
+        (pool.depth == 1) & ~torch.isnan(first_logprob), first_logprob, pool.draft_logprob
+    )
+    return path_sum(edge, pool.parent, levels)
+
+
+def _learned_matrix(keys: pd.DataFrame, preds: pd.DataFrame, column: str, width: int) -> Tensor:
+    """Dense [R, width] log phat for the chunk's rounds from the predictions table."""
+    idx = keys.reset_index(drop=True).reset_index().rename(columns={"index": "_row"})
+    merged = preds.merge(idx, on=ROUND_KEYS, how="inner")
+    out = np.full((len(keys), width), np.nan, dtype=np.float32)
+    out[merged["_row"].to_numpy(), merged["cand_index"].to_numpy()] = np.log(
+        np.clip(merged[column].to_numpy(np.float64), FIRST_FACTOR_FLOOR, 1.0)
+    )
+    return torch.from_numpy(out)
+
+
+def _scores_for_chunk(
+    pool: PoolBatch,
+    table: pa.Table,
+    keys: pd.DataFrame,
+    plan: EvalPlan,
+    predictions: pd.DataFrame | None,
+    learned: Sequence[str],
+    extra_factor: Callable[[PoolBatch, pa.Table], dict[str, Tensor]] | None,
+) -> dict[str, Tensor]:
+    width = pool.shape[1]
+    levels = pool_context(pool).levels
+    scores: dict[str, Tensor] = {}
+    for name in learned:
+        log_phat = _learned_matrix(keys, predictions, name, width)
+        missing = torch.isnan(log_phat) & (pool.depth == 1)
+        if missing.any():
+            rows = torch.nonzero(missing.any(1)).flatten()[:3].tolist()
+            raise ValueError(
+                f"predictions '{name}' lack first-level candidates of {int(missing.any(1).sum())} "
+                f"rounds (e.g. {keys.iloc[rows].to_dict('records')}); every round needs a prediction"
+            )
+        scores[name] = _first_factor_scores(pool, levels, log_phat)
+    draft_first = pool.draft_logprob
+    for row in plan.substitutions:
+        r = torch.from_numpy(first_level_matrix(table[RETAINED_ROWS[row]], width))
+        # A row is absent when all its entries are null (NaN: keep the draft factor);
+        # a null entry of a present row is a zeroed probability (the preceding
+        # row's continuation token, SPEC §5): log 0 = -inf.
+        present = ~torch.isnan(r).all(dim=-1, keepdim=True)
+        r = torch.where(present & torch.isnan(r), -torch.inf, r)
+        scores[f"sub_{row}"] = _first_factor_scores(pool, levels, r)
+        for w in plan.mixture_weights:
+            mix = (1 - w) * draft_first + w * r  # nan where the row is absent -> draft factor
+            scores[f"mix_{row}_w{w:g}"] = _first_factor_scores(pool, levels, mix)
+    if extra_factor is not None:
+        scores.update(extra_factor(pool, table))
+    return scores
+
+
+def _round_fields(table: pa.Table, pool: PoolBatch) -> pd.DataFrame:
+    """Keys and breakdown fields of each round of the chunk."""
+    frame = table.select([*ROUND_KEYS, "task", "root_entropy", "root_argmax"]).to_pandas()
+    # the drafter's top first token (draft rank 0 among depth-1 candidates) vs the target's argmax
+    first_draft = torch.where(pool.depth == 1, pool.draft_logprob, -torch.inf)
+    top = torch.argmax(first_draft, dim=-1)  # ties -> lowest pool index, the SPEC tie-break
+    frame["draft_top_is_argmax"] = (
+        torch.gather(pool.token, -1, top[:, None])[:, 0].numpy() == frame["root_argmax"].to_numpy()
+    )
+    return frame.drop(columns=["root_argmax"])
+
+
+def iter_trace_chunks(dataset: ds.Dataset, chunk_rounds: int) -> Iterator[pa.Table]:
+    for batch in dataset.to_batches(columns=TRACE_COLUMNS, batch_size=chunk_rounds):
+        if batch.num_rows:
+            yield pa.Table.from_batches([batch])
+
+
+def evaluate_traces(
+    dataset: ds.Dataset,
+    plan: EvalPlan,
+    predictions: pd.DataFrame | None = None,
+    learned: Sequence[str] = (),
+    extra_factor: Callable[[PoolBatch, pa.Table], dict[str, Tensor]] | None = None,
+    chunk_rounds: int = 8192,
+) -> pd.DataFrame:
+    """One row per round: keys, task, root entropy, first-token match, `<rule>@B<b>` values.
+
+    `predictions` holds ROUND_KEYS + `cand_index` + one probability column per
+    name in `learned` (out-of-fold). `extra_factor(pool, table)` may add rules
+    given as full candidate scores (e.g. per-depth calibration).
+    """
+    if learned and predictions is None:
+        raise ValueError(f"learned rules {list(learned)} need a predictions table")
+    parts = []
+    for table in iter_trace_chunks(dataset, chunk_rounds):
+        pool = pool_batch_from_table(table)
+        keys = table.select(ROUND_KEYS).to_pandas()
+        scores = _scores_for_chunk(pool, table, keys, plan, predictions, learned, extra_factor)
+        values = evaluate_pools(pool, plan.budgets, plan.rules, plan.top_m, extra_scores=scores)
+        frame = _round_fields(table, pool)
+        cols = {}
+        for name, v in values.items():
+            for j, b in enumerate(plan.budgets):
+                cols[f"{name}@B{b}"] = v[:, j].double().numpy()
+        parts.append(pd.concat([frame, pd.DataFrame(cols)], axis=1))
+    if not parts:
+        raise ValueError("the trace store holds no rounds")
+    return pd.concat(parts, ignore_index=True)
