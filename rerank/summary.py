@@ -75,6 +75,46 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
     return out, pd.DataFrame(chosen)
 
 
+def _with_interval(rec: dict, key: str, point: float, draws: np.ndarray) -> None:
+    iv = percentile_interval(point, draws)
+    rec |= {key: iv.estimate, f"{key}_lo": iv.low, f"{key}_hi": iv.high}
+
+
+def _budget_rows(
+    point: np.ndarray, draws: np.ndarray, cols: list[str], budget: int
+) -> list[dict[str, float | str]]:
+    """Values, gains and shares of every rule at one budget (one law, one weighting)."""
+    index = {c: i for i, c in enumerate(cols)}
+
+    def col(rule: str) -> tuple[np.ndarray, np.ndarray] | None:
+        i = index.get(f"{rule}@B{budget}")
+        return None if i is None else (np.asarray(point[i]), draws[:, i])
+
+    base = col("draft")
+    if base is None:
+        raise KeyError(f"no draft values at B={budget}: gains are relative to draft selection")
+    tops = {"share_root": col("root"), "share_oracle": col("oracle")}
+    rows = []
+    for c in cols:
+        rule, b = c.split("@B")
+        if int(b) != budget:
+            continue
+        v, v_d = col(rule)
+        rec: dict[str, float | str] = {
+            "rule": rule,
+            "accepted": float(v),
+            "emitted": float(v) + 1.0,
+        }
+        _with_interval(rec, "gain", relative_gain(v, base[0]), relative_gain(v_d, base[1]))
+        _with_interval(rec, "emitted_gain", emitted_gain(v, base[0]), emitted_gain(v_d, base[1]))
+        for key, top in tops.items():
+            if top is not None:
+                share = share_recovered(v, base[0], top[0])
+                _with_interval(rec, key, float(share), share_recovered(v_d, base[1], top[1]))
+        rows.append(rec)
+    return rows
+
+
 def summarise(
     frame: pd.DataFrame,
     n_resamples: int = 2000,
@@ -82,57 +122,26 @@ def summarise(
     weightings: tuple[str, ...] = WEIGHTINGS,
 ) -> pd.DataFrame:
     """One row per (law, budget, weighting, rule) with values, gains, shares and 95% intervals."""
-    rows = []
+    out = []
     for temperature, part in frame.groupby("temperature"):
         cols = value_columns(part)
         stats = PromptSums.from_rounds(part, cols)
         budgets = sorted({int(c.split("@B")[1]) for c in cols})
         for weighting in weightings:
             point, draws = bootstrap_means(stats, weighting, n_resamples, seed)
-            index = {c: i for i, c in enumerate(cols)}
             for b in budgets:
-
-                def col(rule: str, b: int = b) -> tuple[float, np.ndarray]:
-                    i = index[f"{rule}@B{b}"]
-                    return point[i], draws[:, i]
-
-                base, base_d = col("draft")
-                root, root_d = col("root") if f"root@B{b}" in index else (np.nan, None)
-                orac, orac_d = col("oracle") if f"oracle@B{b}" in index else (np.nan, None)
-                for c in cols:
-                    rule, cb = c.split("@B")
-                    if int(cb) != b:
-                        continue
-                    v, v_d = col(rule)
-                    rec = {
-                        "law": law_of(temperature),
-                        "budget": b,
-                        "weighting": weighting,
-                        "rule": rule,
-                        "rounds": int(stats.rounds.sum()),
-                        "prompts": len(stats.prompts),
-                        "accepted": v,
-                        "emitted": v + 1.0,
-                    }
-                    for key, stat, draw in (
-                        ("gain", relative_gain(v, base), relative_gain(v_d, base_d)),
-                        ("emitted_gain", emitted_gain(v, base), emitted_gain(v_d, base_d)),
-                    ):
-                        iv = percentile_interval(stat, draw)
-                        rec |= {key: iv.estimate, f"{key}_lo": iv.low, f"{key}_hi": iv.high}
-                    for key, top, top_d in (
-                        ("share_root", root, root_d),
-                        ("share_oracle", orac, orac_d),
-                    ):
-                        if top_d is None:
-                            continue
-                        iv = percentile_interval(
-                            float(share_recovered(np.array(v), np.array(base), np.array(top))),
-                            share_recovered(v_d, base_d, top_d),
-                        )
-                        rec |= {key: iv.estimate, f"{key}_lo": iv.low, f"{key}_hi": iv.high}
-                    rows.append(rec)
-    return pd.DataFrame(rows)
+                for rec in _budget_rows(point, draws, cols, b):
+                    out.append(
+                        {
+                            "law": law_of(temperature),
+                            "budget": b,
+                            "weighting": weighting,
+                            "rounds": int(stats.rounds.sum()),
+                            "prompts": len(stats.prompts),
+                        }
+                        | rec
+                    )
+    return pd.DataFrame(out)
 
 
 def breakdowns(frame: pd.DataFrame) -> pd.DataFrame:

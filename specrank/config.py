@@ -15,10 +15,18 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from decode.config import PoolConfig, SelectConfig
+from decode.config import (
+    DataConfig,
+    DecodeConfig,
+    ModelConfig,
+    PoolConfig,
+    SelectConfig,
+    TraceConfig,
+)
 from decode.pocket.config import PocketConfig
 from decode.synthetic import SynthConfig
 from features.config import FeaturesConfig
+from rerank.config import MlflowConfig, RerankConfig
 
 # A short random id in Hydra's run dir, so two runs started in the same second
 # never share (and overwrite) an output folder.
@@ -58,6 +66,12 @@ class Config:
     synth_job: SynthJobConfig = field(default_factory=SynthJobConfig)
     features: FeaturesConfig = field(default_factory=FeaturesConfig)
     pocket: PocketConfig = field(default_factory=PocketConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    rerank: RerankConfig = field(default_factory=RerankConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     seed: int = 0
 
 

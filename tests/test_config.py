@@ -37,8 +37,8 @@ def test_primary_configs_compose(hydra_conf, primary, debug):
 def test_every_group_option_composes(hydra_conf, group, option):
     users = [p for p in PRIMARY if f"- {group}:" in (CONF / f"{p}.yaml").read_text()]
     assert users, f"config group '{group}' is used by no primary config in conf/"
-    cfg = compose(users[0], overrides=[f"{group}={option}"])
-    assert group in cfg
+    cfg = compose(users[0], overrides=[f"{group}={option}"], return_hydra_config=True)
+    assert cfg.hydra.runtime.choices[group] == option
 
 
 def test_typo_fails_at_compose_time(hydra_conf):

@@ -1,0 +1,44 @@
+"""Typed settings of `python -m rerank.train` (the `rerank:` and `mlflow:` sections)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# SPEC §6: the default budgets and the sweep reported on request.
+DEFAULT_BUDGETS = [8, 59]
+SWEEP_BUDGETS = [2, 4, 8, 12, 16, 24, 32, 48, 59, 80, 100, 150, 200]
+
+
+@dataclass
+class RerankModelConfig:
+    """Gradient-boosted reranker (SPEC §8): chosen with the `rerank_model` config group."""
+
+    kind: str = "hgb"  # hgb (scikit-learn HistGradientBoosting) | lgbm (LightGBM)
+    n_threads: int | None = None  # None: library default (all cores)
+
+
+@dataclass
+class RerankConfig:
+    traces: str = "${paths.traces}"  # trace store (pools, exact target probabilities)
+    features: str = "${paths.features}"  # candidate table of the same traces
+    model: RerankModelConfig = field(default_factory=RerankModelConfig)
+    feature_sets: list[str] = field(default_factory=lambda: ["base", "rows"])  # SPEC §8
+    calibrators: list[str] = field(default_factory=lambda: ["iso_q1", "per_depth"])
+    substitutions: list[str] = field(default_factory=lambda: ["cache", "same", "prev"])
+    mixture_weights: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
+    halves: str = "even_odd"  # even_odd (the paper's prompt numbers) | seeded
+    budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
+    sweep: bool = False  # evaluate the SPEC budget sweep too
+    top_m: int = 0  # restrict every rule to the M highest-ranked candidates (0: whole pool)
+    n_resamples: int = 2000  # paired prompt-bootstrap resamples
+    calibration_edges: int = 2_000_000  # pool edges sampled per half to fit per-depth maps
+    chunk_rounds: int = 8192  # rounds per evaluation batch (bounds memory)
+
+
+@dataclass
+class MlflowConfig:
+    tracking_uri: str = (
+        "sqlite:///mlflow.db"  # relative sqlite paths resolve against the project root
+    )
+    experiment: str = "specrank"
+    run_name: str | None = None

@@ -1,0 +1,189 @@
+"""Out-of-fold first-factor predictions of every learned rule (SPEC §7-8).
+
+For each decoding law separately (greedy rows are never mixed with sampled
+rows): cross-fitted rerankers (Base and Rows feature sets) and the isotonic
+control of the first draft factor give phat for every first-level candidate;
+per-depth isotonic maps of every draft factor are fitted on pool edges of the
+training half. Every prediction of a prompt comes from a model fitted on the
+other half (`rerank.crossfit` conventions).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+import torch
+
+from calibrate.isotonic import EqualCountIsotonic, PerDepthIsotonic
+from decode.pool_batch import PoolBatch, pool_batch_from_table
+from decode.select import path_sum, pool_levels
+from rerank.crossfit import prompt_halves
+from rerank.evaluate import ROUND_KEYS, iter_trace_chunks
+from rerank.models import FittedReranker, crossfit_predict
+
+log = logging.getLogger(__name__)
+LABEL_OF_LAW = {"greedy": "label_is_argmax", "sampling": "label_target_prob"}
+PHAT_FLOOR = 1e-6  # log phat must stay finite (see rerank.models)
+
+
+def law_name(temperature: float) -> str:
+    return "greedy" if temperature == 0 else "sampling"
+
+
+def fold_map(prompt_ids: np.ndarray, scheme: str, seed: int) -> dict[str, int]:
+    """prompt id -> fold (0/1), computed once over ALL prompts so chunks agree."""
+    unique = np.unique(prompt_ids)
+    return dict(zip(unique.tolist(), prompt_halves(unique, scheme, seed).tolist(), strict=True))
+
+
+@dataclass
+class FirstFactorPredictions:
+    """ROUND_KEYS + cand_index + fold + one phat column per learned rule, and fitted models."""
+
+    frame: pd.DataFrame
+    rules: list[str]
+    models: dict[str, tuple[FittedReranker, FittedReranker]] = field(default_factory=dict)
+    fit_seconds: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+def predict_first_factors(
+    candidates: pd.DataFrame,
+    folds: dict[str, int],
+    kind: str,
+    feature_sets: list[str],
+    calibrators: list[str],
+    seed: int = 0,
+    n_threads: int | None = None,
+) -> FirstFactorPredictions:
+    """Cross-fitted phat of every learned first-factor rule, per law."""
+    parts, rules = [], []
+    models: dict[str, tuple[FittedReranker, FittedReranker]] = {}
+    seconds: dict[str, tuple[float, float]] = {}
+    categories = sorted(candidates["task"].unique())
+    for temperature, frame in candidates.groupby("temperature", sort=True):
+        law = law_name(float(temperature))
+        frame = frame.reset_index(drop=True)
+        fold = frame["prompt_id"].map(folds).to_numpy()
+        if np.isnan(fold.astype(float)).any():
+            raise ValueError("candidate rows with prompts outside the fold map")
+        fold = fold.astype(np.int8)
+        out = frame[[*ROUND_KEYS, "cand_index"]].copy()
+        out["fold"] = fold
+        for feature_set in feature_sets:
+            name = f"{feature_set}_{kind}"
+            res = crossfit_predict(
+                frame,
+                feature_set,
+                kind,
+                law,
+                fold,
+                seed=seed,
+                n_threads=n_threads,
+                categories=categories,
+            )
+            out[name] = res.phat
+            models[f"{name}/T{temperature:g}"] = res.models
+            seconds[f"{name}/T{temperature:g}"] = res.fit_seconds
+            if name not in rules:
+                rules.append(name)
+            log.info("%s at T=%g: fitted in %.1f s + %.1f s", name, temperature, *res.fit_seconds)
+        if "iso_q1" in calibrators:
+            out["iso_q1"] = crossfit_isotonic_q1(frame, fold, LABEL_OF_LAW[law])
+            if "iso_q1" not in rules:
+                rules.append("iso_q1")
+        parts.append(out)
+    return FirstFactorPredictions(pd.concat(parts, ignore_index=True), rules, models, seconds)
+
+
+def crossfit_isotonic_q1(frame: pd.DataFrame, fold: np.ndarray, label: str) -> np.ndarray:
+    """Isotonic map of the first draft factor (200 equal-count bins), out of fold."""
+    x = frame["draft_prob"].to_numpy(np.float64)
+    y = frame[label].to_numpy(np.float64)
+    out = np.full(len(frame), np.nan)
+    for f in (0, 1):
+        train, test = fold != f, fold == f
+        iso = EqualCountIsotonic(n_bins=200).fit(x[train], y[train])
+        out[test] = iso.predict(x[test])
+    return np.clip(out, PHAT_FLOOR, 1.0)
+
+
+def _edge_arrays(pool: PoolBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-edge (draft prob, depth, law target prob) of valid pool entries, flattened."""
+    v = pool.valid.numpy()
+    return (
+        np.exp(pool.draft_logprob.numpy()[v].astype(np.float64)),
+        pool.depth.numpy()[v],
+        pool.law_edge_prob().numpy()[v].astype(np.float64),
+    )
+
+
+def fit_per_depth_maps(
+    dataset: ds.Dataset, folds: dict[str, int], max_edges: int, seed: int, chunk_rounds: int
+) -> dict[tuple[float, int], PerDepthIsotonic]:
+    """Per-depth isotonic maps of every draft factor, one per (temperature, predicted fold).
+
+    The map for fold f is fitted on pool edges of fold 1-f prompts: at most
+    `max_edges` per (temperature, half), thinned uniformly while streaming so
+    paper-scale traces never sit in memory.
+    """
+    rng = np.random.default_rng(seed)
+    n_rounds = dataset.count_rows()
+    buckets: dict[tuple[float, int], list[tuple[np.ndarray, ...]]] = {}
+    rate = None
+    for table in iter_trace_chunks(dataset, chunk_rounds):
+        pool = pool_batch_from_table(table)
+        if rate is None:  # ~4 (temperature, half) groups share the rounds: oversample 4x
+            rate = min(1.0, 4 * max_edges / max(1, n_rounds * pool.shape[1]))
+        prompt_fold = table["prompt_id"].to_pandas().map(folds).to_numpy()
+        temps = table["temperature"].to_numpy()
+        for t in np.unique(temps):
+            for half in (0, 1):
+                rows = np.flatnonzero((temps == t) & (prompt_fold == half))
+                if rows.size:
+                    x, d, y = _edge_arrays(_slice(pool, torch.from_numpy(rows)))
+                    keep = rng.random(x.size) < rate
+                    buckets.setdefault((float(t), half), []).append((x[keep], d[keep], y[keep]))
+    maps = {}
+    for (t, half), chunks in buckets.items():
+        x, d, y = (np.concatenate(c) for c in zip(*chunks, strict=True))
+        if x.size > max_edges:
+            pick = rng.choice(x.size, max_edges, replace=False)
+            x, d, y = x[pick], d[pick], y[pick]
+        maps[(t, 1 - half)] = PerDepthIsotonic(n_bins=200).fit(x, d, y)  # predicts the other half
+    return maps
+
+
+def _slice(pool: PoolBatch, rows: torch.Tensor) -> PoolBatch:
+    return PoolBatch(**{k: getattr(pool, k)[rows] for k in pool.__dataclass_fields__})
+
+
+def per_depth_scores(
+    pool: PoolBatch,
+    prompt_ids: np.ndarray,
+    folds: dict[str, int],
+    maps: dict[tuple[float, int], PerDepthIsotonic],
+) -> torch.Tensor:
+    """Candidate scores with every factor through its depth's out-of-fold map. [R, P]."""
+    fold = np.array([folds[p] for p in prompt_ids])
+    temps = pool.temperature.numpy()
+    logf = torch.full(pool.shape, -torch.inf)
+    q = np.exp(pool.draft_logprob.numpy().astype(np.float64))
+    depth = pool.depth.numpy()
+    for t in np.unique(temps):
+        for f in np.unique(fold[temps == t]):
+            if (float(t), int(f)) not in maps:
+                raise ValueError(
+                    f"no per-depth map for T={t:g} fold {f}: the other half has no rounds at T={t:g}"
+                )
+    for (t, f), iso in maps.items():
+        rows = np.flatnonzero((temps == np.float32(t)) & (fold == f))
+        if rows.size == 0:
+            continue
+        cal = iso.predict(q[rows].reshape(-1), depth[rows].reshape(-1)).reshape(rows.size, -1)
+        logf[rows] = torch.from_numpy(np.log(np.clip(cal, PHAT_FLOOR, 1.0)).astype(np.float32))
+    logf = torch.where(pool.valid, logf, -torch.inf)
+    return path_sum(logf, pool.parent, pool_levels(pool.parent, pool.depth))

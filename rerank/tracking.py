@@ -1,0 +1,90 @@
+"""MLflow logging of a `rerank.train` invocation (one parent run, a child run per fold).
+
+The tracking store defaults to a SQLite file in the project folder; artifacts
+go to `mlartifacts/` beside it (not to a `mlruns/` folder in whatever the
+current directory happens to be). Any tracking URI works by config.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mlflow
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def resolve_tracking_uri(uri: str) -> str:
+    """`sqlite:///relative.db` resolves against the project root; other URIs pass through."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
+        return prefix + str(PROJECT_ROOT / uri[len(prefix) :])
+    return uri
+
+
+def git_sha() -> str:
+    """The project's commit, with '-dirty' when the work tree has changes; 'unknown' outside git."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=PROJECT_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as err:
+        return f"unknown ({type(err).__name__})"
+    return sha + ("-dirty" if dirty else "")
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config -> flat `a.b.c` params (MLflow params are flat strings)."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out |= flatten(value, name + ".")
+        else:
+            out[name] = str(value)[:6000]  # MLflow's param value limit
+    return out
+
+
+@contextmanager
+def parent_run(
+    tracking_uri: str,
+    experiment: str,
+    run_name: str | None,
+    config: Mapping[str, Any],
+    tags: Mapping[str, str],
+) -> Iterator[mlflow.ActiveRun]:
+    """Start the invocation's parent run with the resolved config as params and artifact."""
+    uri = resolve_tracking_uri(tracking_uri)
+    mlflow.set_tracking_uri(uri)
+    if mlflow.get_experiment_by_name(experiment) is None:
+        artifacts = None
+        if uri.startswith("sqlite:///"):
+            artifacts = (Path(uri[len("sqlite:///") :]).parent / "mlartifacts").as_uri()
+        mlflow.create_experiment(experiment, artifact_location=artifacts)
+    mlflow.set_experiment(experiment)
+    with mlflow.start_run(run_name=run_name) as run:
+        mlflow.log_params(flatten(config))
+        mlflow.log_dict(dict(config), "config/resolved_config.json")
+        mlflow.set_tags({"git_sha": git_sha(), **tags})
+        yield run
+
+
+def metric_key(*parts: object) -> str:
+    """Namespaced metric name, e.g. `gain/B59/rows_hgb` (only MLflow-safe characters)."""
+    key = "/".join(str(p) for p in parts)
+    return "".join(ch if ch.isalnum() or ch in "_-./ " else "_" for ch in key)
