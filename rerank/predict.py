@@ -153,7 +153,7 @@ def fit_per_depth_maps(
         if x.size > max_edges:
             pick = rng.choice(x.size, max_edges, replace=False)
             x, d, y = x[pick], d[pick], y[pick]
-        maps[(t, 1 - half)] = PerDepthIsotonic(n_bins=200).fit(x, d, y)  # predicts the other half
+        maps[(t, 1 - half)] = PerDepthIsotonic(n_bins=200).fit(x, y, d)  # predicts the other half
     return maps
 
 

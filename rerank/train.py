@@ -44,6 +44,7 @@ from rerank.predict import (
 )
 from rerank.summary import breakdowns, choose_mixture_weights, results_table, summarise
 from rerank.tracking import metric_key, parent_run
+from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
