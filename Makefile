@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 TORCH_CPU := torch==2.13.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-slow test-gpu bench lint format clean
+.PHONY: help setup run test test-slow test-gpu bench lint format dashboard clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -31,6 +31,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# Extra Hydra overrides for every stage of `make run`, e.g. RUN_ARGS="debug=default".
+RUN_ARGS ?=
+
+run: $(STAMP)  ## the main job: record traces (pocket pair; skipped when done) -> extract -> train
+	$(PY) -m decode.record -m decode.temperature=0,1 $(RUN_ARGS)
+	$(PY) -m features.extract $(RUN_ARGS)
+	$(PY) -m rerank.train $(RUN_ARGS)
+
 test: $(STAMP)  ## run the default test suite (no slow, no gpu)
 	$(PY) -m pytest -q
 
@@ -40,8 +48,10 @@ test-slow: $(STAMP)  ## run the slow tests too
 test-gpu: $(STAMP)  ## run the gpu tests (needs CUDA)
 	$(PY) -m pytest -q -m gpu
 
-bench: $(STAMP)  ## run the benchmarks (prints figures)
+bench: $(STAMP)  ## run the benchmarks (prints figures; paper-scale synthetic data cached in bench/.cache)
 	$(PY) -m bench.select_values
+	$(PY) -m bench.bench_extract
+	$(PY) -m bench.bench_record
 
 lint: $(STAMP)  ## ruff lint + format check
 	$(PY) -m ruff check .

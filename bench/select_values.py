@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,38 +20,23 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from bench.bench_extract import paper_traces
 from decode.pool_batch import POOL_COLUMNS, pool_batch_from_table
 from decode.select import draft_scores, first_level_ancestor, path_product, rank_order
 from decode.trace_schema import trace_store
 from decode.tree_values import evaluate_pools
 
-PAPER_ROUNDS = 365_922
-ROUNDS_PER_PROMPT = 40
+PAPER_ROUNDS = 365_922  # = 1402 prompts x 261 rounds
+PAPER_ROUNDS_PER_PROMPT = 261
 RULES = ["draft", "root", "depth_two", "oracle", "root_draw", "pearl"]
 BUDGETS = [8, 59]
-CACHE = Path(__file__).resolve().parent / ".cache"
 
 
 def ensure_traces(rounds: int) -> Path:
-    """Synthetic traces of at least `rounds` rounds, generated once into bench/.cache."""
-    prompts = -(-rounds // ROUNDS_PER_PROMPT)
-    out = CACHE / f"synthetic_{prompts}x{ROUNDS_PER_PROMPT}"
-    marker = out / "complete"
-    if not marker.exists():
-        print(
-            f"generating {prompts * ROUNDS_PER_PROMPT:,} synthetic rounds into {out} ...",
-            flush=True,
-        )
-        t = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "decode.synth", f"paths.synthetic={out}",
-             f"synth_job.prompts={prompts}", f"synth_job.rounds_per_prompt={ROUNDS_PER_PROMPT}",
-             "synth_job.prompts_per_shard=256", "hydra.run.dir=" + str(CACHE / "hydra")],
-            check=True,
-        )  # fmt: skip
-        marker.write_text("ok")
-        print(f"  generated and written in {time.perf_counter() - t:.1f} s", flush=True)
-    return out
+    """Synthetic traces of at least `rounds` rounds (the paper-scale cache is shared)."""
+    return paper_traces(
+        prompts=-(-rounds // PAPER_ROUNDS_PER_PROMPT), rounds=PAPER_ROUNDS_PER_PROMPT
+    )
 
 
 def reference_loop_values(pool, budgets) -> dict[str, np.ndarray]:

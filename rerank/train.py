@@ -31,10 +31,10 @@ from decode.trace_schema import trace_store
 from features.schema import candidate_store
 from rerank.config import SWEEP_BUDGETS, MlflowConfig, RerankConfig
 from rerank.evaluate import ROUND_KEYS, EvalPlan, evaluate_traces
+from rerank.models import LABEL_OF_LAW
 from rerank.persist import save_reranker
 from rerank.plots import gain_vs_budget, reliability
 from rerank.predict import (
-    LABEL_OF_LAW,
     FirstFactorPredictions,
     fit_per_depth_maps,
     fold_map,

@@ -1,0 +1,168 @@
+"""Calibration controls (SPEC §6, §8; paper Table 19): isotonic maps of draft probability.
+
+- `EqualCountIsotonic`: the first draft factor. x = draft probability of a
+  first-level candidate, y = its label (target probability under sampling,
+  argmax flag under greedy). The selector ranks by ``log iso(q(x1)) + ...``.
+- `PerDepthIsotonic`: every factor, one map per depth. x = the edge's draft
+  probability, y = its target probability under the law (greedy: 1 if the
+  edge token is the target's argmax at the parent, else 0). Fitted on pool
+  edges, all of which have scored parents (SPEC §4), so every y is known.
+
+A map sorts the rows by x, cuts them into ``n_bins`` equal-count bins (sizes
+differ by at most one; fewer bins when there are fewer rows), and fits an
+increasing isotonic regression of the bins' mean y on their mean x, weighted
+by bin size. Binning first (the paper's recipe) makes the fit O(n log n) for
+millions of edges and smooths the step function.
+
+Outputs are clipped to [CALIB_FLOOR, 1]: the selector takes their log (must be
+finite; an isotonic fit of a 0/1 label can return exactly 0), and factors
+<= 1 keep path scores non-increasing so the top-B set stays ancestor-closed.
+`crossfit_calibrate` fits on one prompt half, applies to the other, and swaps
+(`rerank.crossfit` convention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.isotonic import IsotonicRegression
+from sklearn.utils.validation import check_is_fitted
+
+from rerank.crossfit import fold_masks
+
+CALIB_FLOOR = 1e-6
+DEFAULT_BINS = 200
+
+
+def _as_1d(name: str, a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, dtype=np.float64).ravel()
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name}: {int((~np.isfinite(a)).sum())} non-finite value(s)")
+    return a
+
+
+def _depths(depth: np.ndarray) -> np.ndarray:
+    """Depths as int64; refuse non-integers or values < 1 (e.g. probabilities passed as depth)."""
+    d = np.asarray(depth, dtype=np.float64).ravel()
+    bad = d[~np.isfinite(d) | (d < 1) | (d != np.round(d))]
+    if bad.size:
+        raise ValueError(
+            f"depth must hold integers >= 1 (pool depth of each edge); found {bad.size} other "
+            f"value(s), e.g. {bad[:3].tolist()}. Call order is fit(x, y, depth)."
+        )
+    return d.astype(np.int64)
+
+
+class EqualCountIsotonic(BaseEstimator):
+    """Increasing isotonic map of y on x over equal-count bins of x."""
+
+    def __init__(self, n_bins: int = DEFAULT_BINS) -> None:
+        self.n_bins = n_bins
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> EqualCountIsotonic:
+        x, y = _as_1d("x", x), _as_1d("y", y)
+        if x.shape != y.shape:
+            raise ValueError(f"x shape {x.shape} != y shape {y.shape}")
+        if x.size == 0:
+            raise ValueError("EqualCountIsotonic.fit: no rows")
+        if int(self.n_bins) < 1:
+            raise ValueError(f"n_bins must be >= 1; got {self.n_bins!r}")
+        order = np.argsort(x, kind="stable")
+        n_bins = min(int(self.n_bins), x.size)
+        # Bin b holds sorted rows [edges[b], edges[b+1]): equal counts up to one row.
+        edges = (np.arange(n_bins + 1) * x.size) // n_bins
+        counts = np.diff(edges)
+        xs, ys = x[order], y[order]
+        self.bin_counts_ = counts
+        self.bin_x_ = np.add.reduceat(xs, edges[:-1]) / counts
+        self.bin_y_ = np.add.reduceat(ys, edges[:-1]) / counts
+        self.n_bins_ = n_bins
+        self.iso_ = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(
+            self.bin_x_, self.bin_y_, sample_weight=counts.astype(np.float64)
+        )
+        return self
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Calibrated probability (float64, clipped to [CALIB_FLOOR, 1])."""
+        check_is_fitted(self, "iso_")
+        out = self.iso_.predict(_as_1d("x", x))
+        return np.clip(out, CALIB_FLOOR, 1.0)
+
+
+class PerDepthIsotonic(BaseEstimator):
+    """One `EqualCountIsotonic` per depth; ``fit(x, y, depth)``, ``predict(x, depth)``."""
+
+    def __init__(self, n_bins: int = DEFAULT_BINS) -> None:
+        self.n_bins = n_bins
+
+    def fit(self, x: np.ndarray, y: np.ndarray, depth: np.ndarray) -> PerDepthIsotonic:
+        x, y = _as_1d("x", x), _as_1d("y", y)
+        depth = _depths(depth)
+        if not (x.shape == y.shape == depth.shape):
+            raise ValueError(f"x {x.shape}, y {y.shape} and depth {depth.shape} differ in shape")
+        self.maps_ = {
+            int(d): EqualCountIsotonic(self.n_bins).fit(x[depth == d], y[depth == d])
+            for d in np.unique(depth)
+        }
+        return self
+
+    def predict(self, x: np.ndarray, depth: np.ndarray) -> np.ndarray:
+        check_is_fitted(self, "maps_")
+        x = _as_1d("x", x)
+        depth = _depths(depth)
+        if x.shape != depth.shape:
+            raise ValueError(f"x shape {x.shape} != depth shape {depth.shape}")
+        unseen = sorted(set(np.unique(depth).tolist()) - set(self.maps_))
+        if unseen:
+            # A silent fallback would apply another depth's calibration; make the caller choose.
+            raise ValueError(
+                f"no map for depth(s) {unseen}: the training half had edges at depths "
+                f"{sorted(self.maps_)} only"
+            )
+        out = np.empty_like(x)
+        for d, m in self.maps_.items():
+            sel = depth == d
+            if sel.any():
+                out[sel] = m.predict(x[sel])
+        return out
+
+
+@dataclass
+class CalibrationResult:
+    """Out-of-fold calibrated probabilities; ``maps[f]`` was fitted on fold 1-f, applied to f."""
+
+    prob: np.ndarray
+    folds: np.ndarray
+    maps: tuple[EqualCountIsotonic | PerDepthIsotonic, EqualCountIsotonic | PerDepthIsotonic]
+
+
+def crossfit_calibrate(
+    x: np.ndarray,
+    y: np.ndarray,
+    folds: np.ndarray,
+    depth: np.ndarray | None = None,
+    n_bins: int = DEFAULT_BINS,
+) -> CalibrationResult:
+    """Cross-fitted calibration: `EqualCountIsotonic`, or `PerDepthIsotonic` if ``depth`` is given.
+
+    ``folds`` are prompt halves of the rows (`rerank.crossfit.prompt_halves`);
+    labels of the predicted half are never read by its map.
+    """
+    x, y = _as_1d("x", x), np.asarray(y, dtype=np.float64).ravel()
+    folds = np.asarray(folds)
+    if not (x.shape == y.shape == folds.shape):
+        raise ValueError(f"x {x.shape}, y {y.shape} and folds {folds.shape} differ in shape")
+    prob = np.full(x.shape, np.nan)
+    maps = []
+    for _, train, predict in fold_masks(folds):
+        if depth is None:
+            m = EqualCountIsotonic(n_bins).fit(x[train], y[train])
+            prob[predict] = m.predict(x[predict])
+        else:
+            d = np.asarray(depth).ravel()
+            m = PerDepthIsotonic(n_bins).fit(x[train], y[train], d[train])
+            prob[predict] = m.predict(x[predict], d[predict])
+        maps.append(m)
+    return CalibrationResult(prob, folds.astype(np.int8), (maps[0], maps[1]))

@@ -1,0 +1,367 @@
+"""First-level rerankers (SPEC §7-8): Base / Rows features, HGB / LightGBM, cross-fitted.
+
+The model predicts, before verification, the first target factor of each
+first-level candidate: under greedy decoding whether it is the target's argmax
+(classifier on ``label_is_argmax``), under sampling its target probability
+(regressor on ``label_target_prob``). The selector then ranks by
+``log phat(x1) + log q(x2) + ...``.
+
+Capacity is the paper's (400 iterations, learning rate 0.05, <= 63 leaves) for
+both libraries; everything else is left at matching defaults (min 20 rows per
+leaf, no L2, 255 bins). HGB's early stopping is switched off: by default it
+turns on above 10,000 rows and holds out a random (not prompt-grouped) tenth,
+which would both change the capacity and leak rounds of a prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+from threadpoolctl import threadpool_limits
+
+from features.schema import BASE_FEATURES, ROW_FEATURES
+from rerank.crossfit import check_grouped, fold_masks
+from rerank.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
+
+KINDS = ("hgb", "lgbm")
+LAWS = ("greedy", "sampling")
+TOKEN_PRIOR = "token_prior"
+FEATURE_SETS: dict[str, list[str]] = {
+    "base": [*BASE_FEATURES, TOKEN_PRIOR],
+    "rows": [*BASE_FEATURES, *ROW_FEATURES, TOKEN_PRIOR],
+}
+LABEL_OF_LAW = {"greedy": "label_is_argmax", "sampling": "label_target_prob"}
+CATEGORICAL = ("task",)
+# Floor of phat. The selector takes log phat: it must be finite (a -inf first
+# factor would tie the candidate's whole subtree at -inf, and -inf - -inf is
+# NaN in score differences), and phat <= 1 keeps log phat <= 0 = the root's
+# score, so scores stay non-increasing along paths and top-B stays
+# ancestor-closed. A regressor can predict <= 0 or > 1; the floor is far below
+# any probability the models resolve (their held-out error is >> 1e-6).
+PHAT_FLOOR = 1e-6
+# HGB bins a categorical feature into at most 255 values (one kept for missing).
+_MAX_CATEGORIES = 254
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Boosting capacity, the same for both libraries (paper defaults)."""
+
+    n_iter: int = 400
+    learning_rate: float = 0.05
+    max_leaves: int = 63
+
+
+def feature_list(feature_set: str) -> list[str]:
+    """Model inputs of ``feature_set`` ("base" or "rows"), in matrix column order."""
+    if feature_set not in FEATURE_SETS:
+        raise ValueError(f"feature_set must be one of {list(FEATURE_SETS)}; got {feature_set!r}")
+    return list(FEATURE_SETS[feature_set])
+
+
+def law_of(frame: pd.DataFrame) -> str:
+    """The decoding law of ``frame``; refuses a frame mixing temperatures.
+
+    Greedy (T = 0) and sampling rows have different labels and models. Two
+    different positive temperatures are refused too: temperature is not a
+    model input, so pooling them would blur two target laws into one model.
+    """
+    temps = np.unique(np.asarray(frame["temperature"], dtype=np.float64))
+    if temps.size != 1:
+        raise ValueError(
+            f"a reranker is fitted on one temperature at a time; the frame mixes temperatures "
+            f"{temps.tolist()} (greedy = 0). Pass one temperature's rows per call."
+        )
+    return "greedy" if temps[0] == 0 else "sampling"
+
+
+def task_categories(frame: pd.DataFrame, declared: Sequence[str] | None = None) -> list[str]:
+    """The fixed list of task categories: ``declared`` or the sorted tasks of the WHOLE frame.
+
+    Fixing the list before splitting keeps a task's code the same in both folds
+    and in saved models (codes per fold would make "task 2" mean different tasks).
+    """
+    cats = sorted(set(map(str, frame["task"].unique()))) if declared is None else list(declared)
+    if len(set(cats)) != len(cats):
+        raise ValueError(f"task categories must be distinct; got {cats}")
+    if len(cats) > _MAX_CATEGORIES:
+        raise ValueError(
+            f"at most {_MAX_CATEGORIES} task categories are supported; got {len(cats)}"
+        )
+    return cats
+
+
+def design_matrix(
+    frame: pd.DataFrame,
+    features: Sequence[str],
+    categories: Sequence[str],
+    token_prior: np.ndarray | None = None,
+) -> np.ndarray:
+    """Float32 matrix of ``features`` (column order kept); nulls become NaN, never 0.
+
+    ``task`` becomes its index in ``categories`` (NaN for a task not listed:
+    the models treat it as missing). ``token_prior`` fills the prior column.
+    """
+    feats = [f for f in features if f != TOKEN_PRIOR]
+    missing = [f for f in feats if f not in frame.columns]
+    if missing:
+        raise ValueError(f"the frame lacks feature column(s) {missing}")
+    X = np.empty((len(frame), len(features)), dtype=np.float32)
+    for j, name in enumerate(features):
+        if name == TOKEN_PRIOR:
+            if token_prior is None:
+                raise ValueError(f"feature list includes {TOKEN_PRIOR!r} but no prior was given")
+            X[:, j] = np.asarray(token_prior, dtype=np.float32)
+        elif name in CATEGORICAL:
+            codes = pd.Index(list(categories)).get_indexer(frame[name].astype(str))
+            X[:, j] = np.where(codes < 0, np.nan, codes)
+        else:
+            col = frame[name]
+            if isinstance(col.dtype, pd.CategoricalDtype) or col.dtype == object:
+                col = pd.to_numeric(col)
+            X[:, j] = col.to_numpy(dtype=np.float32, na_value=np.nan)
+    return X
+
+
+def frame_fingerprint(frame: pd.DataFrame, columns: Sequence[str]) -> str:
+    """sha256 of the listed columns' contents and names (row order matters)."""
+    return _digest(columns, _row_hashes(frame, columns))
+
+
+def _row_hashes(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
+    # One uint64 per row, independent of the other rows: a half's fingerprint is
+    # the digest of its rows' hashes, without copying the half out of the frame.
+    return pd.util.hash_pandas_object(frame[list(columns)], index=False).to_numpy()
+
+
+def _digest(columns: Sequence[str], row_hashes: np.ndarray) -> str:
+    h = hashlib.sha256(repr(list(columns)).encode())
+    h.update(np.ascontiguousarray(row_hashes).tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class FittedReranker:
+    """A fitted first-level model with everything needed to apply it to new rows."""
+
+    kind: str
+    law: str
+    feature_set: str
+    features: list[str]
+    categories: list[str]
+    estimator: Any  # HistGradientBoosting{Classifier,Regressor} or lightgbm.Booster
+    token_prior: TokenPrior
+    train_fingerprint: str
+    seed: int = 0
+    capacity: Capacity = field(default_factory=Capacity)
+    # Distinct prompts of the training half: lets anyone audit that a prediction
+    # never came from a model that saw its prompt.
+    train_prompts: tuple[str, ...] = ()
+
+    def predict_matrix(self, X: np.ndarray, n_threads: int | None = None) -> np.ndarray:
+        """phat (float64, clipped to [PHAT_FLOOR, 1]) for a design matrix."""
+        if X.shape[1] != len(self.features):
+            raise ValueError(f"matrix has {X.shape[1]} columns; the model expects {self.features}")
+        if self.kind == "lgbm":
+            raw = self.estimator.predict(X, num_threads=n_threads or 0)
+        else:
+            with threadpool_limits(limits=n_threads, user_api="openmp"):
+                if self.law == "greedy":
+                    raw = self.estimator.predict_proba(X)[:, 1]
+                else:
+                    raw = self.estimator.predict(X)
+        return np.clip(np.asarray(raw, dtype=np.float64), PHAT_FLOOR, 1.0)
+
+    def predict_phat(self, frame: pd.DataFrame, n_threads: int | None = None) -> np.ndarray:
+        """phat for new rows: features from ``frame``, prior from the whole training half."""
+        prior = self.token_prior.transform(frame["token"].to_numpy())
+        X = design_matrix(frame, self.features, self.categories, prior)
+        return self.predict_matrix(X, n_threads)
+
+
+def _labels(frame: pd.DataFrame, law: str) -> np.ndarray:
+    col = LABEL_OF_LAW[law]
+    if col not in frame.columns:
+        raise ValueError(f"law={law!r} needs label column {col!r}; the frame lacks it")
+    return frame[col].to_numpy(dtype=np.float64)
+
+
+def _check_args(frame: pd.DataFrame, kind: str, law: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
+    if law not in LAWS:
+        raise ValueError(f"law must be one of {LAWS}; got {law!r}")
+    found = law_of(frame)
+    if found != law:
+        raise ValueError(f"law={law!r} but the frame's temperature makes it {found!r}")
+
+
+def _fit_estimator(
+    X: np.ndarray,
+    y: np.ndarray,
+    features: list[str],
+    kind: str,
+    law: str,
+    capacity: Capacity,
+    seed: int,
+    n_threads: int | None,
+) -> Any:
+    cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
+    if law == "greedy" and np.unique(y).size < 2:
+        raise ValueError(
+            f"greedy classifier: the training rows hold only label {np.unique(y).tolist()}; "
+            f"both classes are needed"
+        )
+    if kind == "hgb":
+        cls = HistGradientBoostingClassifier if law == "greedy" else HistGradientBoostingRegressor
+        est = cls(
+            max_iter=capacity.n_iter,
+            learning_rate=capacity.learning_rate,
+            max_leaf_nodes=capacity.max_leaves,
+            early_stopping=False,
+            categorical_features=[j in cat_idx for j in range(len(features))],
+            random_state=seed,
+        )
+        with threadpool_limits(limits=n_threads, user_api="openmp"):
+            return est.fit(X, y.astype(np.int64) if law == "greedy" else y)
+    params = {
+        "objective": "binary" if law == "greedy" else "regression",
+        "learning_rate": capacity.learning_rate,
+        "num_leaves": capacity.max_leaves,
+        "min_data_in_leaf": 20,
+        "min_sum_hessian_in_leaf": 1e-3,
+        "lambda_l2": 0.0,
+        "max_bin": 255,
+        "deterministic": True,
+        "force_col_wise": True,
+        "seed": seed,
+        "num_threads": n_threads or 0,
+        "verbosity": -1,
+    }
+    data = lgb.Dataset(
+        X, label=y, feature_name=list(features), categorical_feature=cat_idx, params=params
+    )
+    return lgb.train(params, data, num_boost_round=capacity.n_iter)
+
+
+def fit_reranker(
+    frame: pd.DataFrame,
+    feature_set: str,
+    kind: str,
+    law: str,
+    categories: Sequence[str] | None = None,
+    seed: int = 0,
+    n_threads: int | None = None,
+    capacity: Capacity = Capacity(),
+    pseudo_count: float = DEFAULT_PSEUDO_COUNT,
+) -> FittedReranker:
+    """Fit one reranker on all rows of ``frame`` (they form the training half).
+
+    Training rows get alternation token priors (`rerank.token_prior`); the
+    returned model applies the whole-half prior to new rows.
+    """
+    _check_args(frame, kind, law)
+    features = feature_list(feature_set)
+    cats = task_categories(frame, categories)
+    y = _labels(frame, law)
+    tokens = frame["token"].to_numpy()
+    prior, full = token_prior_features(tokens, y, np.ones(len(frame), bool), pseudo_count)
+    X = design_matrix(frame, features, cats, prior)
+    est = _fit_estimator(X, y, features, kind, law, capacity, seed, n_threads)
+    fp = frame_fingerprint(frame, _fingerprint_columns(frame, features, law))
+    return FittedReranker(
+        kind, law, feature_set, features, cats, est, full, fp, seed, capacity, _prompts(frame)
+    )
+
+
+def _prompts(frame: pd.DataFrame) -> tuple[str, ...]:
+    if "prompt_id" not in frame.columns:
+        return ()
+    return tuple(np.unique(frame["prompt_id"].to_numpy().astype(str)).tolist())
+
+
+def _fingerprint_columns(frame: pd.DataFrame, features: list[str], law: str) -> list[str]:
+    keys = [c for c in ("prompt_id", "round_index", "cand_index", "token") if c in frame.columns]
+    feats = [f for f in features if f != TOKEN_PRIOR and f not in keys]
+    return [*keys, *feats, LABEL_OF_LAW[law]]
+
+
+@dataclass
+class CrossfitResult:
+    """Out-of-fold predictions: ``phat[i]`` comes from ``models[folds[i]]``.
+
+    ``models[f]`` was trained on the rows with fold ``1 - f`` and predicted
+    the rows with fold ``f``; ``fit_seconds[f]`` is its fitting wall time.
+    """
+
+    phat: np.ndarray
+    folds: np.ndarray
+    models: tuple[FittedReranker, FittedReranker]
+    fit_seconds: tuple[float, float]
+
+
+def crossfit_predict(
+    frame: pd.DataFrame,
+    feature_set: str,
+    kind: str,
+    law: str,
+    folds: np.ndarray,
+    seed: int = 0,
+    n_threads: int | None = None,
+    categories: Sequence[str] | None = None,
+    capacity: Capacity = Capacity(),
+    pseudo_count: float = DEFAULT_PSEUDO_COUNT,
+) -> CrossfitResult:
+    """Out-of-fold phat (float64 in [PHAT_FLOOR, 1]) for every row of one law's frame.
+
+    ``folds`` come from `rerank.crossfit.prompt_halves` (checked constant
+    within each prompt). Task categories are fixed from the whole frame
+    unless declared. The token prior is computed inside each fold.
+    """
+    _check_args(frame, kind, law)
+    folds = np.asarray(folds)
+    if folds.shape != (len(frame),):
+        raise ValueError(f"folds has shape {folds.shape}; expected ({len(frame)},)")
+    check_grouped(frame["prompt_id"].to_numpy(), folds)
+    features = feature_list(feature_set)
+    cats = task_categories(frame, categories)
+    y = _labels(frame, law)
+    tokens = frame["token"].to_numpy()
+    # Built once; only the prior column changes between folds.
+    X = design_matrix(frame, features, cats, np.zeros(len(frame), np.float32))
+    j_prior = features.index(TOKEN_PRIOR)
+    fp_cols = _fingerprint_columns(frame, features, law)
+    row_hashes = _row_hashes(frame, fp_cols)
+    prompt_ids = frame["prompt_id"].to_numpy().astype(str)
+    phat = np.full(len(frame), np.nan, dtype=np.float64)
+    models: list[FittedReranker] = []
+    seconds: list[float] = []
+    for _, train, predict in fold_masks(folds):
+        X[:, j_prior], full = token_prior_features(tokens, y, train, pseudo_count)
+        t0 = time.perf_counter()
+        est = _fit_estimator(X[train], y[train], features, kind, law, capacity, seed, n_threads)
+        seconds.append(time.perf_counter() - t0)
+        model = FittedReranker(
+            kind=kind,
+            law=law,
+            feature_set=feature_set,
+            features=features,
+            categories=cats,
+            estimator=est,
+            token_prior=full,
+            train_fingerprint=_digest(fp_cols, row_hashes[train]),
+            seed=seed,
+            capacity=capacity,
+            train_prompts=tuple(np.unique(prompt_ids[train]).tolist()),
+        )
+        phat[predict] = model.predict_matrix(X[predict], n_threads)
+        models.append(model)
+    return CrossfitResult(phat, folds.astype(np.int8), (models[0], models[1]), tuple(seconds))

@@ -1,0 +1,239 @@
+"""Saved rerankers in formats that loading cannot execute (issue 6, item 6).
+
+A saved reranker is a folder:
+
+    model.txt | model.skops   LightGBM's own text model, or scikit-learn via `skops.io`
+    reranker.json             sidecar: kind, law, feature list, task categories,
+                              candidate schema version, training-data fingerprint,
+                              the model file's sha256, the token-prior table, and a
+                              sha256 of the sidecar's own content
+
+Why not pickle/joblib: unpickling runs arbitrary code, so a model file from
+an MLflow store or a colleague would be a program. LightGBM's text format is
+parsed, not executed; skops only rebuilds types on an explicit allow-list
+(`TRUSTED_SKOPS_TYPES`; anything else is refused before loading).
+
+`load_reranker` refuses, listing every difference it finds: a model file or
+sidecar whose hash does not match (edited or corrupted), another candidate
+schema version, a feature list or training fingerprint other than expected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightgbm as lgb
+import sklearn
+import skops
+import skops.io as sio
+
+from features.schema import CANDIDATE_VERSION
+from rerank.models import KINDS, LAWS, Capacity, FittedReranker
+from rerank.token_prior import TokenPrior
+
+FORMAT = "specrank.reranker"
+FORMAT_VERSION = 1
+SIDECAR = "reranker.json"
+MODEL_FILES = {"lgbm": "model.txt", "hgb": "model.skops"}
+# Types a fitted HistGradientBoosting{Classifier,Regressor} holds beyond skops'
+# defaults (checked with skops 0.16 / scikit-learn 1.9). Extend only after
+# reading what the new type can do on construction.
+TRUSTED_SKOPS_TYPES = frozenset(
+    {
+        "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",
+        "functools.partial",  # holds the fitted input validator below
+        "sklearn.utils.validation.check_array",
+    }
+)
+
+
+class RerankerLoadError(ValueError):
+    """A saved reranker was refused; ``differences`` lists every reason."""
+
+    def __init__(self, path: Path, differences: Sequence[str]) -> None:
+        self.path = path
+        self.differences = list(differences)
+        lines = "\n".join(f"  - {d}" for d in self.differences)
+        super().__init__(f"refusing saved reranker {path}:\n{lines}")
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _content_sha(meta: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in meta.items() if k != "sidecar_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def save_reranker(
+    model: FittedReranker,
+    path: str | Path,
+    extra: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``model`` into the folder ``path``; return the folder.
+
+    ``extra`` (JSON-able, e.g. fold, source store fingerprint) is stored as is.
+    An existing non-empty folder is refused unless ``overwrite``.
+    """
+    if model.kind not in KINDS:
+        raise ValueError(f"model.kind must be one of {KINDS}; got {model.kind!r}")
+    path = Path(path)
+    if path.exists() and any(path.iterdir()) and not overwrite:
+        raise FileExistsError(f"{path} exists and is not empty; pass overwrite=True to replace")
+    path.mkdir(parents=True, exist_ok=True)
+    model_file = path / MODEL_FILES[model.kind]
+    if model.kind == "lgbm":
+        model.estimator.save_model(str(model_file))
+    else:
+        sio.dump(model.estimator, model_file)
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "kind": model.kind,
+        "law": model.law,
+        "feature_set": model.feature_set,
+        "features": list(model.features),
+        "categories": list(model.categories),
+        "candidate_schema_version": CANDIDATE_VERSION,
+        "train_fingerprint": model.train_fingerprint,
+        "train_prompts": list(model.train_prompts),
+        "seed": model.seed,
+        "capacity": vars(model.capacity),
+        "model_file": model_file.name,
+        "model_sha256": _sha256_file(model_file),
+        "token_prior": model.token_prior.to_dict(),
+        "libraries": {
+            "scikit-learn": sklearn.__version__,
+            "lightgbm": lgb.__version__,
+            "skops": skops.__version__,
+        },
+        "extra": dict(extra or {}),
+    }
+    meta["sidecar_sha256"] = _content_sha(meta)
+    (path / SIDECAR).write_text(json.dumps(meta, indent=1, sort_keys=True))
+    return path
+
+
+def _list_diff(expected: Sequence[str], found: Sequence[str]) -> list[str]:
+    expected, found = list(expected), list(found)
+    out = []
+    missing = [f for f in expected if f not in found]
+    extra = [f for f in found if f not in expected]
+    if missing:
+        out.append(f"features expected but not in the model: {missing}")
+    if extra:
+        out.append(f"features in the model but not expected: {extra}")
+    if not missing and not extra and expected != found:
+        out.append(f"feature order differs: expected {expected}, model has {found}")
+    return out
+
+
+def read_sidecar(path: str | Path) -> dict[str, Any]:
+    """The sidecar of the saved reranker in folder ``path`` (unverified)."""
+    file = Path(path) / SIDECAR
+    if not file.exists():
+        raise FileNotFoundError(f"{path}: no {SIDECAR} (not a folder written by save_reranker)")
+    return json.loads(file.read_text())
+
+
+def load_reranker(
+    path: str | Path,
+    expected_features: Sequence[str] | None = None,
+    expected_fingerprint: str | None = None,
+) -> FittedReranker:
+    """Load and verify a reranker saved by `save_reranker`; refuse any mismatch.
+
+    Everything is checked before the model file is parsed; all differences
+    are reported together (`RerankerLoadError.differences`).
+    """
+    path = Path(path)
+    meta = read_sidecar(path)
+    diffs: list[str] = []
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise RerankerLoadError(
+            path,
+            [
+                f"format: expected {FORMAT!r} version {FORMAT_VERSION}, found "
+                f"{meta.get('format')!r} version {meta.get('format_version')!r}"
+            ],
+        )
+    if meta.get("sidecar_sha256") != _content_sha(meta):
+        diffs.append(f"{SIDECAR} was modified after saving (content sha256 does not match)")
+    kind = meta.get("kind")
+    if kind not in KINDS or meta.get("law") not in LAWS:
+        diffs.append(
+            f"kind/law: expected one of {KINDS} / {LAWS}, found {kind!r} / {meta.get('law')!r}"
+        )
+    model_file = path / str(meta.get("model_file"))
+    if kind in KINDS and meta.get("model_file") != MODEL_FILES[kind]:
+        diffs.append(
+            f"model file: expected {MODEL_FILES[kind]!r}, found {meta.get('model_file')!r}"
+        )
+    elif not model_file.is_file():
+        diffs.append(f"model file {model_file.name} is missing")
+    else:
+        got = _sha256_file(model_file)
+        if got != meta.get("model_sha256"):
+            diffs.append(
+                f"model file {model_file.name} was modified or corrupted: sha256 {got[:16]}... "
+                f"!= recorded {str(meta.get('model_sha256'))[:16]}..."
+            )
+    if meta.get("candidate_schema_version") != CANDIDATE_VERSION:
+        diffs.append(
+            f"candidate schema version: expected {CANDIDATE_VERSION}, "
+            f"found {meta.get('candidate_schema_version')!r}"
+        )
+    if expected_features is not None:
+        diffs += _list_diff(expected_features, meta.get("features", []))
+    if expected_fingerprint is not None and meta.get("train_fingerprint") != expected_fingerprint:
+        diffs.append(
+            f"training-data fingerprint: expected {expected_fingerprint}, "
+            f"found {meta.get('train_fingerprint')}"
+        )
+    if diffs:
+        raise RerankerLoadError(path, diffs)
+
+    estimator = _load_estimator(path, kind, model_file)
+    features = list(meta["features"])
+    n_model = estimator.num_feature() if kind == "lgbm" else int(estimator.n_features_in_)
+    if n_model != len(features):
+        raise RerankerLoadError(
+            path, [f"the model has {n_model} inputs; the sidecar lists {len(features)} features"]
+        )
+    if kind == "lgbm" and estimator.feature_name() != features:
+        raise RerankerLoadError(path, _list_diff(features, estimator.feature_name()))
+    return FittedReranker(
+        kind=kind,
+        law=meta["law"],
+        feature_set=meta["feature_set"],
+        features=features,
+        categories=list(meta["categories"]),
+        estimator=estimator,
+        token_prior=TokenPrior.from_dict(meta["token_prior"]),
+        train_fingerprint=meta["train_fingerprint"],
+        seed=int(meta["seed"]),
+        capacity=Capacity(**meta["capacity"]),
+        train_prompts=tuple(meta["train_prompts"]),
+    )
+
+
+def _load_estimator(path: Path, kind: str, model_file: Path) -> Any:
+    if kind == "lgbm":
+        return lgb.Booster(model_file=str(model_file))
+    untrusted = set(sio.get_untrusted_types(file=model_file))
+    unexpected = sorted(untrusted - TRUSTED_SKOPS_TYPES)
+    if unexpected:
+        raise RerankerLoadError(
+            path, [f"{model_file.name} holds types outside the allow-list: {unexpected}"]
+        )
+    return sio.load(model_file, trusted=sorted(untrusted))

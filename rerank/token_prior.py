@@ -1,0 +1,139 @@
+"""Token prior (SPEC §7): shrunk mean label of first-level candidates per token.
+
+    prior(t) = (sum of labels with token t + a * m) / (count of token t + a)
+
+with pseudo-count ``a`` (20) and ``m`` the mean label of the rows it is fitted
+on; a token never seen gets ``m``. The label is ``label_is_argmax`` under greedy
+decoding and ``label_target_prob`` under sampling (the reranker's own target).
+
+Inside a cross-fitting fold (`token_prior_features`):
+- rows of the PREDICTED half get the prior fitted on the whole training half
+  (what a saved reranker applies to new data);
+- rows of the TRAINING half are split in alternation by their position among
+  the training rows in the given row order (1st, 3rd, 5th, ... -> part 0;
+  2nd, 4th, ... -> part 1), and each part gets the prior fitted on the OTHER
+  part, including the other part's mean as the shrinkage target. So no
+  training row's prior contains its own label, and the model cannot learn to
+  read its label back from the prior (target leakage).
+Row order is the caller's: sort the frame deterministically (e.g. by prompt,
+round, candidate) first if the split must be reproducible across reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
+
+DEFAULT_PSEUDO_COUNT = 20.0
+
+
+class TokenPrior(BaseEstimator):
+    """Shrunk per-token mean of a label; ``fit(tokens, labels)``, ``transform(tokens)``."""
+
+    def __init__(self, pseudo_count: float = DEFAULT_PSEUDO_COUNT) -> None:
+        self.pseudo_count = pseudo_count
+
+    def fit(self, tokens: np.ndarray, labels: np.ndarray) -> TokenPrior:
+        tokens = np.asarray(tokens, dtype=np.int64).ravel()
+        labels = np.asarray(labels, dtype=np.float64).ravel()
+        if tokens.shape != labels.shape:
+            raise ValueError(f"tokens shape {tokens.shape} != labels shape {labels.shape}")
+        if tokens.size == 0:
+            raise ValueError("TokenPrior.fit: no rows (the training part is empty)")
+        if not np.isfinite(labels).all():
+            raise ValueError(
+                f"TokenPrior.fit: labels must be finite; found {int((~np.isfinite(labels)).sum())} "
+                f"non-finite value(s)"
+            )
+        if not self.pseudo_count > 0:
+            raise ValueError(f"pseudo_count must be > 0; got {self.pseudo_count!r}")
+        uniq, inverse = np.unique(tokens, return_inverse=True)
+        self.tokens_ = uniq
+        self.sums_ = np.bincount(inverse, weights=labels, minlength=uniq.size)
+        self.counts_ = np.bincount(inverse, minlength=uniq.size).astype(np.int64)
+        self.mean_ = float(labels.mean())
+        return self
+
+    def transform(self, tokens: np.ndarray) -> np.ndarray:
+        """Prior of each token (float32); unseen tokens get ``mean_``."""
+        check_is_fitted(self, "tokens_")
+        tokens = np.asarray(tokens, dtype=np.int64).ravel()
+        a = float(self.pseudo_count)
+        out = np.full(tokens.shape, self.mean_, dtype=np.float64)
+        if self.tokens_.size:
+            pos = np.searchsorted(self.tokens_, tokens)
+            pos_c = np.minimum(pos, self.tokens_.size - 1)
+            seen = self.tokens_[pos_c] == tokens
+            idx = pos_c[seen]
+            out[seen] = (self.sums_[idx] + a * self.mean_) / (self.counts_[idx] + a)
+        return out.astype(np.float32)
+
+    # -- JSON-able state (for the safe saved-model sidecar) ---------------------------
+    def to_dict(self) -> dict:
+        check_is_fitted(self, "tokens_")
+        return {
+            "pseudo_count": float(self.pseudo_count),
+            "mean": self.mean_,
+            "tokens": self.tokens_.tolist(),
+            "sums": self.sums_.tolist(),
+            "counts": self.counts_.tolist(),
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict) -> TokenPrior:
+        prior = cls(pseudo_count=float(state["pseudo_count"]))
+        prior.tokens_ = np.asarray(state["tokens"], dtype=np.int64)
+        prior.sums_ = np.asarray(state["sums"], dtype=np.float64)
+        prior.counts_ = np.asarray(state["counts"], dtype=np.int64)
+        prior.mean_ = float(state["mean"])
+        n = prior.tokens_.size
+        if prior.sums_.size != n or prior.counts_.size != n:
+            raise ValueError(
+                f"token prior state: {n} tokens but {prior.sums_.size} sums and "
+                f"{prior.counts_.size} counts"
+            )
+        if n and not (np.diff(prior.tokens_) > 0).all():
+            raise ValueError("token prior state: tokens must be strictly increasing")
+        return prior
+
+
+def alternation_parts(n: int) -> np.ndarray:
+    """Part (0/1) of each of ``n`` training rows, in order: 0, 1, 0, 1, ..."""
+    return (np.arange(n) % 2).astype(np.int8)
+
+
+def token_prior_features(
+    tokens: np.ndarray,
+    labels: np.ndarray,
+    train_mask: np.ndarray,
+    pseudo_count: float = DEFAULT_PSEUDO_COUNT,
+) -> tuple[np.ndarray, TokenPrior]:
+    """Token prior of every row for one fold, and the prior fitted on the whole training half.
+
+    Rows with ``train_mask`` get the alternation priors (module doc); all other
+    rows get the whole-training-half prior. Labels of non-training rows are
+    never read (they may be NaN).
+    """
+    tokens = np.asarray(tokens, dtype=np.int64).ravel()
+    labels = np.asarray(labels, dtype=np.float64).ravel()
+    train_mask = np.asarray(train_mask, dtype=bool).ravel()
+    if not (tokens.shape == labels.shape == train_mask.shape):
+        raise ValueError(
+            f"tokens {tokens.shape}, labels {labels.shape} and train_mask {train_mask.shape} "
+            f"must have the same shape"
+        )
+    train_idx = np.flatnonzero(train_mask)
+    if train_idx.size < 2:
+        raise ValueError(
+            f"the training half has {train_idx.size} row(s); the alternation split needs >= 2"
+        )
+    full = TokenPrior(pseudo_count).fit(tokens[train_idx], labels[train_idx])
+    out = np.empty(tokens.shape, dtype=np.float32)
+    out[~train_mask] = full.transform(tokens[~train_mask])
+    parts = alternation_parts(train_idx.size)
+    for part in (0, 1):
+        mine, other = train_idx[parts == part], train_idx[parts != part]
+        prior = TokenPrior(pseudo_count).fit(tokens[other], labels[other])
+        out[mine] = prior.transform(tokens[mine])
+    return out, full
