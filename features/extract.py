@@ -1,0 +1,143 @@
+"""`python -m features.extract`: trace store -> candidate table, one shard per trace shard.
+
+    python -m features.extract                          # paths.traces -> paths.features
+    python -m features.extract traces=<dir> out=<dir>   # short for features.traces=... features.out=...
+
+Streaming: one trace shard in memory at a time. Resumable: shards already in
+the output store are skipped. The output manifest records the source trace
+store's fingerprint, so a rerun against changed traces is refused rather than
+mixing two sources in one table.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import hydra
+import pyarrow as pa
+import pyarrow.parquet as pq
+from omegaconf import DictConfig, OmegaConf
+
+from decode.shard_store import SchemaError
+from decode.trace_schema import SCHEMA_VERSION, trace_store
+from features.config import FeaturesConfig
+from features.from_trace import TRACE_COLUMNS, candidate_table
+from features.schema import candidate_store
+from specrank.config import register_configs
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class ExtractReport:
+    shards_written: int
+    shards_skipped: int
+    rounds: int  # in the shards written by this call
+    candidates: int  # rows written by this call
+    seconds: float
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.candidates / self.seconds if self.seconds > 0 else float("nan")
+
+
+def extract(traces: Path, out: Path, log: Callable[[str], None] = print) -> ExtractReport:
+    """Write the candidate table of the trace store `traces` into the store `out`."""
+    source = trace_store(traces)
+    try:
+        files = source.dataset().files  # checks the trace table name and schema version
+    except SchemaError as err:
+        raise SchemaError(f"features.extract: the trace store cannot be read: {err}") from err
+    manifest = source.manifest()
+    target = candidate_store(out)
+    target.open_for_writing(
+        config={
+            "source_table": "trace",
+            "source_schema_version": SCHEMA_VERSION,
+            "source_fingerprint": source.fingerprint(),
+            "source_config_fingerprint": manifest.get("config_fingerprint"),
+        },
+        models=manifest.get("models", {}),
+    )
+    start = last_log = time.perf_counter()
+    report = ExtractReport(0, 0, 0, 0, 0.0)
+    todo = []  # (shard id, file) not yet in the output store
+    for path in files:
+        shard_id = Path(path).name.removeprefix("shard-").removesuffix(".parquet")
+        if target.is_done(shard_id):
+            report.shards_skipped += 1
+        else:
+            todo.append((shard_id, path))
+    # Read shard k+1 on a thread while shard k is processed (Parquet decoding and
+    # numpy both release the GIL); at most two shards are in memory at once.
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        pending = reader.submit(_read_trace_shard, todo[0][1]) if todo else None
+        for k, (shard_id, _) in enumerate(todo):
+            trace = pending.result()
+            pending = (
+                reader.submit(_read_trace_shard, todo[k + 1][1]) if k + 1 < len(todo) else None
+            )
+            try:
+                table = candidate_table(trace)
+            except (SchemaError, ValueError) as err:
+                raise type(err)(
+                    f"features.extract: trace shard {shard_id} of {traces}: {err}"
+                ) from err
+            target.write_shard(shard_id, table)
+            report.shards_written += 1
+            report.rounds += trace.num_rows
+            report.candidates += table.num_rows
+            if time.perf_counter() - last_log > 10:
+                last_log = time.perf_counter()
+                log(
+                    f"features.extract: {k + 1}/{len(todo)} shards, {report.candidates / (last_log - start):,.0f} rows/s"
+                )
+    report.seconds = time.perf_counter() - start
+    log(
+        f"features.extract: {report.rounds:,} rounds -> {report.candidates:,} candidates in "
+        f"{report.seconds:.1f} s ({report.rows_per_s:,.0f} rows/s); {report.shards_written} shard(s) "
+        f"written, {report.shards_skipped} already done; table at {out}"
+    )
+    return report
+
+
+def _read_trace_shard(path: str) -> pa.Table:
+    return pq.read_table(path, columns=TRACE_COLUMNS)
+
+
+# Bare `traces=` / `out=` on the command line (the documented short form) mean
+# the fields of the `features` section; Hydra itself only knows the long form.
+_SHORT_OVERRIDES = {"traces": "features.traces", "out": "features.out"}
+
+
+def _expand_short_overrides(argv: list[str]) -> list[str]:
+    out = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        out.append(f"{_SHORT_OVERRIDES[key]}={value}" if sep and key in _SHORT_OVERRIDES else arg)
+    return out
+
+
+register_configs()  # the root schema `config_schema` that conf/extract.yaml builds on
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="extract")
+def main(cfg: DictConfig) -> None:
+    conf: FeaturesConfig = OmegaConf.to_object(cfg.features)
+    extract(_resolve(conf.traces), _resolve(conf.out))
+
+
+def _resolve(path: str) -> Path:
+    """Relative paths resolve against the project root (as `paths` says), not the cwd."""
+    p = Path(path)
+    return p if p.is_absolute() else PROJECT_ROOT / p
+
+
+if __name__ == "__main__":
+    sys.argv = [sys.argv[0], *_expand_short_overrides(sys.argv[1:])]
+    main()
