@@ -52,16 +52,20 @@ TRACE_SCHEMA = pa.schema(
         pa.field("cand_depth", pa.list_(pa.int8()), nullable=False),  # 1..8
         pa.field("cand_draft_logprob", pa.list_(_f32), nullable=False),  # per-edge log q, float32
         pa.field("cand_expanded", pa.list_(pa.bool_()), nullable=False),
-        pa.field("cand_target_prob", pa.list_(_f32), nullable=False),  # per-edge p under T (T=1 at T=0)
+        # per-edge p under T (T=1 at T=0)
+        pa.field("cand_target_prob", pa.list_(_f32), nullable=False),
         pa.field("cand_scored", pa.list_(pa.bool_()), nullable=False),  # prefix scored by the pass
         pa.field("cand_in_tree", pa.list_(pa.bool_()), nullable=False),  # in the verified tree
-        pa.field("cand_target_argmax", pa.list_(_i32), nullable=False),  # argmax at prefix; -1 unscored
+        # argmax at prefix; -1 unscored
+        pa.field("cand_target_argmax", pa.list_(_i32), nullable=False),
         # -- root row -------------------------------------------------------------
         pa.field("root_argmax", _i32, nullable=False),
-        pa.field("root_entropy", _f32, nullable=False),  # nats, of the row at temperature T (T=1 at T=0)
+        # nats, of the row at temperature T (T=1 at T=0)
+        pa.field("root_entropy", _f32, nullable=False),
         pa.field("root_top1_prob", _f32, nullable=False),
         # -- outcome --------------------------------------------------------------
-        pa.field("accepted_path", pa.list_(pa.int16()), nullable=False),  # pool indices, depth order
+        # pool indices, depth order
+        pa.field("accepted_path", pa.list_(pa.int16()), nullable=False),
         pa.field("continuation_token", _i32, nullable=False),
         pa.field("covered", pa.bool_(), nullable=False),  # emitted address lies in the scored set
         # -- retained rows at this round's first-level candidates (SPEC §5, §7) ------
