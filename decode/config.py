@@ -63,10 +63,15 @@ class DataConfig:
 class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy; > 0: exhaustive target sampling at this temperature
     verifier: str = "exhaustive"  # exhaustive | eagle3 (child-by-child; same law)
-    max_new_tokens: int = 264  # stop after the round in which the output reaches this
+    # Stop after the round in which the output reaches this many tokens (or emits EOS).
+    # A round emits up to depth + 1 = 9 tokens, so outputs hold at most 256 + 8 = 264
+    # tokens: the paper's "at most 264" (and 1,024 -> "at most 1,032") implies 256 here.
+    max_new_tokens: int = 256
     seed: int = 0  # per-prompt generators are seeded from (seed, prompt id)
 
 
 @dataclass
 class TraceConfig:
+    out_dir: str = MISSING  # trace store folder (record.yaml derives it from model/data/decode)
     prompts_per_shard: int = 8  # one shard = this many consecutive prompts (resume unit)
+    progress: bool = True  # tqdm bar with tokens/s and mean accepted length

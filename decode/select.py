@@ -143,12 +143,15 @@ def ranking_keys(score: Tensor, valid: Tensor | None = None) -> Tensor:
     return (key32.long() << 32) | low
 
 
-def rank_order(score: Tensor, valid: Tensor | None = None, k: int | None = None) -> Tensor:
+def rank_order(
+    score: Tensor, valid: Tensor | None = None, k: int | None = None, keys: Tensor | None = None
+) -> Tensor:
     """Pool indices best-first by the SPEC tie-break; invalid last. [R, k or P].
 
-    `k` keeps only the first k (a top-k is much cheaper than a full sort).
+    `k` keeps only the first k (a top-k is much cheaper than a full sort);
+    `keys` passes precomputed `ranking_keys(score, valid)`.
     """
-    keys = ranking_keys(score, valid)
+    keys = ranking_keys(score, valid) if keys is None else keys
     width = keys.shape[-1]
     if k is not None and k < width // 4:
         return torch.topk(keys, k, dim=-1, sorted=True).indices

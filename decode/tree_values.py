@@ -61,6 +61,7 @@ class PoolContext:
     draft: Tensor  # cumulative draft log-probability (the draft rule's score)
     valid: Tensor  # bool: in the pool and inside the top-M restriction
     path_prob: Tensor  # P(u) under the law, 0 outside `valid`
+    draft_keys: Tensor  # int64 ranking keys of the draft scores (see select.ranking_keys)
 
 
 def pool_context(pool: PoolBatch, top_m: int = 0) -> PoolContext:
@@ -77,6 +78,7 @@ def pool_context(pool: PoolBatch, top_m: int = 0) -> PoolContext:
         draft=draft,
         valid=valid,
         path_prob=path_product(law, pool.parent, levels) * valid,
+        draft_keys=ranking_keys(draft, valid),
     )
 
 
@@ -126,7 +128,7 @@ def subtree_ranks(ctx: PoolContext) -> tuple[Tensor, Tensor, Tensor]:
         raise ValueError(f"pools of {width} candidates are too wide for 63-bit subtree keys")
     below = (ctx.pool.depth >= 2) & ctx.valid
     group = torch.where(below, ctx.first_ancestor, width)  # sentinel group `width` sorts last
-    score_desc = 0x7FFFFFFF - (ranking_keys(ctx.draft, ctx.valid) >> 32)  # in [0, 2^32)
+    score_desc = 0x7FFFFFFF - (ctx.draft_keys >> 32)  # in [0, 2^32)
     positions = torch.arange(width, device=group.device).expand(n_rounds, width)
     key = (group << (32 + index_bits)) | (score_desc << index_bits) | positions
     # keys are unique, so numpy's fast unstable sort is exact (see select.rank_order)
@@ -233,7 +235,7 @@ def evaluate_pools(
         raise ValueError(f"The 'budgets' must be a non-empty list of ints >= 0. Got {budgets}.")
     ctx = pool_context(pool, top_m)
     k = max(budgets)
-    draft_order = rank_order(ctx.draft, ctx.valid, k=k)
+    draft_order = rank_order(ctx.draft, ctx.valid, k=k, keys=ctx.draft_keys)
     out: dict[str, Tensor] = {}
     scores = {r: None for r in rules if r in FACTOR_RULES} | dict(extra_scores or {})
     for name, score in scores.items():

