@@ -61,5 +61,17 @@ format: $(STAMP)  ## ruff autofix + format
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
+# MLflow UI over the project's tracking store (what `make run` / `python -m rerank.train` log).
+PORT      ?= 5000
+MLFLOW_DB ?= $(CURDIR)/mlflow.db
+
+dashboard: $(STAMP)  ## MLflow UI on 127.0.0.1 (PORT=5000) over the project's runs; Ctrl-C stops it
+	@test -f "$(MLFLOW_DB)" || echo "note: $(MLFLOW_DB) does not exist yet: \`make run\` logs the first run there"
+	@echo "MLflow UI: http://127.0.0.1:$(PORT)  (experiment 'specrank'; tick two runs -> Compare). Ctrl-C stops it."
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false $(VENV)/bin/mlflow ui \
+		--backend-store-uri "sqlite:///$(MLFLOW_DB)" \
+		--artifacts-destination "$(CURDIR)/mlartifacts" \
+		--host 127.0.0.1 --port $(PORT) --workers 1
+
 clean:  ## remove the venv and generated outputs
 	rm -rf $(VENV) outputs multirun .pytest_cache

@@ -102,7 +102,12 @@ class Interval:
 
 
 def percentile_interval(point: float, draws: np.ndarray, level: float = 0.95) -> Interval:
-    lo, hi = np.nanpercentile(draws, [50 * (1 - level), 50 * (1 + level)])
+    """Percentile interval of the finite draws; NaN bounds when a statistic is undefined
+    in every resample (e.g. a share of a zero root gain)."""
+    finite = draws[np.isfinite(draws)]
+    if finite.size == 0:
+        return Interval(float(point), float("nan"), float("nan"))
+    lo, hi = np.percentile(finite, [50 * (1 - level), 50 * (1 + level)])
     return Interval(float(point), float(lo), float(hi))
 
 

@@ -53,11 +53,10 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
         m = _MIX.match(col)
         if m:
             groups.setdefault((m["row"], int(m["b"])), {})[float(m["w"])] = col
-    out = frame.copy()
+    new_cols: dict[str, np.ndarray] = {}
     chosen = []
     for (row, b), by_w in groups.items():
-        name = f"mix_{row}@B{b}"
-        out[name] = np.nan
+        values = np.full(len(frame), np.nan)
         for temperature, part in frame.groupby("temperature"):
             for fold in (0, 1):
                 other = part[part["fold"] == 1 - fold]
@@ -66,12 +65,17 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
                         f"fold {1 - fold} has no rounds at T={temperature}: cannot pick w"
                     )
                 best_w = max(by_w, key=lambda w: (other[by_w[w]].mean(), -w))
-                target = part.index[part["fold"] == fold]
-                out.loc[target, name] = frame.loc[target, by_w[best_w]]
+                target = frame.index.get_indexer(part.index[part["fold"] == fold])
+                values[target] = frame[by_w[best_w]].to_numpy()[target]
                 chosen.append(
                     {"law": law_of(temperature), "budget": b, "row": row, "fold": fold, "w": best_w}
                 )
-        out = out.drop(columns=list(by_w.values()))
+        new_cols[f"mix_{row}@B{b}"] = values
+    dropped = [c for by_w in groups.values() for c in by_w.values()]
+    # one concat instead of column-by-column inserts (pandas warns about fragmentation)
+    out = pd.concat(
+        [frame.drop(columns=dropped), pd.DataFrame(new_cols, index=frame.index)], axis=1
+    )
     return out, pd.DataFrame(chosen)
 
 

@@ -1,0 +1,432 @@
+"""Reading logged `rerank.train` runs back from MLflow to compare them (issue 8).
+
+Pure reading and reshaping of what a run logged — `tables/*.csv`, `plots/*.png`,
+params and tags — through the MLflow client; nothing here recomputes a result.
+`notebooks/compare_runs.ipynb` is built on these functions, so that no pipeline
+logic lives in the notebook.
+
+    runs = find_runs("sqlite:///mlflow.db", experiment="specrank", last=2)
+    tables = load_runs(runs, "sqlite:///mlflow.db")      # {"summary": ..., "breakdowns": ...}
+    side_by_side(tables["summary"], "gain")              # rules x runs, "+12.3% [+8.1, +16.0]"
+
+Every function works against any tracking URI: the project's SQLite store, or
+an `http://` tracking server (artifacts proxied or not).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+from mlflow.entities import Run, RunStatus
+from mlflow.exceptions import MlflowException
+
+from rerank.config import DEFAULT_BUDGETS, MlflowConfig
+from rerank.tracking import resolve_tracking_uri
+
+# Tables every `rerank.train` run logs under `tables/` (CSV), and the larger
+# per-round / per-candidate tables (Parquet), read only on request.
+TABLES = ("summary", "breakdowns", "prediction_quality", "mixture_weights")
+PARQUET_TABLES = ("per_round_values", "oof_predictions")
+# A parent run of `rerank.train` carries this tag; its fold child runs carry `fold`.
+RUN_TAG = "rerank_model"
+# Notebook parameters (papermill is not required: the notebook reads these).
+ENV_TRACKING_URI = "SPECRANK_TRACKING_URI"
+ENV_EXPERIMENT = "SPECRANK_EXPERIMENT"
+ENV_RUN_IDS = "SPECRANK_RUN_IDS"
+ENV_LAST = "SPECRANK_LAST"
+ENV_WEIGHTING = "SPECRANK_WEIGHTING"
+ENV_RULES = "SPECRANK_RULES"
+ENV_BUDGETS = "SPECRANK_BUDGETS"
+WEIGHTINGS = ("round", "prompt", "task")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which runs to compare: explicit run ids, else the `last` finished runs of `experiment`."""
+
+    tracking_uri: str
+    experiment: str
+    run_ids: tuple[str, ...] = ()
+    last: int = 2
+    weighting: str = "round"
+    rules: tuple[str, ...] = ()  # restrict plots to these rules (empty: every rule)
+    budgets: tuple[int, ...] = ()  # headline budgets of tables and panels (empty: see below)
+
+
+def selection_from_env(environ: Mapping[str, str] | None = None) -> Selection:
+    """The notebook's parameters from `SPECRANK_*` environment variables, checked.
+
+    SPECRANK_TRACKING_URI  default: the project's store (`MlflowConfig().tracking_uri`)
+    SPECRANK_EXPERIMENT    default: `MlflowConfig().experiment` ("specrank")
+    SPECRANK_RUN_IDS       comma-separated run ids; default: the latest SPECRANK_LAST runs
+    SPECRANK_LAST          default 2
+    SPECRANK_WEIGHTING     round | prompt | task (default round)
+    SPECRANK_RULES         comma-separated rules to plot; default: all
+    SPECRANK_BUDGETS       comma-separated headline budgets; default: 8 and 59 where logged
+    """
+    env = os.environ if environ is None else environ
+    defaults = MlflowConfig()
+
+    def items(name: str) -> tuple[str, ...]:
+        return tuple(s.strip() for s in env.get(name, "").split(",") if s.strip())
+
+    last_text = env.get(ENV_LAST, "2")
+    try:
+        last = int(last_text)
+    except ValueError as err:
+        raise ValueError(f"{ENV_LAST}: expected a positive integer, found {last_text!r}") from err
+    if last < 1:
+        raise ValueError(f"{ENV_LAST}: expected a positive integer, found {last}")
+    budgets = items(ENV_BUDGETS)
+    if not all(b.isdigit() for b in budgets):
+        raise ValueError(f"{ENV_BUDGETS}: expected comma-separated integers, found {budgets}")
+    weighting = env.get(ENV_WEIGHTING, "round")
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"{ENV_WEIGHTING}: expected one of {WEIGHTINGS}, found {weighting!r}")
+    return Selection(
+        tracking_uri=resolve_tracking_uri(env.get(ENV_TRACKING_URI) or defaults.tracking_uri),
+        experiment=env.get(ENV_EXPERIMENT) or defaults.experiment,
+        run_ids=items(ENV_RUN_IDS),
+        last=last,
+        weighting=weighting,
+        rules=items(ENV_RULES),
+        budgets=tuple(int(b) for b in budgets),
+    )
+
+
+def client(tracking_uri: str) -> mlflow.MlflowClient:
+    """A client for reading; refuses a SQLite store that does not exist (instead of creating one)."""
+    uri = resolve_tracking_uri(tracking_uri)
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not Path(uri[len(prefix) :]).is_file():
+        raise FileNotFoundError(
+            f"tracking URI {uri}: no such SQLite store; run `make run` (or `python -m "
+            f"rerank.train`) first, or point {ENV_TRACKING_URI} at an existing store"
+        )
+    return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def _is_train_parent(run: Run) -> bool:
+    tags = run.data.tags
+    return RUN_TAG in tags and "mlflow.parentRunId" not in tags
+
+
+def _describe(runs: Sequence[Run]) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        tags = run.data.tags
+        rows.append(
+            {
+                "run_id": run.info.run_id,
+                "run_name": run.info.run_name,
+                "experiment_id": run.info.experiment_id,
+                "start_time": pd.Timestamp(run.info.start_time, unit="ms", tz="UTC"),
+                "status": run.info.status,
+                "rerank_model": tags.get(RUN_TAG),
+                "git_sha": tags.get("git_sha"),
+                "trace_fingerprint": tags.get("trace_fingerprint"),
+            }
+        )
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "run", run_labels(frame))
+    return frame
+
+
+def run_labels(frame: pd.DataFrame) -> list[str]:
+    """Short unique labels for plots: `<run name> (<model>)`, with the id prefix if needed."""
+    base = [
+        f"{name or rid[:8]} ({model})"
+        for name, rid, model in zip(
+            frame["run_name"], frame["run_id"], frame["rerank_model"], strict=True
+        )
+    ]
+    dup = pd.Series(base).duplicated(keep=False).to_numpy()
+    return [
+        f"{b} {rid[:8]}" if d else b for b, rid, d in zip(base, frame["run_id"], dup, strict=True)
+    ]
+
+
+def find_runs(
+    tracking_uri: str,
+    experiment: str | None = None,
+    run_ids: Sequence[str] = (),
+    last: int = 2,
+) -> pd.DataFrame:
+    """The runs to compare, one row each (label, id, name, start time, model, git SHA, ...).
+
+    With `run_ids`: exactly those runs, in that order (each must be a
+    `rerank.train` parent run). Otherwise the `last` most recent finished
+    parent runs of `experiment`, oldest first.
+    """
+    c = client(tracking_uri)
+    uri = resolve_tracking_uri(tracking_uri)
+    if run_ids:
+        runs = []
+        for rid in run_ids:
+            try:
+                run = c.get_run(rid)
+            except MlflowException as err:
+                raise LookupError(
+                    f"{ENV_RUN_IDS}: run {rid!r} not found at tracking URI {uri}: {err.message}"
+                ) from err
+            if not _is_train_parent(run):
+                raise ValueError(
+                    f"{ENV_RUN_IDS}: run {rid!r} is not a `rerank.train` parent run (expected tag "
+                    f"{RUN_TAG!r} and no parent; found tags {sorted(run.data.tags)})"
+                )
+            runs.append(run)
+        return _describe(runs)
+    name = experiment or MlflowConfig().experiment
+    exp = c.get_experiment_by_name(name)
+    if exp is None:
+        found = sorted(e.name for e in c.search_experiments())
+        raise LookupError(
+            f"{ENV_EXPERIMENT}: experiment {name!r} not found at tracking URI {uri}; "
+            f"experiments there: {found}"
+        )
+    candidates = c.search_runs(
+        [exp.experiment_id],
+        filter_string=f"attributes.status = '{RunStatus.to_string(RunStatus.FINISHED)}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1000,
+    )
+    parents = [r for r in candidates if _is_train_parent(r)][:last]
+    if not parents:
+        raise LookupError(
+            f"{ENV_EXPERIMENT}: experiment {name!r} at {uri} has no finished `rerank.train` runs "
+            f"(runs with tag {RUN_TAG!r} and no parent); run `make run` first"
+        )
+    return _describe(parents[::-1])
+
+
+def _download(c: mlflow.MlflowClient, run_id: str, path: str, dst: Path) -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
+    return Path(c.download_artifacts(run_id, path, str(dst)))
+
+
+def load_run_tables(
+    run_id: str,
+    tracking_uri: str,
+    names: Sequence[str] = TABLES,
+    dst: str | Path | None = None,
+) -> dict[str, pd.DataFrame]:
+    """The run's logged result tables by name (`summary`, `breakdowns`, ...), as DataFrames.
+
+    `names` may include the Parquet tables (`per_round_values`, `oof_predictions`).
+    Files are downloaded to `dst` (a new temporary folder if None).
+    """
+    c = client(tracking_uri)
+    logged = {Path(f.path).name for f in c.list_artifacts(run_id, "tables")}
+    files = {n: f"{n}.parquet" if n in PARQUET_TABLES else f"{n}.csv" for n in names}
+    missing = sorted(f for f in files.values() if f not in logged)
+    if missing:
+        raise FileNotFoundError(
+            f"run {run_id}: expected artifacts {['tables/' + f for f in missing]}, found "
+            f"{sorted('tables/' + f for f in logged)} (was it logged by `rerank.train`?)"
+        )
+    folder = Path(tempfile.mkdtemp(prefix=f"specrank-{run_id[:8]}-") if dst is None else dst)
+    out = {}
+    for name, file in files.items():
+        local = _download(c, run_id, f"tables/{file}", folder)
+        out[name] = pd.read_parquet(local) if file.endswith(".parquet") else pd.read_csv(local)
+    return out
+
+
+def load_results_text(run_id: str, tracking_uri: str, dst: str | Path | None = None) -> str:
+    """The printed results table of a run (`tables/results.txt`)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"specrank-{run_id[:8]}-") if dst is None else dst)
+    return _download(client(tracking_uri), run_id, "tables/results.txt", folder).read_text()
+
+
+LEARNED = ("base", "rows")  # feature sets of the learned rerankers: rules `<set>_<model kind>`
+
+
+def unify_model_rules(name: str, table: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """Rename a run's learned rules `base_<kind>` / `rows_<kind>` to `base` / `rows`.
+
+    A run fits one model kind, so the renaming is lossless within a run; across
+    runs it lines up e.g. `rows_hgb` of one run with `rows_lgbm` of another.
+    Applies to rule names in `summary.rule`, `prediction_quality.predictor` and
+    the `<rule>@B<b>` / `<rule>` columns of the other tables.
+    """
+    names = {f"{s}_{kind}": s for s in LEARNED}
+    if name == "summary":
+        return table.assign(rule=table["rule"].replace(names))
+    if name == "prediction_quality":
+        return table.assign(predictor=table["predictor"].replace(names))
+
+    def column(c: str) -> str:
+        rule, at, budget = c.partition("@B")
+        return names.get(rule, rule) + at + budget
+
+    return table.rename(columns=column)
+
+
+def load_runs(
+    runs: pd.DataFrame,
+    tracking_uri: str,
+    names: Sequence[str] = TABLES,
+    dst: str | Path | None = None,
+    unify_models: bool = True,
+) -> dict[str, pd.DataFrame]:
+    """`load_run_tables` for every run of `find_runs`, concatenated with a leading `run` column.
+
+    `run` is an ordered categorical in the order of `runs`, so that tables and
+    plots keep the runs side by side in a stable order. With `unify_models`,
+    the learned rules are named `base` / `rows` whatever the model kind (see
+    `unify_model_rules`; the run label names the kind).
+    """
+    root = Path(tempfile.mkdtemp(prefix="specrank-runs-") if dst is None else dst)
+    parts: dict[str, list[pd.DataFrame]] = {n: [] for n in names}
+    for label, rid, kind in zip(runs["run"], runs["run_id"], runs["rerank_model"], strict=True):
+        for name, table in load_run_tables(rid, tracking_uri, names, root / rid).items():
+            if unify_models:
+                table = unify_model_rules(name, table, kind)
+            # one concat, not `insert`: wide tables (budget sweeps) would fragment
+            run = pd.DataFrame({"run": [label] * len(table)}, index=table.index)
+            parts[name].append(pd.concat([run, table], axis=1))
+    order = pd.CategoricalDtype(list(runs["run"]), ordered=True)
+    out = {}
+    for name, frames in parts.items():
+        table = pd.concat(frames, ignore_index=True)
+        table["run"] = table["run"].astype(order)
+        out[name] = table
+    return out
+
+
+def download_plots(
+    run_id: str, tracking_uri: str, dst: str | Path | None = None
+) -> dict[str, Path]:
+    """The run's logged PNG figures (`plots/*.png`) by file stem, downloaded locally."""
+    c = client(tracking_uri)
+    folder = Path(tempfile.mkdtemp(prefix=f"specrank-{run_id[:8]}-") if dst is None else dst)
+    out = {}
+    for f in c.list_artifacts(run_id, "plots"):
+        if f.path.endswith(".png"):
+            out[Path(f.path).stem] = _download(c, run_id, f.path, folder)
+    return out
+
+
+def differing_params(runs: pd.DataFrame, tracking_uri: str) -> pd.DataFrame:
+    """Logged params (resolved config) whose values differ between the runs: params x runs."""
+    c = client(tracking_uri)
+    table = pd.DataFrame(
+        {
+            label: pd.Series(c.get_run(rid).data.params, dtype=object)
+            for label, rid in zip(runs["run"], runs["run_id"], strict=True)
+        }
+    )
+    differs = table.astype(str).nunique(axis=1) > 1
+    return table[differs].sort_index()
+
+
+def rule_order(summary: pd.DataFrame) -> list[str]:
+    """Rules in the order the job logged them (draft first), across runs."""
+    return list(dict.fromkeys(summary["rule"]))
+
+
+def select_rules(summary: pd.DataFrame, wanted: Sequence[str] = ()) -> list[str]:
+    """Rules to plot: `wanted` (checked against the logged rules), else every rule but draft."""
+    logged = rule_order(summary)
+    unknown = [r for r in wanted if r not in logged]
+    if unknown:
+        raise ValueError(f"{ENV_RULES}: rules {unknown} were not logged; logged rules: {logged}")
+    return list(wanted) if wanted else [r for r in logged if r != "draft"]
+
+
+def headline_budgets(summary: pd.DataFrame, wanted: Sequence[int] = ()) -> list[int]:
+    """Budgets of the side-by-side tables: `wanted` (checked), else the SPEC's default
+    budgets that were logged (B=8 and B=59), else every logged budget."""
+    logged = sorted(int(b) for b in summary["budget"].unique())
+    unknown = [b for b in wanted if b not in logged]
+    if unknown:
+        raise ValueError(f"{ENV_BUDGETS}: budgets {unknown} were not logged; logged: {logged}")
+    if wanted:
+        return sorted(set(wanted))
+    return [b for b in logged if b in DEFAULT_BUDGETS] or logged
+
+
+def law_order(summary: pd.DataFrame) -> list[str]:
+    """Decoding laws in logged order (greedy before sampling)."""
+    return list(dict.fromkeys(summary["law"]))
+
+
+def format_interval(estimate: float, low: float, high: float, percent: bool = True) -> str:
+    """`+12.3% [+8.1, +16.0]`; empty for an undefined value (e.g. a share with no advantage)."""
+    if not np.isfinite(estimate):
+        return ""
+    s = 100.0 if percent else 1.0
+    unit = "%" if percent else ""
+    return f"{s * estimate:+.1f}{unit} [{s * low:+.1f}, {s * high:+.1f}]"
+
+
+def side_by_side(
+    summary: pd.DataFrame,
+    value: str = "gain",
+    weighting: str = "round",
+    budgets: Sequence[int] | None = None,
+) -> pd.DataFrame:
+    """`value` with its 95% interval per rule, runs side by side: index (law, rule), columns (budget, run).
+
+    `value` is a column with `_lo`/`_hi` partners in `tables/summary.csv`:
+    gain, emitted_gain, share_root or share_oracle.
+    """
+    for col in (value, f"{value}_lo", f"{value}_hi"):
+        if col not in summary.columns:
+            raise KeyError(
+                f"value={value!r}: summary has no column {col!r}; columns: {list(summary.columns)}"
+            )
+    sub = summary[summary["weighting"] == weighting]
+    if sub.empty:
+        raise ValueError(
+            f"weighting={weighting!r}: no such rows; found {sorted(summary['weighting'].unique())}"
+        )
+    if budgets is not None:
+        sub = sub[sub["budget"].isin(list(budgets))]
+    text = [
+        format_interval(v, lo, hi)
+        for v, lo, hi in zip(sub[value], sub[f"{value}_lo"], sub[f"{value}_hi"], strict=True)
+    ]
+    sub = sub.assign(
+        text=text,
+        law=pd.Categorical(sub["law"], law_order(summary), ordered=True),
+        rule=pd.Categorical(sub["rule"], rule_order(summary), ordered=True),
+    )
+    table = sub.pivot_table(
+        index=["law", "rule"],
+        columns=["budget", "run"],
+        values="text",
+        aggfunc="first",
+        observed=True,
+    )
+    return table.fillna("")
+
+
+def breakdown_gains(breakdowns: pd.DataFrame) -> pd.DataFrame:
+    """Long table of logged breakdown means with the gain over draft selection in each group.
+
+    Columns: [run,] law, by, group, rounds, rule, budget, accepted, gain
+    (gain = rule / draft - 1 within the group, as in the summary's point estimate).
+    """
+    keys = [c for c in ("run", "law", "by", "group", "rounds") if c in breakdowns.columns]
+    long = breakdowns.melt(id_vars=keys, var_name="column", value_name="accepted")
+    long = long.dropna(subset=["accepted"])
+    split = long["column"].str.rsplit("@B", n=1, expand=True)
+    long = long.assign(rule=split[0], budget=split[1].astype(int)).drop(columns="column")
+    draft = long[long["rule"] == "draft"].rename(columns={"accepted": "draft"})
+    draft = draft.drop(columns=["rule", "rounds"])
+    on = [c for c in ("run", "law", "by", "group", "budget") if c in long.columns]
+    if draft.empty:
+        raise KeyError(
+            "breakdowns have no `draft@B<b>` columns: gains are relative to draft selection"
+        )
+    long = long.merge(draft, on=on, how="left", validate="many_to_one")
+    long["gain"] = long["accepted"] / long["draft"] - 1.0
+    return long.drop(columns="draft")

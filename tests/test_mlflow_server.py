@@ -1,0 +1,279 @@
+"""`rerank.train` against a real MLflow tracking server, read back over its REST API (issue 8).
+
+Starts `mlflow server` on 127.0.0.1 (SQLite backend, a free port, proxied
+artifacts in a temporary folder), runs the main job at debug size with the
+server's http:// URI, then reads params, tags, metrics, child runs, tables and
+a saved reranker back over plain HTTP — no MLflow client on the reading side —
+and stops the server by its own process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict
+from io import BytesIO
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+from decode.config import PoolConfig, SelectConfig
+from decode.synth import write_synthetic_traces
+from decode.synthetic import SynthConfig
+from decode.trace_schema import trace_store
+from features.extract import extract
+from features.schema import candidate_store
+from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
+from rerank.evaluate import ROUND_KEYS
+from rerank.persist import load_reranker
+from rerank.train import train_and_evaluate
+from specrank.config import SynthJobConfig
+
+READY_TIMEOUT_S = 120  # server start-up is ~5-20 s on a loaded 2-core machine
+STOP_TIMEOUT_S = 20
+HOST = "127.0.0.1"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _log_tail(path: Path, n: int = 3000) -> str:
+    return path.read_text(errors="replace")[-n:]
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's own process group (it and its uvicorn worker), then SIGKILL."""
+    with contextlib.suppress(ProcessLookupError):  # the group already exited
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the worker exits just after the parent
+    if _group_alive(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A tracking server on a free localhost port; yields (base URL, process); always stopped."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    log_path = root / "server.log"
+    cmd = [
+        sys.executable, "-m", "mlflow", "server",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--artifacts-destination", str(root / "artifacts"),
+        "--host", HOST, "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    # No background job runner (its extra processes are not needed to track runs).
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            url = f"http://{HOST}:{port}"
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(
+                        f"mlflow server exited with code {proc.returncode} before answering on "
+                        f"{url}/health; log tail:\n{_log_tail(log_path)}"
+                    )
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                        if r.status == 200:
+                            break
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    pass  # not listening yet
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"mlflow server on {url}: expected /health to answer 200 within "
+                        f"{READY_TIMEOUT_S} s; it did not. Log tail:\n{_log_tail(log_path)}"
+                    )
+                time.sleep(0.25)
+            yield url, proc
+        finally:
+            _stop(proc)
+
+
+def _get(url: str, endpoint: str, **query: str) -> bytes:
+    full = f"{url}{endpoint}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    with urllib.request.urlopen(full, timeout=30) as r:
+        assert r.status == 200, f"GET {full}: expected 200, found {r.status}"
+        return r.read()
+
+
+def _get_json(url: str, endpoint: str, **query: str) -> dict:
+    return json.loads(_get(url, endpoint, **query))
+
+
+def _post_json(url: str, endpoint: str, body: dict) -> dict:
+    req = urllib.request.Request(
+        f"{url}{endpoint}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _list(url: str, run_id: str, path: str) -> dict[str, dict]:
+    listing = _get_json(url, "/api/2.0/mlflow/artifacts/list", run_id=run_id, path=path)
+    return {f["path"]: f for f in listing.get("files", [])}
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("served")
+    job = SynthJobConfig(prompts=8, rounds_per_prompt=8, prompts_per_shard=4)
+    pool, select = PoolConfig(top_k=6, steps=3, expand=6), SelectConfig("draft", 8, 20)
+    write_synthetic_traces(root / "traces", job, pool, select, SynthConfig(), seed=0)
+    extract(root / "traces", root / "features", log=lambda _: None)
+    return root / "traces", root / "features"
+
+
+def test_train_logs_to_a_real_tracking_server(stores, tmp_path):
+    traces, features = stores
+    rerank = RerankConfig(
+        traces=str(traces),
+        features=str(features),
+        model=RerankModelConfig(kind="lgbm", n_threads=1),
+        feature_sets=["rows"],
+        calibrators=["iso_q1"],
+        substitutions=["cache"],
+        n_resamples=200,
+        calibration_edges=20_000,
+        chunk_rounds=256,
+    )
+    config = {"rerank": asdict(rerank), "seed": 0}
+    server_root = tmp_path / "server"
+    previous_uri = mlflow.get_tracking_uri()
+    with mlflow_server(server_root) as (url, proc):
+        try:
+            result = train_and_evaluate(
+                rerank,
+                MlflowConfig(tracking_uri=url, experiment="served", run_name="over-http"),
+                config,
+                0,
+                tmp_path / "out",
+            )
+        finally:
+            mlflow.set_tracking_uri(previous_uri)  # train_and_evaluate sets it process-wide
+        rid = result.run_id
+
+        # -- params, tags, metrics -------------------------------------------------------
+        run = _get_json(url, "/api/2.0/mlflow/runs/get", run_id=rid)["run"]
+        assert run["info"]["status"] == "FINISHED"
+        assert run["info"]["run_name"] == "over-http"
+        params = {p["key"]: p["value"] for p in run["data"]["params"]}
+        assert params["rerank.model.kind"] == "lgbm"
+        assert params["rerank.n_resamples"] == "200"
+        assert params["seed"] == "0"
+        tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+        assert tags["trace_fingerprint"] == trace_store(traces).fingerprint()
+        assert tags["rerank_model"] == "lgbm"
+        assert tags["git_sha"]
+        metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
+        s = result.summary
+        row = s[(s["rule"] == "rows_lgbm") & (s["law"] == "T=1") & (s["budget"] == 8)
+                & (s["weighting"] == "round")].iloc[0]  # fmt: skip
+        assert metrics["gain/T1/B8/rows_lgbm"] == pytest.approx(row["gain"], rel=1e-12)
+        assert metrics["accepted/T1/B59/root"] > 0
+        assert "sq_error/T1/rows_lgbm" in metrics
+
+        # -- one child run per fold ----------------------------------------------------
+        children = _post_json(
+            url,
+            "/api/2.0/mlflow/runs/search",
+            {
+                "experiment_ids": [run["info"]["experiment_id"]],
+                "filter": f"tags.mlflow.parentRunId = '{rid}'",
+            },
+        )["runs"]
+        folds = sorted(
+            t["value"] for c in children for t in c["data"]["tags"] if t["key"] == "fold"
+        )
+        assert folds == ["0", "1"]
+
+        # -- artifacts: proxied by the server, stored in its --artifacts-destination ------
+        artifact_uri = run["info"]["artifact_uri"]
+        assert artifact_uri.startswith("mlflow-artifacts:/"), artifact_uri
+        prefix = artifact_uri.removeprefix("mlflow-artifacts:").strip("/")
+
+        def download(path: str) -> bytes:
+            return _get(url, f"/api/2.0/mlflow-artifacts/artifacts/{prefix}/{path}")
+
+        tables = _list(url, rid, "tables")
+        expected = {"summary.csv", "breakdowns.csv", "prediction_quality.csv",
+                    "mixture_weights.csv", "per_round_values.parquet",
+                    "oof_predictions.parquet", "results.txt"}  # fmt: skip
+        assert {f"tables/{f}" for f in expected} <= set(tables)
+        assert (server_root / "artifacts" / prefix / "tables" / "summary.csv").is_file()
+        assert not (Path.cwd() / "mlartifacts" / prefix).exists()
+        summary = pd.read_csv(BytesIO(download("tables/summary.csv")))
+        pd.testing.assert_frame_equal(
+            summary, result.summary.reset_index(drop=True), check_dtype=False, rtol=1e-12
+        )
+        assert json.loads(download("config/resolved_config.json")) == json.loads(json.dumps(config))
+        assert {"plots/gain_vs_budget_T1.png", "plots/reliability_T1.png"} <= set(
+            _list(url, rid, "plots")
+        )
+
+        # -- the saved reranker: download, verify, reproduce the logged predictions ------
+        name = "rows_lgbm_T1_fold0"
+        files = _list(url, rid, f"rerankers/{name}")
+        assert set(files) == {f"rerankers/{name}/model.txt", f"rerankers/{name}/reranker.json"}
+        local = tmp_path / "downloaded" / name
+        local.mkdir(parents=True)
+        for path in files:
+            data = download(path)
+            assert data == (tmp_path / "out" / path).read_bytes(), f"{path} differs from local"
+            (local / Path(path).name).write_bytes(data)
+        model = load_reranker(local)  # verifies hashes, schema version, feature list
+        oof = pd.read_parquet(BytesIO(download("tables/oof_predictions.parquet")))
+
+    assert proc.returncode is not None, "the server process is still running"
+    assert not _group_alive(proc.pid), "a process of the server's group outlived it"
+
+    # the model never saw the prompts it predicts for; its predictions there are the logged ones
+    candidates = candidate_store(features).read().to_pandas()
+    held_out = candidates[
+        (candidates["temperature"] == 1.0) & ~candidates["prompt_id"].isin(model.train_prompts)
+    ]
+    assert len(held_out) > 0
+    logged = held_out[[*ROUND_KEYS, "cand_index"]].merge(
+        oof, on=[*ROUND_KEYS, "cand_index"], how="left", validate="one_to_one"
+    )
+    np.testing.assert_allclose(model.predict_phat(held_out), logged["rows_lgbm"], rtol=1e-9)
