@@ -83,12 +83,10 @@ def fingerprint_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes (streamed)."""
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -188,7 +186,7 @@ class ShardStore:
             os.replace(tmp, data_path)
         finally:
             tmp.unlink(missing_ok=True)
-        marker = {"rows": table.num_rows, "sha256": _sha256_file(data_path)}
+        marker = {"rows": table.num_rows, "sha256": sha256_file(data_path)}
         _atomic_write_bytes(done_path, json.dumps(marker).encode())
         return True
 
@@ -214,7 +212,7 @@ class ShardStore:
                 )
             if verify_hashes:
                 want = json.loads(done_path.read_text())["sha256"]
-                got = _sha256_file(data_path)
+                got = sha256_file(data_path)
                 if got != want:
                     raise SchemaError(
                         f"{data_path}: content hash {got[:12]} != recorded {want[:12]} (corrupt shard)"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from features.rounds import RoundArrays
-from features.subtree import pool_subtree_stats
+from features.subtree import STATS, pool_subtree_stats
 
 # name -> numpy dtype of every feature `first_level_features` returns (the order is the table's).
 FEATURE_DTYPES: dict[str, type] = {
@@ -39,12 +39,7 @@ FEATURE_DTYPES: dict[str, type] = {
     "root_draft_top1": np.float32,  # max q
     # the pool subtree below the candidate
     "expanded": np.bool_,
-    "subtree_size": np.int32,
-    "subtree_depth": np.int32,
-    "subtree_best_d2": np.float32,
-    "subtree_best_deepest": np.float32,
-    "subtree_draft_mass": np.float32,
-    "subtree_draft_mass_rel": np.float32,
+    **STATS,
     # context
     "prompt_length": np.int32,
     "round_index": np.int32,

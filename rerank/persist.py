@@ -31,6 +31,7 @@ import sklearn
 import skops
 import skops.io as sio
 
+from decode.shard_store import sha256_file
 from features.schema import CANDIDATE_VERSION
 from rerank.models import KINDS, LAWS, Capacity, FittedReranker
 from rerank.token_prior import TokenPrior
@@ -59,14 +60,6 @@ class RerankerLoadError(ValueError):
         self.differences = list(differences)
         lines = "\n".join(f"  - {d}" for d in self.differences)
         super().__init__(f"refusing saved reranker {path}:\n{lines}")
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _content_sha(meta: Mapping[str, Any]) -> str:
@@ -110,7 +103,7 @@ def save_reranker(
         "seed": model.seed,
         "capacity": vars(model.capacity),
         "model_file": model_file.name,
-        "model_sha256": _sha256_file(model_file),
+        "model_sha256": sha256_file(model_file),
         "token_prior": model.token_prior.to_dict(),
         "libraries": {
             "scikit-learn": sklearn.__version__,
@@ -182,7 +175,7 @@ def load_reranker(
     elif not model_file.is_file():
         diffs.append(f"model file {model_file.name} is missing")
     else:
-        got = _sha256_file(model_file)
+        got = sha256_file(model_file)
         if got != meta.get("model_sha256"):
             diffs.append(
                 f"model file {model_file.name} was modified or corrupted: sha256 {got[:16]}... "

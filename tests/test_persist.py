@@ -13,6 +13,7 @@ import pytest
 import skops.io as sio
 from sklearn.preprocessing import FunctionTransformer
 
+from decode.shard_store import sha256_file
 from features.schema import CANDIDATE_VERSION
 from rerank.crossfit import prompt_halves
 from rerank.models import FittedReranker, crossfit_predict, feature_list
@@ -21,7 +22,6 @@ from rerank.persist import (
     SIDECAR,
     RerankerLoadError,
     _content_sha,
-    _sha256_file,
     load_reranker,
     read_sidecar,
     save_reranker,
@@ -71,7 +71,7 @@ def test_round_trip_gives_identical_predictions(tmp_path, kind, law) -> None:
     assert loaded.train_prompts == model.train_prompts and loaded.capacity == model.capacity
     meta = read_sidecar(path)
     assert meta["candidate_schema_version"] == CANDIDATE_VERSION
-    assert meta["model_sha256"] == _sha256_file(path / MODEL_FILES[kind])
+    assert meta["model_sha256"] == sha256_file(path / MODEL_FILES[kind])
     assert meta["extra"] == {"fold": 0}
 
 
@@ -128,7 +128,7 @@ def test_skops_types_outside_the_allow_list_are_refused_before_loading(tmp_path)
     model_file = path / MODEL_FILES["hgb"]
     # A valid skops file whose loading would build a callable to os.system.
     sio.dump(FunctionTransformer(func=os.system), model_file)
-    _rewrite_sidecar(path, model_sha256=_sha256_file(model_file))
+    _rewrite_sidecar(path, model_sha256=sha256_file(model_file))
     with pytest.raises(RerankerLoadError, match=r"outside the allow-list: .*system"):
         load_reranker(path)
 
