@@ -230,6 +230,15 @@ def _fit_estimator(
             categorical_features=[j in cat_idx for j in range(len(features))],
             random_state=seed,
         )
+        # scikit-learn 1.9's binning crashes on a column that is NaN in every training
+        # row ("window shape cannot be larger than input array shape"), e.g. a retained
+        # row never present in a small half. Such a column carries no information, so a
+        # constant stands in for it while fitting; the trees never split on it, and
+        # prediction (where the column may hold values) is unaffected.
+        empty = np.isnan(X).all(axis=0)
+        if empty.any():
+            X = X.copy()
+            X[:, empty] = 0.0
         with threadpool_limits(limits=n_threads, user_api="openmp"):
             return est.fit(X, y.astype(np.int64) if law == "greedy" else y)
     params = {

@@ -226,3 +226,20 @@ def test_parity_and_fit_time_at_paper_capacity(law) -> None:
         out[kind] = (error_ratio(frame, res, law), time.perf_counter() - t0, sum(res.fit_seconds))
     print(f"\n{law}, {len(frame)} rows: (error ratio, wall s, fit s) {out}")
     assert out["lgbm"][0] == pytest.approx(out["hgb"][0], rel=0.05)
+
+
+@pytest.mark.parametrize("law", ["greedy", "sampling"])
+def test_hgb_fits_when_a_row_feature_is_missing_in_every_training_row(law):
+    """scikit-learn's binning crashes on an all-NaN column; the fit must not (small stores)."""
+    frame = make_candidate_frame(n_prompts=8, temperature=0.0 if law == "greedy" else 1.0)
+    frame["same_logprob"] = np.nan
+    frame["same_gap"] = np.nan
+    folds = prompt_halves(frame["prompt_id"].to_numpy())
+    res = crossfit_predict(frame, "rows", "hgb", law, folds, n_threads=1, capacity=FAST)
+    assert np.isfinite(res.phat).all()
+    # the all-missing column is never split on: values there change no prediction
+    probe = frame.copy()
+    probe["same_logprob"] = -1.0
+    np.testing.assert_array_equal(
+        res.models[0].predict_phat(probe), res.models[0].predict_phat(frame)
+    )
