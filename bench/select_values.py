@@ -25,6 +25,7 @@ from decode.pool_batch import POOL_COLUMNS, pool_batch_from_table
 from decode.select import draft_scores, first_level_ancestor, path_product, rank_order
 from decode.trace_schema import trace_store
 from decode.tree_values import evaluate_pools
+from specrank.memory import retain_freed_heap
 
 PAPER_ROUNDS = 365_922  # = 1402 prompts x 261 rounds
 PAPER_ROUNDS_PER_PROMPT = 261
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=16384, help="rounds per evaluation batch")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    heap = retain_freed_heap()
 
     dataset = trace_store(ensure_traces(args.rounds)).dataset()
     n_read = n_eval = 0
@@ -104,7 +106,7 @@ def main() -> None:
 
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(
-        f"\nrounds: {n_eval:,} x {pool.shape[1]} candidates, torch threads {torch.get_num_threads()}"
+        f"\nrounds: {n_eval:,} x {pool.shape[1]} candidates, torch threads {torch.get_num_threads()}, freed heap retained: {heap}"
     )
     print(f"read + densify : {t_read:7.1f} s  ({n_read / t_read:,.0f} rounds/s)")
     print(

@@ -45,6 +45,7 @@ from rerank.predict import (
 from rerank.summary import breakdowns, choose_mixture_weights, results_table, summarise
 from rerank.tracking import metric_key, parent_run
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
+from specrank.memory import retain_freed_heap
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -220,6 +221,7 @@ def train_and_evaluate(
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> None:
+    retain_freed_heap()  # chunked evaluation reuses the same large blocks (specrank.memory)
     rerank: RerankConfig = OmegaConf.to_object(cfg.rerank)
     tracking: MlflowConfig = OmegaConf.to_object(cfg.mlflow)
     config = OmegaConf.to_container(cfg, resolve=True)
