@@ -220,6 +220,7 @@ def evaluate_pools(
     rules: Sequence[str] = RULES,
     top_m: int = 0,
     extra_scores: dict[str, Tensor] | None = None,
+    pearl_curve: bool = False,
 ) -> dict[str, Tensor]:
     """Value of every rule at every budget for each round: {rule: [R, n_budgets]}.
 
@@ -227,6 +228,9 @@ def evaluate_pools(
     calibrated, substituted...), each [R, P] and non-increasing along paths.
     Draw rules also report `size/<rule>` (expected verified nodes). `top_m` > 0
     restricts every rule to the M highest-ranked candidates of the pool.
+    `pearl_curve` adds `curve/pearl` and `curve/size/pearl`: PEARL's value and
+    expected tree size at every pre-draw budget 1..P ([R, P] each), from which
+    the matched-size variant is found (`matched_budget`).
     """
     unknown = [r for r in rules if r not in RULES]
     if unknown:
@@ -235,7 +239,10 @@ def evaluate_pools(
         raise ValueError(f"The 'budgets' must be a non-empty list of ints >= 0. Got {budgets}.")
     ctx = pool_context(pool, top_m)
     k = max(budgets)
-    draft_order = rank_order(ctx.draft, ctx.valid, k=k, keys=ctx.draft_keys)
+    full = rank_order(ctx.draft, ctx.valid, keys=ctx.draft_keys) if pearl_curve else None
+    draft_order = (
+        full if full is not None else rank_order(ctx.draft, ctx.valid, k=k, keys=ctx.draft_keys)
+    )
     out: dict[str, Tensor] = {}
     scores = {r: None for r in rules if r in FACTOR_RULES} | dict(extra_scores or {})
     for name, score in scores.items():
@@ -245,10 +252,12 @@ def evaluate_pools(
             else rank_order(rule_scores(ctx, name) if score is None else score, ctx.valid, k=k)
         )
         out[name] = values_at_budgets(order, ctx.path_prob, budgets)
-    if "pearl" in rules:
+    if "pearl" in rules or pearl_curve:
         value, size = pearl_curves(ctx, draft_order)
         idx = [min(b, value.shape[-1]) - 1 for b in budgets]
         out["pearl"], out["size/pearl"] = value[:, idx], size[:, idx]
+        if pearl_curve:
+            out["curve/pearl"], out["curve/size/pearl"] = value, size
     if "root_draw" in rules or "pearl_commit" in rules:
         drawn = draw_values(ctx, draft_order[:, 0], budgets)  # draft rank 0 is a depth-1 node
         out.update({name: v for name, v in drawn.items() if name.split("/")[-1] in rules})

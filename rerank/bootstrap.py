@@ -127,12 +127,16 @@ def share_recovered(rule: np.ndarray, base: np.ndarray, top: np.ndarray) -> np.n
         return np.where(top != base, (rule - base) / (top - base), np.nan)
 
 
+def bootstrap_weights(stats: PromptSums, weighting: str, n_resamples: int, seed: int) -> np.ndarray:
+    """Resample counts for a weighting (within-task resampling for task-equal means)."""
+    if weighting == "task":
+        return task_resample_weights(stats.tasks, n_resamples, seed)
+    return resample_weights(len(stats.prompts), n_resamples, seed)
+
+
 def bootstrap_means(
     stats: PromptSums, weighting: str, n_resamples: int = 2000, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """Point estimates [n_cols] and resampled means [n_resamples, n_cols] of every column."""
-    if weighting == "task":
-        weights = task_resample_weights(stats.tasks, n_resamples, seed)
-    else:
-        weights = resample_weights(len(stats.prompts), n_resamples, seed)
+    weights = bootstrap_weights(stats, weighting, n_resamples, seed)
     return weighted_means(stats, weighting, None)[0], weighted_means(stats, weighting, weights)

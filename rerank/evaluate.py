@@ -39,6 +39,37 @@ TRACE_COLUMNS = sorted(set(POOL_COLUMNS) | set(ROUND_KEYS) | set(RETAINED_ROWS.v
 
 
 @dataclass
+class PromptCurves:
+    """Per-(temperature, prompt) sums over rounds of PEARL's value and size curves.
+
+    Enough to find the matched-size PEARL budget in any bootstrap resample
+    without keeping a [rounds, pool] curve per round (SPEC §6, `matched_budget`).
+    """
+
+    value: dict[tuple[float, str], np.ndarray] = field(default_factory=dict)  # [P] sums
+    size: dict[tuple[float, str], np.ndarray] = field(default_factory=dict)  # [P] sums
+
+    def add(
+        self, temperature: np.ndarray, prompt_id: np.ndarray, value: Tensor, size: Tensor
+    ) -> None:
+        keys = pd.MultiIndex.from_arrays([temperature.astype(np.float64), prompt_id])
+        for store, curve in ((self.value, value), (self.size, size)):
+            sums = pd.DataFrame(curve.double().numpy()).groupby(keys).sum()
+            for key, row in zip(sums.index, sums.to_numpy(), strict=True):
+                if key in store and store[key].shape != row.shape:
+                    raise ValueError(f"pools of different sizes within prompt {key[1]!r}")
+                store[key] = store.get(key, 0.0) + row
+
+    def arrays(self, temperature: float, prompts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[n_prompts, P] value and size sums in the order of `prompts`."""
+        t = float(temperature)
+        return (
+            np.stack([self.value[(t, p)] for p in prompts]),
+            np.stack([self.size[(t, p)] for p in prompts]),
+        )
+
+
+@dataclass
 class EvalPlan:
     """What to evaluate on each chunk of rounds."""
 
@@ -142,12 +173,14 @@ def evaluate_traces(
     learned: Sequence[str] = (),
     extra_factor: Callable[[PoolBatch, pa.Table], dict[str, Tensor]] | None = None,
     chunk_rounds: int = 8192,
+    curves: PromptCurves | None = None,
 ) -> pd.DataFrame:
     """One row per round: keys, task, root entropy, first-token match, `<rule>@B<b>` values.
 
     `predictions` holds ROUND_KEYS + `cand_index` + one probability column per
     name in `learned` (out-of-fold). `extra_factor(pool, table)` may add rules
-    given as full candidate scores (e.g. per-depth calibration).
+    given as full candidate scores (e.g. per-depth calibration). `curves`, when
+    given, collects per-prompt PEARL curves for the matched-size variant.
     """
     if learned and predictions is None:
         raise ValueError(f"learned rules {list(learned)} need a predictions table")
@@ -156,7 +189,21 @@ def evaluate_traces(
         pool = pool_batch_from_table(table)
         keys = table.select(ROUND_KEYS).to_pandas()
         scores = _scores_for_chunk(pool, table, keys, plan, predictions, learned, extra_factor)
-        values = evaluate_pools(pool, plan.budgets, plan.rules, plan.top_m, extra_scores=scores)
+        values = evaluate_pools(
+            pool,
+            plan.budgets,
+            plan.rules,
+            plan.top_m,
+            extra_scores=scores,
+            pearl_curve=curves is not None,
+        )
+        if curves is not None:
+            curves.add(
+                table["temperature"].to_numpy(),
+                table["prompt_id"].to_numpy(zero_copy_only=False),
+                values.pop("curve/pearl"),
+                values.pop("curve/size/pearl"),
+            )
         frame = _round_fields(table, pool)
         cols = {}
         for name, v in values.items():

@@ -19,12 +19,14 @@ import pandas as pd
 from rerank.bootstrap import (
     WEIGHTINGS,
     PromptSums,
-    bootstrap_means,
+    bootstrap_weights,
     emitted_gain,
     percentile_interval,
     relative_gain,
     share_recovered,
+    weighted_means,
 )
+from rerank.evaluate import PromptCurves
 
 _MIX = re.compile(r"^mix_(?P<row>[a-z]+)_w(?P<w>[0-9.]+)@B(?P<b>\d+)$")
 
@@ -119,22 +121,82 @@ def _budget_rows(
     return rows
 
 
+def matched_pearl(
+    weights: np.ndarray,
+    rounds: np.ndarray,
+    value_sums: np.ndarray,
+    size_sums: np.ndarray,
+    target: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """PEARL at the pre-draw budget whose mean tree size equals `target`, per resample.
+
+    weights [n_res, n_prompts], rounds [n_prompts], value/size sums [n_prompts, P],
+    target [n_res]. The budget mixes the two nearest whole budgets (paper App. D.2),
+    the matching is repeated in every resample. Returns (value, fractional budget)
+    per resample; NaN where even the whole pool is smaller than the target.
+    """
+    n = weights @ rounds  # [n_res]
+    size = (weights @ size_sums) / n[:, None]  # [n_res, P], non-decreasing in the budget
+    value = (weights @ value_sums) / n[:, None]
+    hi = np.array([np.searchsorted(row, t) for row, t in zip(size, target, strict=True)])
+    reachable = hi < size.shape[1]
+    hi = np.clip(hi, 1, size.shape[1] - 1)
+    lo = hi - 1
+    r = np.arange(len(target))
+    span = size[r, hi] - size[r, lo]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = np.where(span > 0, (size[r, hi] - target) / span, 1.0)  # weight of budget lo
+    w = np.clip(w, 0.0, 1.0)
+    out = w * value[r, lo] + (1 - w) * value[r, hi]
+    budget = w * (lo + 1) + (1 - w) * (hi + 1)
+    return np.where(reachable, out, np.nan), np.where(reachable, budget, np.nan)
+
+
 def summarise(
     frame: pd.DataFrame,
     n_resamples: int = 2000,
     seed: int = 0,
     weightings: tuple[str, ...] = WEIGHTINGS,
+    curves: PromptCurves | None = None,
 ) -> pd.DataFrame:
-    """One row per (law, budget, weighting, rule) with values, gains, shares and 95% intervals."""
+    """One row per (law, budget, weighting, rule) with values, gains, shares and 95% intervals.
+
+    With `curves`, a `pearl_matched` rule is added (round weighting): PEARL with
+    its pre-draw budget raised until its mean tree size equals root-draw's.
+    """
     out = []
     for temperature, part in frame.groupby("temperature"):
         cols = value_columns(part)
-        stats = PromptSums.from_rounds(part, cols)
         budgets = sorted({int(c.split("@B")[1]) for c in cols})
+        sizes = [f"size/root_draw@B{b}" for b in budgets]
+        match = curves is not None and all(c in part for c in sizes)
+        stats = PromptSums.from_rounds(part, cols + (sizes if match else []))
         for weighting in weightings:
-            point, draws = bootstrap_means(stats, weighting, n_resamples, seed)
+            weights = bootstrap_weights(stats, weighting, n_resamples, seed)
+            point = weighted_means(stats, weighting, None)[0]
+            draws = weighted_means(stats, weighting, weights)
+            names = list(cols)
+            matched_budgets = {}
+            if match and weighting == "round":
+                value_sums, size_sums = curves.arrays(temperature, stats.prompts)
+                ones = np.ones((1, len(stats.prompts)))
+                extra_p, extra_d = [], []
+                for b in budgets:
+                    i = stats.columns.index(f"size/root_draw@B{b}")
+                    vp, bp = matched_pearl(
+                        ones, stats.rounds, value_sums, size_sums, point[i : i + 1]
+                    )
+                    vd, _ = matched_pearl(weights, stats.rounds, value_sums, size_sums, draws[:, i])
+                    extra_p.append(vp[0])
+                    extra_d.append(vd)
+                    names.append(f"pearl_matched@B{b}")
+                    matched_budgets[b] = float(bp[0])
+                point = np.concatenate([point[: len(cols)], extra_p])
+                draws = np.concatenate([draws[:, : len(cols)], np.stack(extra_d, axis=1)], axis=1)
             for b in budgets:
-                for rec in _budget_rows(point, draws, cols, b):
+                for rec in _budget_rows(point, draws, names, b):
+                    if rec["rule"] == "pearl_matched":
+                        rec["matched_budget"] = matched_budgets[b]
                     out.append(
                         {
                             "law": law_of(temperature),

@@ -30,7 +30,7 @@ from decode.shard_store import SchemaError
 from decode.trace_schema import trace_store
 from features.schema import candidate_store
 from rerank.config import SWEEP_BUDGETS, MlflowConfig, RerankConfig
-from rerank.evaluate import ROUND_KEYS, EvalPlan, evaluate_traces
+from rerank.evaluate import ROUND_KEYS, EvalPlan, PromptCurves, evaluate_traces
 from rerank.models import LABEL_OF_LAW
 from rerank.persist import save_reranker
 from rerank.plots import gain_vs_budget, reliability
@@ -144,10 +144,13 @@ def train_and_evaluate(
     budgets = sorted(set(rerank.budgets) | (set(SWEEP_BUDGETS) if rerank.sweep else set()))
     plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
                     mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m)  # fmt: skip
-    per_round = evaluate_traces(dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds)
+    curves = PromptCurves()  # per-prompt PEARL curves: the matched-size variant
+    per_round = evaluate_traces(
+        dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves
+    )
     per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
     per_round, mix_weights = choose_mixture_weights(per_round)
-    summary = summarise(per_round, rerank.n_resamples, seed)
+    summary = summarise(per_round, rerank.n_resamples, seed, curves=curves)
     bd = breakdowns(per_round)
     t_total = time.perf_counter() - t0
     table = results_table(summary)

@@ -96,3 +96,24 @@ def test_prompts_with_two_task_labels_are_refused():
     frame.loc[frame.index[0], "task"] = "other"
     with pytest.raises(ValueError, match="more than one task"):
         PromptSums.from_rounds(frame, ["draft"])
+
+
+def test_matched_pearl_hits_the_target_size_in_every_resample():
+    from rerank.summary import matched_pearl
+
+    rng = np.random.default_rng(0)
+    n_prompts, width = 15, 40
+    rounds = rng.integers(1, 6, n_prompts).astype(float)
+    # per-round curves are non-decreasing; per-prompt sums are sums of such curves
+    size = np.cumsum(rng.random((n_prompts, width)), axis=1) * rounds[:, None]
+    value = np.cumsum(rng.random((n_prompts, width)) * 0.1, axis=1) * rounds[:, None]
+    w = resample_weights(n_prompts, 50, seed=1)
+    mean_size = (w @ size) / (w @ rounds)[:, None]
+    target = mean_size[:, 10] + 0.37 * (mean_size[:, 11] - mean_size[:, 10])
+    v, b = matched_pearl(w, rounds, value, size, target)
+    np.testing.assert_allclose(b, 11.37, rtol=1e-9)  # budgets are 1-based: between 11 and 12
+    mean_value = (w @ value) / (w @ rounds)[:, None]
+    np.testing.assert_allclose(v, mean_value[:, 10] + 0.37 * (mean_value[:, 11] - mean_value[:, 10]))
+    # a target beyond the whole pool cannot be matched
+    v2, _ = matched_pearl(w, rounds, value, size, mean_size[:, -1] + 1.0)
+    assert np.isnan(v2).all()

@@ -64,7 +64,7 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
     rules = set(result.summary["rule"])
     expected = {"draft", "root", "depth_two", "oracle", "root_draw", "pearl", "pearl_commit",
                 "base_lgbm", "rows_lgbm", "iso_q1", "per_depth", "sub_cache", "sub_same",
-                "sub_prev", "mix_cache", "mix_same", "mix_prev"}  # fmt: skip
+                "sub_prev", "mix_cache", "mix_same", "mix_prev", "pearl_matched"}  # fmt: skip
     assert expected <= rules
     assert set(result.summary["law"]) == {"greedy", "T=1"}
     assert set(result.summary["weighting"]) == {"round", "prompt", "task"}

@@ -215,3 +215,17 @@ def test_unknown_rule_is_refused():
     pool = random_pool_batch(rng, 2, [2, 2])
     with pytest.raises(ValueError, match="Unknown rule"):
         evaluate_pools(pool, [2], rules=["draft", "nope"])
+
+
+def test_pearl_curve_equals_pearl_at_every_budget():
+    rng = np.random.default_rng(7)
+    pool = random_pool_batch(rng, 30, [4, 8, 8])
+    budgets = list(range(1, pool.shape[1] + 1))
+    v = evaluate_pools(pool, [3], rules=["pearl"], pearl_curve=True)
+    at = evaluate_pools(pool, budgets, rules=["pearl"])
+    assert torch.allclose(v["curve/pearl"], at["pearl"], atol=1e-6)
+    assert torch.allclose(v["curve/size/pearl"], at["size/pearl"], atol=1e-6)
+    # sizes grow with the budget and never exceed 1 + (budget - 1) nodes
+    size = v["curve/size/pearl"]
+    assert (size[:, 1:] >= size[:, :-1] - 1e-6).all()
+    assert (size <= torch.tensor(budgets, dtype=size.dtype) + 1e-6).all()
