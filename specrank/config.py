@@ -24,6 +24,7 @@ from decode.config import (
     TraceConfig,
 )
 from decode.pocket.config import PocketConfig
+from decode.run_config import RunConfig
 from decode.synthetic import SynthConfig
 from features.config import FeaturesConfig
 from rerank.config import MlflowConfig, RerankConfig
@@ -72,6 +73,7 @@ class Config:
     trace: TraceConfig = field(default_factory=TraceConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    run: RunConfig = field(default_factory=RunConfig)  # python -m decode.run
     seed: int = 0
 
 

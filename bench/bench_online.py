@@ -1,0 +1,232 @@
+"""`python -m bench.bench_online`: online speed of draft, root-draw and reranker selection (issue 7).
+
+    python -m bench.bench_online                          # pocket pair if present (else tiny); CPU
+    python -m bench.bench_online --quick                  # 4 prompts x 32 tokens: a smoke run
+    python -m bench.bench_online --device cuda --dtype bfloat16 --out bench_out/online.json
+
+For each temperature and budget (default T in {0, 1}, B in {8, 59}): target-only
+decoding of every prompt once (the speedup baseline of that temperature), then
+every rule on every prompt, all in this process. Per run: tokens/s, speedup
+over the baseline with a paired prompt-bootstrap interval, tau (tokens per
+round), per-stage ms per round, and the reranker's features + predict time per
+round in microseconds and as a share of the round and of drafting.
+
+Rerankers: --reranker-t0 / --reranker-t1 (folders written by save_reranker), or
+fitted here at the paper's capacity (400 trees, <= 63 leaves) on traces recorded
+from prompts outside the benchmark's (cached under bench/.cache/). Also reported:
+phat latency of each prediction route for one round's first level (--rows rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from decode.config import DataConfig, DecodeConfig, ModelConfig, PoolConfig, SelectConfig
+from decode.models import ModelPair, build_tiny_pair, load_model_pair
+from decode.online import OnlineSettings, decode_prompt
+from decode.online_rerank import OnlinePredictor, load_online_reranker
+from decode.prompts import Prompt, encode_prompt, load_prompts
+from decode.record import project_path, record_traces
+from decode.run_metrics import (
+    PromptTiming,
+    group_metrics,
+    prompt_table,
+    round_table,
+    timed_baseline,
+    tokens_to_eos,
+)
+from decode.speculative import DecodeSettings
+from features.extract import extract
+from features.schema import candidate_store
+from rerank.models import fit_reranker
+from rerank.persist import save_reranker
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(__file__).resolve().parent / ".cache"
+
+
+def load_pair(model: str, device: str, dtype: str) -> tuple[ModelPair, str]:
+    """The pocket pair (conf/model/pocket.yaml) when its weights exist, else a tiny random pair."""
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(ModelConfig), OmegaConf.load(ROOT / "conf/model/pocket.yaml")
+        )
+    )
+    target = project_path(cfg.target)
+    if model == "pocket" or (model == "auto" and any(target.glob("*.safetensors"))):
+        cfg = dataclasses.replace(cfg, target=str(target), drafter=str(project_path(cfg.drafter)))
+        name = "pocket"
+    else:
+        root = CACHE / "tiny_pair"
+        if not (root / "target" / "config.json").exists():
+            build_tiny_pair(root, "llama", hidden=128, layers=4)
+        cfg = ModelConfig(name="tiny", target=str(root / "target"), drafter=str(root / "drafter"))
+        name = "tiny"
+    return load_model_pair(dataclasses.replace(cfg, device=device, dtype=dtype)), name
+
+
+def suite_prompts(n_bench: int, n_fit: int) -> tuple[list[Prompt], list[Prompt]]:
+    """Benchmark prompts (the default suite's sources, first n_bench) and disjoint fitting prompts."""
+    data = OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(DataConfig), OmegaConf.load(ROOT / "conf/data/default.yaml")
+        )
+    )
+    sources = [
+        dataclasses.replace(
+            s, path=None if s.path is None else str(project_path(s.path)), limit=None
+        )
+        for s in data.sources
+    ]
+    per_source = [load_prompts(dataclasses.replace(data, sources=[s])) for s in sources]
+    k = -(-n_bench // len(per_source))  # bench prompts taken from each source in turn
+    bench = [p for ps in per_source for p in ps[:k]][:n_bench]
+    fit = [p for ps in per_source for p in ps[k : k + -(-n_fit // len(per_source))]][:n_fit]
+    return bench, fit
+
+
+def settings(
+    rule: str, temperature: float, budget: int, max_new: int, score: str = "tree"
+) -> OnlineSettings:
+    base = DecodeSettings(
+        pool=PoolConfig(),
+        select=SelectConfig(budget=budget),
+        decode=DecodeConfig(temperature=temperature, max_new_tokens=max_new),
+    )
+    return OnlineSettings(base, rule, score, record=False)
+
+
+def fitted(
+    pair: ModelPair, name: str, fit: list[Prompt], temperature: float, kind: str, max_new: int
+) -> Path:
+    """A reranker for `temperature`'s law at the paper's capacity, fitted on `fit` (cached)."""
+    root = CACHE / f"online-{name}-{kind}-{len(fit)}x{max_new}"
+    out = root / f"rows_T{temperature:g}"
+    if (out / "reranker.json").exists():
+        return out
+    s = settings("draft", temperature, 59, max_new, score="pool").base
+    traces = root / f"traces_T{temperature:g}"
+    t0 = time.perf_counter()
+    record_traces(traces, pair, fit, s, 8, {"bench": "online", "T": temperature}, progress=False)
+    extract(traces, root / f"features_T{temperature:g}", log=lambda _: None)
+    frame = candidate_store(root / f"features_T{temperature:g}").read().to_pandas()
+    law = "greedy" if temperature == 0 else "sampling"
+    model = fit_reranker(frame, "rows", kind, law, n_threads=None)
+    print(
+        f"fitted {kind} {law} reranker on {len(frame):,} candidates in {time.perf_counter() - t0:.0f} s"
+    )
+    return save_reranker(model, out)
+
+
+def predictor_latency(model, device: torch.device, rows: int, n: int = 300) -> dict[str, float]:
+    """Median microseconds of one round's log phat (features excluded) per prediction route."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(rows, len(model.features))).astype(np.float32)
+    X[:, model.features.index("task")] = 0
+    out = {}
+    routes = ["library", "forest"]
+    for route in routes:
+        for dev in {torch.device("cpu"), device}:
+            if route == "library" and dev.type != "cpu":
+                continue
+            p = OnlinePredictor(model, dev, route)
+            p.first_logprob(X)
+            times = []
+            for _ in range(n):
+                t = time.perf_counter()
+                p.first_logprob(X).cpu()
+                times.append(time.perf_counter() - t)
+            out[f"{route}_{dev.type}_us"] = 1e6 * statistics.median(times)
+    return out
+
+
+def run_rule(pair: ModelPair, prompts: list[Prompt], s: OnlineSettings, predictor,
+             baselines: dict[str, tuple[int, float]]) -> dict:  # fmt: skip
+    timings = []
+    for p in prompts:
+        ids = encode_prompt(pair.tokenizer, p.text)
+        r = decode_prompt(pair.target, pair.drafter, ids, s, pair.eos_ids, p.id, p.task, predictor)
+        timings.append(PromptTiming(p.id, p.task, r, *baselines[p.id]))
+    m = group_metrics(round_table(timings), prompt_table(timings, pair.eos_ids), 1000, 0)
+    m["features_us_per_round"] = 1000.0 * m["ms_per_round/features"]
+    return m
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=["auto", "pocket", "tiny"], default="auto")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--prompts", type=int, default=12)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--budgets", type=int, nargs="+", default=[8, 59])
+    ap.add_argument("--rules", nargs="+", default=["draft", "root_draw", "reranker"])
+    ap.add_argument("--kind", choices=["lgbm", "hgb"], default="lgbm")
+    ap.add_argument("--reranker-t0")
+    ap.add_argument("--reranker-t1")
+    ap.add_argument("--fit-prompts", type=int, default=24)
+    ap.add_argument("--rows", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    ap.add_argument("--quick", action="store_true", help="4 prompts x 32 tokens, 8 fitting prompts")
+    ap.add_argument("--out", type=Path, default=None, help="JSON file for the figures")
+    args = ap.parse_args()
+    if args.quick:
+        args.prompts, args.max_new_tokens, args.fit_prompts = 4, 32, 8
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    pair, name = load_pair(args.model, args.device, args.dtype)
+    bench, fit = suite_prompts(args.prompts, args.fit_prompts)
+    print(
+        f"model {name} on {pair.device} ({args.dtype}); {len(bench)} prompts x {args.max_new_tokens} tokens"
+    )
+    result: dict = {"model": name, "device": str(pair.device), "dtype": args.dtype,
+                    "prompts": len(bench), "max_new_tokens": args.max_new_tokens, "runs": []}  # fmt: skip
+    given = {0.0: args.reranker_t0, 1.0: args.reranker_t1}
+    with torch.inference_mode():
+        for t in args.temperatures:
+            predictor = None
+            if "reranker" in args.rules:
+                path = given.get(t) or fitted(pair, name, fit, t, args.kind, args.max_new_tokens)
+                model = load_online_reranker(str(path), t, "unused")
+                predictor = OnlinePredictor(model, pair.device)
+                result[f"predictor_T{t:g}"] = {"route": predictor.route, "kind": model.kind,
+                                               **predictor_latency(model, pair.device, args.rows)}  # fmt: skip
+            baselines = {}
+            for p in bench:
+                ids = encode_prompt(pair.tokenizer, p.text)
+                out, ms = timed_baseline(
+                    pair.target, ids, args.max_new_tokens, pair.eos_ids, t, 0, p.id
+                )
+                baselines[p.id] = (tokens_to_eos(out, pair.eos_ids), ms)
+            for b in args.budgets:
+                for rule in args.rules:
+                    s = settings(rule, t, b, args.max_new_tokens)
+                    m = run_rule(
+                        pair, bench, s, predictor if rule == "reranker" else None, baselines
+                    )
+                    result["runs"].append({"T": t, "B": b, "rule": rule, **m})
+                    print(f"T={t:g} B={b:>3} {rule:>9}: {m['tokens_per_s']:7.1f} tok/s  speedup "
+                          f"{m['speedup']:.3f} [{m['speedup_lo']:.3f}, {m['speedup_hi']:.3f}]  tau "
+                          f"{m['tau']:.3f}  features {m['features_us_per_round']:7.1f} us/round "
+                          f"({100 * m['features_share_of_round']:.1f}% of the round, "
+                          f"{100 * m['features_over_draft']:.1f}% of drafting)", flush=True)  # fmt: skip
+    for key in [k for k in result if k.startswith("predictor_")]:
+        print(key, json.dumps(result[key]))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+        print(f"figures -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Typed settings of `python -m decode.run` (the `run:` config section).
+
+On the command line `rule=<...>` and `reranker=<...>` are short for
+`run.rule=<...>` and `run.reranker=<...>` (see `decode.run`). Pool, budget,
+temperature, verifier, output limit and seed come from the shared `pool`,
+`select` and `decode` sections, exactly as for `decode.record`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Rules the online decoder runs (SPEC §6). `covering` is the comparison decoder of
+# the paper's App. D.10 (leaf draws emitted as the continuation; one pass per round).
+RUN_RULES = ("draft", "reranker", "root", "root_draw", "pearl", "covering")
+SCORE_MODES = ("tree", "pool")
+PREDICTORS = ("auto", "library", "forest")
+
+
+@dataclass
+class RunConfig:
+    rule: str = "draft"  # one of RUN_RULES
+    # rule=reranker: a folder written by rerank.persist.save_reranker (relative paths:
+    # project root) or an MLflow artifact URI, e.g. runs:/<run id>/rerankers/rows_T0_fold0.
+    # Its law must match decode.temperature (T=0: the classifier; T>0: the regressor).
+    reranker: str | None = None
+    # Fast phat on the hot path: auto = the fastest exact route for the model and device
+    # (CPU: LightGBM's own predictor for lgbm, the numpy forest walk for hgb; CUDA: the
+    # forest as tensors on the device); library = the model's own predict; forest = the
+    # forest walk (numpy on CPU, torch on CUDA).
+    predictor: str = "auto"
+    # What each target pass scores: tree = only the verified tree (speed runs);
+    # pool = tree + expanded + top-M like decode.record (every pool edge's target
+    # probability: needed to record traces and for the offline expected values).
+    score: str = "tree"
+    record_traces: bool = False  # write the run's rounds as traces (needs score=pool)
+    traces_out: str = "data_out/online_traces/${run.rule}"  # trace store of record_traces
+    baseline: bool = True  # target-only decoding of every prompt in the same run (speedup)
+    warmup_prompts: int = 1  # untimed decodes (both decoders) before measuring
+    # torch intra-op threads. 1 by default: batch-1 decoding of small models gains little
+    # from more, and on shared cores multi-threaded torch stalls (a 2-thread run of the
+    # pocket pair on a busy 2-core machine measured ~100x slower). None = torch's default.
+    torch_threads: int | None = 1
+    bootstrap_resamples: int = 1000  # paired prompt bootstrap of speedup and realized - expected
+    progress: bool = True

@@ -1,0 +1,71 @@
+"""Shared pieces of the online-decoder tests: tiny settings, prompts, and a quickly fitted reranker.
+
+A reranker for the tests is fitted the way the pipeline fits one, only small:
+record a few prompts with the tiny models (`decode.record.record_traces`), extract
+the candidate table (`features.extract.extract`), fit with a small capacity
+(`rerank.models.fit_reranker`) and save it (`rerank.persist.save_reranker`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from decode.config import DecodeConfig, PoolConfig, SelectConfig
+from decode.models import ModelPair
+from decode.online import OnlineSettings
+from decode.prompts import Prompt
+from decode.record import record_traces
+from decode.speculative import DecodeSettings
+from features.extract import extract
+from features.schema import candidate_store
+from rerank.models import Capacity, fit_reranker
+from rerank.persist import save_reranker
+
+# 4 + 3 * 12 = 40 candidates: every rule has room to differ from draft ranking at B=6.
+SMALL_POOL = PoolConfig(top_k=4, steps=3, expand=3)
+FAST = Capacity(n_iter=40, learning_rate=0.1, max_leaves=15)
+TEXTS = [
+    ("def add(a, b):\n    return", "coding"),
+    ("The quick brown fox jumps", "writing"),
+    ("for i in range(10):", "coding"),
+    ("Once upon a time there", "writing"),
+    ("import numpy as np\n", "coding"),
+    ("Dear Sir or Madam,", "writing"),
+    ("class Stack:\n    def", "coding"),
+    ("It was a dark and stormy", "writing"),
+]
+PROMPTS = [Prompt(f"p{i}", task, text) for i, (text, task) in enumerate(TEXTS)]
+
+
+def settings(
+    rule: str = "draft",
+    temperature: float = 0.0,
+    budget: int = 6,
+    score: str = "tree",
+    record: bool = False,
+    max_new_tokens: int = 24,
+    verifier: str = "exhaustive",
+    pool: PoolConfig = SMALL_POOL,
+) -> OnlineSettings:
+    base = DecodeSettings(
+        pool=pool,
+        select=SelectConfig(budget=budget, top_m=12),
+        decode=DecodeConfig(
+            temperature=temperature, max_new_tokens=max_new_tokens, verifier=verifier
+        ),
+    )
+    return OnlineSettings(base, rule, score, record)
+
+
+def fitted_reranker(
+    root: Path, pair: ModelPair, temperature: float, kind: str = "lgbm", feature_set: str = "rows"
+) -> Path:
+    """Record, extract, fit and save a small reranker for `temperature`'s law; its folder."""
+    s = settings(temperature=temperature, score="pool", record=True).base
+    traces, features = root / "traces", root / "features"
+    record_traces(traces, pair, PROMPTS, s, 4, {"test": "online"}, progress=False)
+    extract(traces, features, log=lambda _: None)
+    frame = candidate_store(features).read().to_pandas()
+    law = "greedy" if temperature == 0 else "sampling"
+    model = fit_reranker(frame, feature_set, kind, law, n_threads=1, capacity=FAST)
+    return save_reranker(model, root / f"{feature_set}_{kind}_T{temperature:g}")

@@ -1,0 +1,196 @@
+"""The online decoder keeps the target's output law under every selection rule.
+
+1. Greedy: every rule (draft, reranker, root, root-draw, PEARL, covering), scoring the
+   tree alone or the recorder's scored set, emits exactly the target's greedy output.
+2. rule=draft with run.score=pool is the recorder's round (`decode.speculative`): the
+   same output and the same trace rows, greedy and sampled (same seeds).
+3. Sampling: on a tiny-vocabulary model the first two emitted tokens follow
+   p(x1 | c) p(x2 | c x1) under every rule: Pearson's chi-square as in
+   tests/test_decode_sampling.py (cells with expected count >= 5, the rest merged),
+   failing below p = 1e-3 (a correct decoder fails about once in a thousand; seeds fixed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from decode.baseline import autoregressive_decode
+from decode.config import PoolConfig
+from decode.models import build_tiny_pair, load_causal_lm
+from decode.online import OnlineSettings, decode_prompt
+from decode.online_rerank import OnlinePredictor
+from decode.prompts import encode_prompt
+from decode.run_config import RUN_RULES
+from decode.speculative import decode_stream
+from rerank.models import fit_reranker
+from tests.candidate_frames import FAST, make_candidate_frame
+from tests.online_fixtures import PROMPTS, fitted_reranker, settings
+from tests.test_decode_sampling import ALPHA, PROMPT, TINY_V, _chi_square_p, _exact_two_token_law
+from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
+
+TEXTS = [PROMPTS[0], PROMPTS[1]]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    with one_thread():
+        yield tiny_pair(tmp_path_factory.mktemp("llama"), "llama")
+
+
+@pytest.fixture(scope="module")
+def greedy_predictor(pair, tmp_path_factory):
+    with one_thread():
+        path = fitted_reranker(tmp_path_factory.mktemp("rr"), pair, 0.0)
+    from decode.online_rerank import load_online_reranker
+
+    return OnlinePredictor(load_online_reranker(str(path), 0.0, "unused"), pair.device)
+
+
+def _check_greedy(pair, s: OnlineSettings, predictor=None) -> list:
+    runs = []
+    for p in TEXTS:
+        ids = encode_prompt(pair.tokenizer, p.text)
+        r = decode_prompt(pair.target, pair.drafter, ids, s, frozenset(), p.id, p.task, predictor)
+        assert r.output == autoregressive_decode(pair.target, ids, len(r.output))
+        assert sum(len(x.emitted) for x in r.rounds) == len(r.output)  # tau = accepted + 1
+        assert all(x.n_accepted + 1 == len(x.emitted) for x in r.rounds)
+        assert all(1 <= x.passes + int(x.passes == 0) <= 2 for x in r.rounds)
+        runs.append(r)
+    return runs
+
+
+@pytest.mark.parametrize("score", ["tree", "pool"])
+@pytest.mark.parametrize("rule", RUN_RULES)
+def test_greedy_output_equals_the_targets(pair, greedy_predictor, rule, score):
+    if rule == "covering" and score == "pool":
+        pytest.skip("the covering decoder scores its tree only")
+    predictor = greedy_predictor if rule == "reranker" else None
+    with one_thread():
+        runs = _check_greedy(pair, settings(rule, score=score), predictor)
+    rounds = [x for r in runs for x in r.rounds]
+    if rule in ("root_draw", "pearl"):  # the draw counts as accepted, even off the pool
+        assert all(x.value == max(x.n_accepted, 1) for x in rounds)
+    if rule == "covering":  # the held-row path is exercised
+        assert any(x.covered for x in rounds) and any(x.passes == 1 for x in rounds)
+    if rule in ("root", "root_draw", "pearl"):
+        assert all(x.passes in (1, 2) for x in rounds)
+
+
+@pytest.mark.parametrize("rule", ["root_draw", "covering", "reranker"])
+def test_greedy_equality_on_qwen3(tmp_path, rule):
+    pair = tiny_pair(tmp_path / "q", "qwen3")
+    predictor = None
+    with one_thread():
+        if rule == "reranker":
+            from decode.online_rerank import load_online_reranker
+
+            path = fitted_reranker(tmp_path / "rr", pair, 0.0, kind="hgb", feature_set="base")
+            predictor = OnlinePredictor(load_online_reranker(str(path), 0.0, "x"), pair.device)
+            assert predictor.route == "forest"
+        _check_greedy(pair, settings(rule, budget=8), predictor)
+
+
+@pytest.mark.parametrize(("temperature", "verifier"), [(0.0, "exhaustive"), (1.0, "eagle3")])
+def test_draft_with_pool_scoring_is_the_recorder(pair, temperature, verifier):
+    s = settings("draft", temperature, score="pool", record=True, verifier=verifier)
+    ids = encode_prompt(pair.tokenizer, TEXTS[0].text)
+    with one_thread():
+        ref = decode_stream(pair.target, pair.drafter, ids, s.base, frozenset(), "x", "t", True)
+        got = decode_prompt(pair.target, pair.drafter, ids, s, frozenset(), "x", "t")
+    assert got.output == ref.output
+    assert len(got.rounds) == len(ref.rounds)
+    for a, b in zip(ref.rounds, got.rounds, strict=True):
+        strip = {k: v for k, v in b.fields.items() if not k.startswith("time_")}
+        assert strip == {k: v for k, v in a.items() if not k.startswith("time_")}
+
+
+def test_bad_settings_are_refused(pair):
+    ids = encode_prompt(pair.tokenizer, TEXTS[0].text)
+    cases = [
+        (settings("typo"), r"'run.rule' must be one of \['draft', 'reranker'"),
+        (settings("draft", score="all"), r"'run.score' must be one of \['tree', 'pool'\]"),
+        (settings("draft", record=True), "run.record_traces=true needs run.score=pool"),
+        (settings("covering", score="pool", record=True), "not supported for run.rule=covering"),
+        (settings("reranker"), "run.rule=reranker needs a loaded reranker"),
+    ]
+    for s, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            decode_prompt(pair.target, pair.drafter, ids, s, frozenset())
+
+
+# -- sampling: the law of the first two tokens ---------------------------------------------------
+
+N_RUNS = 250  # per rule (~3 s each); `-m slow` repeats with 2,000
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tinyv")
+    build_tiny_pair(root, "llama", vocab_size=TINY_V, init_std=0.6, draft_noise=0.3)
+    cfg = tiny_model_config(root, "llama")
+    with one_thread():
+        target = load_causal_lm(cfg.target, cfg, "model.target")
+        drafter = load_causal_lm(cfg.drafter, cfg, "model.drafter")
+        frame = make_candidate_frame(n_prompts=20, rounds=6, temperature=1.0, seed=2)
+        model = fit_reranker(frame, "rows", "lgbm", "sampling", n_threads=1, capacity=FAST)
+    yield target, drafter, OnlinePredictor(model, torch.device("cpu"), "forest")
+
+
+SAMPLING_CASES = [
+    ("root", "exhaustive"),
+    pytest.param("root_draw", "exhaustive", marks=pytest.mark.slow),  # eagle3 + pearl cover it
+    ("root_draw", "eagle3"),
+    ("pearl", "exhaustive"),
+    ("covering", "exhaustive"),
+    ("reranker", "eagle3"),
+]
+
+
+@pytest.mark.parametrize("n", [N_RUNS, pytest.param(2000, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(("rule", "verifier"), SAMPLING_CASES)
+def test_sampled_outputs_follow_the_target_law(tiny_vocab, rule, verifier, n):
+    target, drafter, predictor = tiny_vocab
+    s = settings(rule, 1.0, budget=3, max_new_tokens=2, verifier=verifier)
+    s = dataclasses.replace(
+        s, base=dataclasses.replace(s.base, pool=PoolConfig(top_k=3, steps=2, expand=2))
+    )
+    counts = np.zeros((TINY_V, TINY_V))
+    accepted = covered = 0
+    with one_thread():
+        for i in range(n):
+            r = decode_prompt(target, drafter, PROMPT, s, frozenset(), f"p{i}", "", predictor)
+            counts[r.output[0], r.output[1]] += 1
+            accepted += sum(x.n_accepted for x in r.rounds)
+            covered += sum(x.covered for x in r.rounds)
+    assert accepted > n // 4  # the trees are used
+    if rule == "covering":
+        assert covered > n // 10  # held rows are used
+    p = _chi_square_p(counts.reshape(-1), _exact_two_token_law(target, 1.0).reshape(-1))
+    assert p > ALPHA, f"chi-square p = {p:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rule", RUN_RULES)
+def test_every_rule_on_cuda(tmp_path, rule):
+    """Greedy equality and seeded sampling on the device; the reranker's forest runs there."""
+    from decode.models import load_model_pair
+    from decode.online_rerank import load_online_reranker
+
+    cfg = dataclasses.replace(tiny_model_config(tmp_path / "m", "llama"), device="cuda")
+    pair = load_model_pair(cfg)
+    predictor = {}
+    for t in (0.0, 1.0):
+        if rule == "reranker":
+            path = fitted_reranker(tmp_path / f"rr{t:g}", pair, t, kind="hgb")
+            predictor[t] = OnlinePredictor(load_online_reranker(str(path), t, "x"), pair.device)
+            assert predictor[t].torch_forest is not None
+    _check_greedy(pair, settings(rule, budget=8), predictor.get(0.0))
+    s = settings(rule, 1.0, budget=8, max_new_tokens=32, verifier="eagle3")
+    ids = encode_prompt(pair.tokenizer, TEXTS[0].text)
+    a = decode_prompt(pair.target, pair.drafter, ids, s, frozenset(), "x", "t", predictor.get(1.0))
+    b = decode_prompt(pair.target, pair.drafter, ids, s, frozenset(), "x", "t", predictor.get(1.0))
+    assert a.output == b.output and all(r.stage_ms[0] > 0 for r in a.rounds)

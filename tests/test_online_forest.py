@@ -1,0 +1,120 @@
+"""The forest fast path predicts what the libraries predict (LightGBM, scikit-learn HGB).
+
+Tolerance: |ours - library| <= 1e-12 on phat (absolute). Decisions are exact (float32
+thresholds are rounded so `x <= t32` equals the libraries' float64 test for every
+float32 input), so only the float64 summation order of the leaf values differs:
+measured ~2e-15 on 400-tree models. Inputs include NaN, unknown / negative /
+fractional / out-of-range task codes, zeros and subnormal values.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import decode.online_rerank as online_rerank
+from decode.forest import ForestError, _mask, forest_from_hgb, forest_from_lightgbm
+from decode.forest_eval import TorchForest, compile_forest, link, prepare, walk_numpy
+from decode.online_rerank import OnlinePredictor
+from rerank.models import design_matrix, fit_reranker
+from tests.candidate_frames import FAST, TASKS, make_candidate_frame
+from tests.tiny_models import one_thread
+
+TOL = 1e-12
+
+
+def _inputs(model, temperature: float) -> np.ndarray:
+    """A design matrix from a fresh frame, then perturbed where the libraries' rules differ."""
+    frame = make_candidate_frame(n_prompts=12, rounds=6, temperature=temperature, seed=9)
+    prior = model.token_prior.transform(frame["token"].to_numpy())
+    X = design_matrix(frame, model.features, model.categories, prior)
+    rng = np.random.default_rng(1)
+    X[rng.random(X.shape) < 0.1] = np.nan
+    task = model.features.index("task")
+    X[:60, task] = rng.choice([-1, -0.5, 0, 0.5, 1, 2, 3, 5, 70, np.nan], 60)
+    X[60:80] = 0.0
+    X[80:100] = np.float32(1e-38)  # subnormal: LightGBM reads |x| <= 1e-35 as 0
+    X[100:110] = -np.float32(1e-38)
+    return X
+
+
+def _library(model, X: np.ndarray) -> np.ndarray:
+    """The library's own prediction (unclipped)."""
+    if model.kind == "lgbm":
+        return model.estimator.predict(X, num_threads=1)
+    if model.law == "greedy":
+        return model.estimator.predict_proba(X)[:, 1]
+    return model.estimator.predict(X)
+
+
+@pytest.fixture(scope="module", params=[("lgbm", 0.0), ("lgbm", 1.0), ("hgb", 0.0), ("hgb", 1.0)])
+def model(request):
+    kind, temperature = request.param
+    frame = make_candidate_frame(n_prompts=40, rounds=8, temperature=temperature, seed=3)
+    frame = frame[frame["task"] != TASKS[1]]  # a declared task never seen in training
+    law = "greedy" if temperature == 0 else "sampling"
+    with one_thread():
+        return fit_reranker(
+            frame, "rows", kind, law, categories=TASKS, n_threads=1, capacity=FAST
+        ), temperature
+
+
+def test_forest_walks_match_the_library(model):
+    m, temperature = model
+    forest = forest_from_lightgbm(m.estimator) if m.kind == "lgbm" else forest_from_hgb(m.estimator)
+    c = compile_forest(forest)
+    assert forest.n_trees == FAST.n_iter and forest.depth >= 4
+    assert forest.categorical.any()  # the task splits are exercised
+    X = _inputs(m, temperature)
+    ref = _library(m, X)
+    ours_numpy = link(c, walk_numpy(c, prepare(c, X)))
+    with one_thread():
+        ours_torch = link(c, TorchForest(c, "cpu").raw(torch.from_numpy(prepare(c, X)))).numpy()
+    assert np.abs(ours_numpy - ref).max() <= TOL
+    assert np.abs(ours_torch - ref).max() <= TOL
+
+
+@pytest.mark.parametrize("predictor", ["auto", "library", "forest"])
+def test_online_predictor_routes_agree(model, predictor):
+    m, temperature = model
+    X = _inputs(m, temperature)
+    p = OnlinePredictor(m, torch.device("cpu"), predictor)
+    expected_route = {"auto": "library" if m.kind == "lgbm" else "forest"}.get(predictor, predictor)
+    assert p.route == expected_route
+    got = p.first_logprob(X).numpy()
+    want = np.log(m.predict_matrix(X, n_threads=1)).astype(
+        np.float32
+    )  # clipped like predict_matrix
+    assert np.abs(got - want).max() <= 1e-6  # float32 logs of phat equal to 1e-12
+
+
+def test_unrepresentable_models_fall_back_to_the_library(model, monkeypatch, caplog):
+    m, _ = model
+    with pytest.raises(ForestError, match=r"category codes \[63\] exceed the fast path's range"):
+        _mask([63], "split")
+
+    def refuse(_model):
+        raise ForestError("too many categories")
+
+    monkeypatch.setattr(online_rerank, "forest_of", refuse)
+    with caplog.at_level(logging.WARNING, logger="decode.online_rerank"):
+        assert OnlinePredictor(m, torch.device("cpu"), "auto").route == "library"
+    assert m.kind == "lgbm" or "too many categories" in caplog.text
+    with pytest.raises(ForestError, match="too many categories"):
+        OnlinePredictor(m, torch.device("cpu"), "forest")
+    with pytest.raises(ValueError, match=r"'run.predictor' must be one of \['auto'"):
+        OnlinePredictor(m, torch.device("cpu"), "onnx")
+
+
+@pytest.mark.gpu
+def test_forest_on_cuda_matches_the_library(model):
+    m, temperature = model
+    X = _inputs(m, temperature)
+    p = OnlinePredictor(m, torch.device("cuda"), "auto")
+    assert p.route == "forest" and p.torch_forest is not None
+    got = p.first_logprob(X).cpu().numpy()
+    want = np.log(m.predict_matrix(X, n_threads=1)).astype(np.float32)
+    assert np.abs(got - want).max() <= 1e-6

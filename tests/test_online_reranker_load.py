@@ -1,0 +1,82 @@
+"""`run.reranker` is refused with a clear message when missing, tampered, mismatched or of the wrong law.
+
+(Loading from an MLflow URI, runs:/<id>/rerankers/<name>, is exercised by the whole
+run in tests/test_online_run.py.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from decode.online_rerank import load_online_reranker
+from rerank.models import fit_reranker
+from rerank.persist import RerankerLoadError, save_reranker
+from tests.candidate_frames import FAST, make_candidate_frame
+from tests.tiny_models import one_thread
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A greedy Rows reranker saved by rerank.persist (fitted on a synthetic table)."""
+    root = tmp_path_factory.mktemp("saved")
+    frame = make_candidate_frame(n_prompts=16, rounds=5, temperature=0.0, seed=4)
+    with one_thread():
+        model = fit_reranker(frame, "rows", "lgbm", "greedy", n_threads=1, capacity=FAST)
+    return model, save_reranker(model, root / "rows_T0_fold0")
+
+
+def test_a_good_reranker_loads(saved):
+    model, path = saved
+    got = load_online_reranker(str(path), 0.0, "unused")
+    assert got.features == model.features and got.law == "greedy"
+
+
+def test_missing_folder_or_sidecar(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"run.reranker: no such folder '.*nowhere'"):
+        load_online_reranker(str(tmp_path / "nowhere"), 0.0, "unused")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"no reranker.json \(not a folder written by"):
+        load_online_reranker(str(tmp_path / "empty"), 0.0, "unused")
+    with pytest.raises(ValueError, match=r"run.rule=reranker needs run.reranker="):
+        load_online_reranker(None, 0.0, "unused")
+
+
+def test_tampered_model_or_sidecar(saved, tmp_path):
+    _, path = saved
+    model_file = shutil.copytree(path, tmp_path / "m") / "model.txt"
+    model_file.write_text(model_file.read_text().replace("learning_rate", "learning_rate ", 1))
+    with pytest.raises(RerankerLoadError, match=r"model file model.txt was modified or corrupted"):
+        load_online_reranker(str(tmp_path / "m"), 0.0, "unused")
+    sidecar = shutil.copytree(path, tmp_path / "s") / "reranker.json"
+    meta = json.loads(sidecar.read_text())
+    meta["law"] = "sampling"  # passes the law check below, but not the content hash
+    sidecar.write_text(json.dumps(meta))
+    with pytest.raises(RerankerLoadError, match=r"reranker.json was modified after saving"):
+        load_online_reranker(str(tmp_path / "s"), 1.0, "unused")
+
+
+def test_feature_mismatched_reranker(saved, tmp_path):
+    model, _ = saved
+    renamed = [*model.features[:-1], "mystery_feature"]  # not today's Rows feature list
+    path = save_reranker(dataclasses.replace(model, features=renamed), tmp_path / "odd")
+    with pytest.raises(RerankerLoadError) as err:
+        load_online_reranker(str(path), 0.0, "unused")
+    assert "features in the model but not expected: ['mystery_feature']" in str(err.value)
+    assert "features expected but not in the model: ['token_prior']" in str(err.value)
+    reordered = [model.features[1], model.features[0], *model.features[2:]]
+    path = save_reranker(dataclasses.replace(model, features=reordered), tmp_path / "order")
+    with pytest.raises(RerankerLoadError, match="feature order differs"):
+        load_online_reranker(str(path), 0.0, "unused")
+
+
+def test_law_mismatch(saved):
+    _, path = saved
+    with pytest.raises(
+        ValueError,
+        match=r"holds a greedy model, but decode.temperature=1.0 .* use the regressor saved for T>0",
+    ):
+        load_online_reranker(str(path), 1.0, "unused")
