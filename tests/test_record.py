@@ -293,5 +293,5 @@ def test_both_temperatures_fill_one_store(hydra_conf, tmp_path, models):
     assert sorted(set(table["temperature"].to_pylist())) == [0.0, 1.0]
     assert sorted(trace_store(out).done_shards()) == ["t0.0-b8-00000", "t1.0-b8-00000"]
     # a different budget into the same store is still refused
-    with pytest.raises(Exception, match="select.budget"):
+    with pytest.raises(Exception, match=r"select\.budget"):
         _run(_compose(models, prompts, out, *SMALL, "select.budget=4"))

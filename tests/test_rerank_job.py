@@ -20,7 +20,7 @@ from features.extract import extract
 from features.schema import candidate_store
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.evaluate import ROUND_KEYS, EvalPlan, evaluate_traces
-from rerank.summary import choose_mixture_weights, summarise
+from rerank.summary import choose_mixture_weights
 from rerank.train import train_and_evaluate
 from specrank.config import SynthJobConfig
 
@@ -93,7 +93,7 @@ def test_candidate_table_from_other_traces_is_refused(stores, tmp_path):
     job = SynthJobConfig(prompts=4, rounds_per_prompt=3, prompts_per_shard=2)
     write_synthetic_traces(other / "traces", job, POOL, SELECT, SynthConfig(), seed=5)
     extract(other / "traces", other / "features", log=lambda _: None)
-    with pytest.raises(ValueError, match="re-run `python -m features.extract`"):
+    with pytest.raises(ValueError, match=r"re-run `python -m features\.extract`"):
         train_and_evaluate(
             _config(traces, other / "features"),
             MlflowConfig(tracking_uri=f"sqlite:///{tmp_path}/m.db"),
@@ -162,7 +162,7 @@ def test_permuted_labels_carry_no_gain(stores, tmp_path, shuffle):
         table = candidate_store(features).read()
         frame = table.to_pandas()
         rng = np.random.default_rng(1)
-        for t, part in frame.groupby("temperature"):
+        for _t, part in frame.groupby("temperature"):
             idx = part.index.to_numpy()
             for col in ("label_target_prob", "label_is_argmax"):
                 frame.loc[idx, col] = frame.loc[rng.permutation(idx), col].to_numpy()
