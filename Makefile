@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 TORCH_CPU := torch==2.13.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-slow test-gpu bench lint format dashboard clean
+.PHONY: help setup run test test-slow test-gpu bench gpu-check lint format dashboard clean
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,10 @@ bench: $(STAMP)  ## run the benchmarks (prints figures; paper-scale synthetic da
 	$(PY) -m bench.select_values
 	$(PY) -m bench.bench_extract
 	$(PY) -m bench.bench_record
+	$(PY) -m bench.bench_online
+
+gpu-check:  ## on a machine with one CUDA GPU: gpu tests + online speed benchmark, figures to one file
+	bash bench/gpu_check.sh
 
 lint: $(STAMP)  ## ruff lint + format check
 	$(PY) -m ruff check .
