@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 RUN_ARGS ?=
 
 run: $(STAMP)  ## the main job: record traces (pocket pair; skipped when done) -> extract -> train
-	$(PY) -m decode.record -m decode.temperature=0,1 $(RUN_ARGS)
+	$(PY) -m decode.record -m $(RUN_ARGS)
 	$(PY) -m features.extract $(RUN_ARGS)
 	$(PY) -m rerank.train $(RUN_ARGS)
 

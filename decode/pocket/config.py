@@ -80,7 +80,7 @@ class PocketConfig:
     seed: int = 0
     threads: int = 1  # torch intra-op threads
     export_dtype: str = "float16"  # float16 | bfloat16
-    sharpen: float = 1.0  # exported target logits are multiplied by this (1 = as trained)
+    sharpen: float = 3.0  # exported target logits x this (1 = as trained; see MODEL_CARD.md)
     drafter_init: str = "target_layers"  # target_layers (first layers of the target) | random
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)

@@ -1,0 +1,29 @@
+"""`python -m decode.pocket`: train, export and measure the pocket target/drafter pair.
+
+Thin Hydra shell over `decode.pocket.recipe.run`; settings in `conf/pocket.yaml`
+(`pocket.*`), e.g. `python -m decode.pocket pocket.stages=[export,evaluate]`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+import specrank.config  # noqa: F401  (registers the root schema)
+from decode.pocket.config import PocketConfig
+from decode.pocket.recipe import run
+
+log = logging.getLogger("decode.pocket")
+
+
+@hydra.main(version_base=None, config_path="../../conf", config_name="pocket")
+def main(cfg: DictConfig) -> None:
+    pc = OmegaConf.to_object(cfg.pocket)
+    assert isinstance(pc, PocketConfig)
+    run(pc, log.info)
+
+
+if __name__ == "__main__":
+    main()
