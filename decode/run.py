@@ -55,6 +55,7 @@ from decode.speculative import DecodeSettings
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from rerank.config import MlflowConfig
 from rerank.tracking import metric_key, parent_run
+from specrank.cli import expand_short_overrides as _expand
 
 log = logging.getLogger(__name__)
 
@@ -244,11 +245,7 @@ _SHORT_OVERRIDES = {"rule": "run.rule", "reranker": "run.reranker"}
 
 
 def expand_short_overrides(argv: list[str]) -> list[str]:
-    out = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        out.append(f"{_SHORT_OVERRIDES[key]}={value}" if sep and key in _SHORT_OVERRIDES else arg)
-    return out
+    return _expand(argv, _SHORT_OVERRIDES)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="run")

@@ -28,6 +28,7 @@ from decode.trace_schema import SCHEMA_VERSION, trace_store
 from features.config import FeaturesConfig
 from features.from_trace import TRACE_COLUMNS, candidate_table
 from features.schema import candidate_store
+from specrank.cli import expand_short_overrides
 from specrank.config import register_configs
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -116,11 +117,7 @@ _SHORT_OVERRIDES = {"traces": "features.traces", "out": "features.out"}
 
 
 def _expand_short_overrides(argv: list[str]) -> list[str]:
-    out = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        out.append(f"{_SHORT_OVERRIDES[key]}={value}" if sep and key in _SHORT_OVERRIDES else arg)
-    return out
+    return expand_short_overrides(argv, _SHORT_OVERRIDES)
 
 
 register_configs()  # the root schema `config_schema` that conf/extract.yaml builds on
