@@ -133,6 +133,18 @@ def record_traces(
     return report
 
 
+def resolve_inputs(model: ModelConfig, data: DataConfig) -> tuple[ModelConfig, list]:
+    """Model folders and prompt files resolved against the project root; prompts loaded."""
+    model = dataclasses.replace(
+        model, target=str(project_path(model.target)), drafter=str(project_path(model.drafter))
+    )
+    sources = [
+        dataclasses.replace(src, path=None if src.path is None else str(project_path(src.path)))
+        for src in data.sources
+    ]
+    return model, load_prompts(dataclasses.replace(data, sources=sources))
+
+
 def run_record(
     model: ModelConfig,
     data: DataConfig,
@@ -141,14 +153,7 @@ def run_record(
     manifest_config: dict,
 ) -> RecordReport:
     """Load the models and prompts named by the configs, then record (or resume) the traces."""
-    model = dataclasses.replace(
-        model, target=str(project_path(model.target)), drafter=str(project_path(model.drafter))
-    )
-    sources = [
-        dataclasses.replace(s, path=None if s.path is None else str(project_path(s.path)))
-        for s in data.sources
-    ]
-    prompts = load_prompts(dataclasses.replace(data, sources=sources))
+    model, prompts = resolve_inputs(model, data)
     pair = load_model_pair(model)
     out = project_path(trace.out_dir)
     report = record_traces(

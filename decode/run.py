@@ -17,7 +17,6 @@ offline expected value `accepted/<T>/B<b>/<rule>` beside the realized one
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import sys
@@ -38,8 +37,8 @@ from decode.config import DataConfig, ModelConfig
 from decode.models import ModelPair, load_model_pair
 from decode.online import OnlineSettings, decode_prompt
 from decode.online_rerank import OnlinePredictor, load_online_reranker
-from decode.prompts import Prompt, encode_prompt, load_prompts
-from decode.record import project_path
+from decode.prompts import Prompt, encode_prompt
+from decode.record import project_path, resolve_inputs
 from decode.run_config import RunConfig
 from decode.run_metrics import (
     PromptTiming,
@@ -205,14 +204,7 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
     """Load models, prompts and the reranker named by the configs; decode; report; log."""
     if run.torch_threads is not None:
         torch.set_num_threads(run.torch_threads)
-    model = dataclasses.replace(
-        model, target=str(project_path(model.target)), drafter=str(project_path(model.drafter))
-    )
-    sources = [
-        dataclasses.replace(src, path=None if src.path is None else str(project_path(src.path)))
-        for src in data.sources
-    ]
-    prompts = load_prompts(dataclasses.replace(data, sources=sources))
+    model, prompts = resolve_inputs(model, data)
     s.check()
     predictor = None
     if s.rule == "reranker":
