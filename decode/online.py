@@ -42,8 +42,8 @@ from decode.speculative import (
     DecodeSettings,
     StageClock,
     Stream,
-    _check_positions,
-    _is_done,
+    check_positions,
+    output_is_done,
     prefill,
     prompt_seed,
 )
@@ -366,7 +366,7 @@ def decode_prompt(
     s.check()
     if s.rule == "reranker" and predictor is None:
         raise ValueError("run.rule=reranker needs a loaded reranker (run.reranker)")
-    _check_positions(target, drafter, len(prompt), s.base)
+    check_positions(target, drafter, len(prompt), s.base)
     dec, dev = s.base.decode, target.device
     generator = None
     if dec.temperature > 0:
@@ -390,7 +390,7 @@ def decode_prompt(
             r.fields = _trace_row(r, ctx, prompt_id, task, s)
         output.extend(r.emitted)
         rounds.append(r)
-        if _is_done(output, r.emitted, eos_ids, dec.max_new_tokens):
+        if output_is_done(output, r.emitted, eos_ids, dec.max_new_tokens):
             break
     _sync(dev)
     return PromptRun(output, rounds, prefill_ms, 1000.0 * (time.perf_counter() - t0))

@@ -274,13 +274,14 @@ def speculative_round(
     return RoundOutcome(emitted, int(path.size), fields, clock.durations_ms())
 
 
-def _is_done(
+def output_is_done(
     output: list[int], emitted: list[int], eos_ids: frozenset[int], max_new_tokens: int
 ) -> bool:
+    """Stop after the round that emits EOS or brings the output to `max_new_tokens`."""
     return any(t in eos_ids for t in emitted) or len(output) >= max_new_tokens
 
 
-def _check_positions(
+def check_positions(
     target: PreTrainedModel, drafter: PreTrainedModel, n_prompt: int, s: DecodeSettings
 ) -> None:
     """Refuse runs whose positions would pass a model's trained range (rotary models go on silently)."""
@@ -310,7 +311,7 @@ def decode_stream(
 ) -> StreamResult:
     """Decode one prompt speculatively until EOS or the length limit (after that round)."""
     s.check()
-    _check_positions(target, drafter, len(prompt), s)
+    check_positions(target, drafter, len(prompt), s)
     generator = None
     if s.decode.temperature > 0:
         generator = torch.Generator(device=target.device).manual_seed(
@@ -350,6 +351,6 @@ def decode_stream(
                 row[f"time_{name}_ms"] = ms
             rows.append(row)
         round_index += 1
-        if _is_done(output, r.emitted, eos_ids, s.decode.max_new_tokens):
+        if output_is_done(output, r.emitted, eos_ids, s.decode.max_new_tokens):
             break
     return StreamResult(output, rows, accepted, totals, prefill_ms)

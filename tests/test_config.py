@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 import specrank.config  # noqa: F401  (registers the schema)
+from tests.conftest import CONF
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 PRIMARY = sorted(p.stem for p in CONF.glob("*.yaml") if p.stem != "run_dirs")
 GROUPS = sorted((d.name, p.stem) for d in CONF.iterdir() if d.is_dir() for p in d.glob("*.yaml"))
-
-
-@pytest.fixture()
-def hydra_conf():
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
 
 
 @pytest.mark.parametrize("primary", PRIMARY)

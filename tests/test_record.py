@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from omegaconf import OmegaConf
 
 import decode.record as record
@@ -20,19 +19,10 @@ from decode.shard_store import SchemaError
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 SPEC_BENCH = (
     Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 )
 TEXTS = ["Hello there", "def f(x):", "Count: 1, 2, 3,", "Why is the sky blue?", "abc abc abc"]
-
-
-@pytest.fixture()
-def hydra_conf():
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        yield
-    GlobalHydra.instance().clear()
 
 
 @pytest.fixture(scope="module")
