@@ -51,22 +51,28 @@ def _sequential_rows(model, context: list[int]) -> torch.Tensor:
     return torch.stack(rows).float().log_softmax(-1)  # [n, V]
 
 
+def _root_and_trie_pass(model):
+    """Prefill CONTEXT[:-1], then one tree pass over [root | trie]; (cache, n_ctx, logits)."""
+    cache = new_cache(model)
+    forward_chain(model, torch.tensor(CONTEXT[:-1]), cache)
+    n_ctx = cache_length(cache)
+    # Batch = [root | trie]: every node sees the root and its own ancestors;
+    # positions = prefix length + depth.
+    new = torch.zeros(11, 11, dtype=torch.bool)
+    new[:, 0] = True
+    new[1:, 1:] = ancestor_matrix(PARENT, 4)
+    ids = torch.cat([torch.tensor(CONTEXT[-1:]), TOKENS])
+    pos = torch.cat([torch.tensor([n_ctx]), n_ctx + DEPTH])
+    logits = forward_tree(model, ids, pos, tree_visibility(n_ctx, new[:, :0], new), cache)
+    return cache, n_ctx, logits
+
+
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_tree_rows_equal_sequential_rows(models, impl):
     model = models[impl]
     with one_thread(), torch.inference_mode():
-        cache = new_cache(model)
-        forward_chain(model, torch.tensor(CONTEXT[:-1]), cache)
-        n_ctx = cache_length(cache)
-        anc = ancestor_matrix(PARENT, 4)
-        # Batch = [root | trie]; positions = prefix length + depth.
-        new = torch.zeros(11, 11, dtype=torch.bool)
-        new[:, 0] = True
-        new[1:, 1:] = anc
-        vis = tree_visibility(n_ctx, new[:, :0], new)
-        ids = torch.cat([torch.tensor(CONTEXT[-1:]), TOKENS])
-        pos = torch.cat([torch.tensor([n_ctx]), n_ctx + DEPTH])
-        tree = forward_tree(model, ids, pos, vis, cache).float().log_softmax(-1)
+        _, _, tree = _root_and_trie_pass(model)
+        tree = tree.float().log_softmax(-1)
         seq = _sequential_rows(model, CONTEXT)
         root = model(input_ids=torch.tensor([CONTEXT])).logits[0, -1].float().log_softmax(-1)
     assert (tree[1:] - seq).abs().max() < TOL
@@ -109,16 +115,7 @@ def test_compaction_keeps_exactly_the_accepted_path(models, impl):
     """After keeping root + path (0, 3, 6), the next row equals the row of the plain sequence."""
     model = models[impl]
     with one_thread(), torch.inference_mode():
-        cache = new_cache(model)
-        forward_chain(model, torch.tensor(CONTEXT[:-1]), cache)
-        n_ctx = cache_length(cache)
-        anc = ancestor_matrix(PARENT, 4)
-        new = torch.zeros(11, 11, dtype=torch.bool)
-        new[:, 0] = True
-        new[1:, 1:] = anc
-        ids = torch.cat([torch.tensor(CONTEXT[-1:]), TOKENS])
-        pos = torch.cat([torch.tensor([n_ctx]), n_ctx + DEPTH])
-        forward_tree(model, ids, pos, tree_visibility(n_ctx, new[:, :0], new), cache)
+        cache, n_ctx, _ = _root_and_trie_pass(model)
         compact_cache(cache, n_ctx + 1, [n_ctx + 1 + i for i in (0, 3, 6)])
         assert cache_length(cache) == len(CONTEXT) + 3
         nxt = forward_chain(model, torch.tensor([42]), cache)[-1].float().log_softmax(-1)
