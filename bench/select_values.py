@@ -5,8 +5,9 @@
 
 Prints generation time (once), read + densify time, evaluation time for draft,
 root, depth-two, oracle, root-draw and PEARL-style values at B=8 and B=59,
-rounds per second, peak memory, and the speed-up of the batched evaluator over
-a per-round reference loop measured in the same run.
+rounds per second, peak memory, and two ratios measured in the same run: the
+compiled CPU kernels against the selector's torch route (the CUDA route) on one
+chunk, and the batched evaluator against a per-round reference loop.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import torch
 
 from bench.bench_extract import paper_traces
 from decode.pool_batch import POOL_COLUMNS, pool_batch_from_table
-from decode.select import draft_scores, first_level_ancestor, path_product, rank_order
+from decode.select import (
+    draft_scores,
+    first_level_ancestor,
+    path_product,
+    rank_order,
+    torch_route,
+)
 from decode.trace_schema import trace_store
 from decode.tree_values import evaluate_pools
 from specrank.memory import retain_freed_heap
@@ -61,6 +68,16 @@ def reference_loop_values(pool, budgets) -> dict[str, np.ndarray]:
     return out
 
 
+def _timed(fn) -> float:
+    """Best of two runs (the first also pays one-off kernel loading)."""
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -93,8 +110,15 @@ def main() -> None:
     if n_read == 0:
         raise SystemExit("no rounds read")
 
+    # Same-run baseline on one chunk: compiled kernels vs the torch route.
+    chunk = pool_batch_from_table(dataset.head(min(args.chunk, n_eval), columns=POOL_COLUMNS))
+    t_kernels = _timed(lambda: evaluate_pools(chunk, BUDGETS, rules=RULES))
+    with torch_route():
+        t_torch = _timed(lambda: evaluate_pools(chunk, BUDGETS, rules=RULES))
+
     # Same-run baseline on a small slice: per-round loop vs the batched evaluator.
     sample = pool_batch_from_table(dataset.head(500, columns=POOL_COLUMNS))
+    reference_loop_values(pool_batch_from_table(dataset.head(5, columns=POOL_COLUMNS)), BUDGETS)
     t0 = time.perf_counter()
     ref = reference_loop_values(sample, BUDGETS)
     t_loop = time.perf_counter() - t0
@@ -114,6 +138,10 @@ def main() -> None:
     )
     print(f"total          : {t_read + t_eval:7.1f} s")
     print(f"peak memory    : {peak_gb:.2f} GiB (max RSS)")
+    print(
+        f"compiled kernels vs torch route ({chunk.shape[0]:,} rounds): "
+        f"{t_kernels:.2f} s vs {t_torch:.2f} s, {t_torch / t_kernels:.1f}x faster"
+    )
     print(
         f"batched vs per-round loop (draft, root, oracle; 500 rounds): {t_loop / t_fast:.0f}x faster"
     )

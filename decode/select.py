@@ -25,10 +25,48 @@ set is ancestor-closed with exactly B nodes, even when log factors are exactly
 from __future__ import annotations
 
 import itertools
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from decode import select_kernels
+
+_torch_only = False  # see torch_route()
+
+
+@contextmanager
+def torch_route() -> Iterator[None]:
+    """Run the primitives with torch even on CPU tensors (the reference route).
+
+    CPU tensors otherwise go through the compiled kernels of
+    `decode.select_kernels`, which give identical results; the tests and
+    `bench/select_values.py` use this to compare the two routes.
+    """
+    global _torch_only
+    previous, _torch_only = _torch_only, True
+    try:
+        yield
+    finally:
+        _torch_only = previous
+
+
+def compiled_route(t: Tensor) -> bool:
+    """Whether a primitive on `t` runs as a compiled CPU kernel."""
+    if t.device.type != "cpu" or _torch_only:
+        return False
+    select_kernels.use_threads(torch.get_num_threads())
+    return True
+
+
+def kernel_valid(valid: Tensor | None, like: Tensor) -> tuple[np.ndarray, bool]:
+    """A valid mask as the kernels take it: (array, has_valid); None means all valid."""
+    if valid is None:
+        return np.ones((1, 1), dtype=np.bool_), False
+    return valid.expand_as(like).contiguous().numpy(), True
 
 
 def _check_parent(parent: Tensor) -> None:
@@ -44,24 +82,35 @@ def pool_levels(parent: Tensor, depth: Tensor) -> Levels | None:
 
     Pools grown with one configuration have the same depth layout in every
     round (10, 100, 100, ...); then path quantities take one pass per level
-    instead of a fixed-point iteration. Returns None when layouts differ or a
-    parent does not sit in an earlier level (then the general route is used).
+    instead of a fixed-point iteration, and the leading depths are leading
+    columns. Returns None when layouts differ or a parent does not sit in an
+    earlier level (then the general routes are used).
     """
     _check_parent(parent)
-    first = depth[:1]
-    if depth.shape[0] == 0 or not bool((depth == first).all()):
+    if depth.shape[0] == 0 or depth.shape[-1] == 0:
         return None
-    d = first[0].tolist()
+    d = depth[0].tolist()  # candidate layout from the first round, checked on all below
     if d[0] != 1 or any(b < a for a, b in itertools.pairwise(d)):
         return None
     bounds = [0] + [i for i in range(1, len(d)) if d[i] != d[i - 1]] + [len(d)]
     levels = list(itertools.pairwise(bounds))
+    if compiled_route(depth) and depth.dim() == 2:
+        level_start = np.repeat([lo for lo, _ in levels], [hi - lo for lo, hi in levels])
+        holds = select_kernels.layout_holds(
+            depth.contiguous().numpy(), parent.contiguous().numpy(), np.asarray(d), level_start
+        )
+        return levels if holds else None
+    # Column-wise min/max: one reduction pass each over depth and parent, where
+    # per-level boolean checks cost several full passes.
+    d_min, d_max = torch.aminmax(depth, dim=0)
+    if not (torch.equal(d_min, d_max) and d_min.tolist() == d):
+        return None
+    p_min, p_max = torch.aminmax(parent, dim=0)
     lo1, hi1 = levels[0]
-    if not bool((parent[:, lo1:hi1] < 0).all()):
+    if not bool((p_max[lo1:hi1] < 0).all()):
         return None
     for lo, hi in levels[1:]:
-        block = parent[:, lo:hi]
-        if not bool(((block >= 0) & (block < lo)).all()):
+        if not bool((p_min[lo:hi] >= 0).all() and (p_max[lo:hi] < lo).all()):
             return None
     return levels
 
@@ -70,6 +119,12 @@ def _path_reduce(
     edge: Tensor, parent: Tensor, levels: Levels | None, identity: float, combine
 ) -> Tensor:
     _check_parent(parent)
+    if compiled_route(edge) and edge.dim() == 2:
+        out, in_pool_order = select_kernels.path_reduce(
+            edge.contiguous().numpy(), parent.contiguous().numpy(), combine is torch.mul
+        )
+        if in_pool_order:
+            return torch.from_numpy(out)
     acc = edge.clone()
     if levels:
         # One pass per level: every parent sits in an earlier level, already final.
@@ -106,6 +161,10 @@ def path_product(edge: Tensor, parent: Tensor, levels: Levels | None = None) -> 
 def first_level_ancestor(parent: Tensor, levels: Levels | None = None) -> Tensor:
     """Pool index of each candidate's depth-1 ancestor (itself at depth 1). [R, P] int64."""
     _check_parent(parent)
+    if compiled_route(parent) and parent.dim() == 2:
+        out, in_pool_order = select_kernels.first_level_ancestor(parent.contiguous().numpy())
+        if in_pool_order:
+            return torch.from_numpy(out)
     self_idx = torch.arange(parent.shape[-1], device=parent.device).expand_as(parent)
     anc = torch.where(parent >= 0, parent.long(), self_idx)
     if levels:
@@ -121,6 +180,10 @@ def first_level_ancestor(parent: Tensor, levels: Levels | None = None) -> Tensor
 
 
 _INT32_MIN = -(2**31)
+_NAN_SCORES = "candidate scores contain NaN; a score must be a number or -inf"
+# Keys are assembled by viewing [low, high] int32 pairs as one int64, which is
+# exact only on little-endian hosts (x86, ARM, CUDA); elsewhere use shifts.
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def ranking_keys(score: Tensor, valid: Tensor | None = None) -> Tensor:
@@ -133,14 +196,17 @@ def ranking_keys(score: Tensor, valid: Tensor | None = None) -> Tensor:
     keys let us use fast unstable sorts and top-k with a deterministic result.
     """
     if torch.isnan(score).any():
-        raise ValueError("candidate scores contain NaN; a score must be a number or -inf")
+        raise ValueError(_NAN_SCORES)
     bits = (score.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
     key32 = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # monotone float -> int map (IEEE-754)
     if valid is not None:
         key32 = torch.where(valid, key32, _INT32_MIN)
     width = score.shape[-1]
-    low = (width - 1 - torch.arange(width, device=score.device)).expand_as(key32)
-    return (key32.long() << 32) | low
+    low = width - 1 - torch.arange(width, device=score.device, dtype=torch.int32)
+    if _LITTLE_ENDIAN:  # one int32-pair write instead of three int64 passes
+        pair = torch.stack(torch.broadcast_tensors(low, key32), dim=-1)
+        return pair.view(torch.int64).squeeze(-1)
+    return (key32.long() << 32) | low.long()
 
 
 def rank_order(
@@ -151,6 +217,18 @@ def rank_order(
     `k` keeps only the first k (a top-k is much cheaper than a full sort);
     `keys` passes precomputed `ranking_keys(score, valid)`.
     """
+    if keys is None and compiled_route(score) and score.dim() == 2:
+        width = score.shape[-1]
+        valid_np, has_valid = kernel_valid(valid, score)
+        order, no_nan = select_kernels.rank_order(
+            score.float().contiguous().numpy(),
+            valid_np,
+            has_valid,
+            width if k is None else min(k, width),
+        )
+        if not no_nan:
+            raise ValueError(_NAN_SCORES)
+        return torch.from_numpy(order)
     keys = ranking_keys(score, valid) if keys is None else keys
     width = keys.shape[-1]
     if k is not None and k < width // 4:
@@ -192,16 +270,35 @@ def draft_scores(draft_logprob: Tensor, parent: Tensor, levels: Levels | None = 
     return path_sum(draft_logprob, parent, levels)
 
 
+def leading_factor_edges(
+    draft_logprob: Tensor, replacement: Tensor, depth: Tensor, upto: int, levels: Levels | None
+) -> Tensor:
+    """Per-edge log factors: `replacement` at depths <= upto (where not NaN), draft below. [R, P].
+
+    With `levels` the replaced depths are the leading columns, so `replacement`
+    may cover just those ([R, n]) and nothing else is computed for the rest.
+    """
+    if levels:
+        end = levels[min(upto, len(levels)) - 1][1]
+        lead = replacement[:, :end]
+        lead = torch.where(torch.isnan(lead), draft_logprob[:, :end], lead)
+        return torch.cat([lead, draft_logprob[:, end:]], dim=-1)
+    mask = (depth <= upto) & ~torch.isnan(replacement)
+    return torch.where(mask, replacement, draft_logprob)
+
+
 def replace_first_factor(
     draft_logprob: Tensor, depth: Tensor, first_logprob: Tensor, parent: Tensor
 ) -> Tensor:
     """Scores with the depth-1 factor replaced: log r(x1) + log q(x2) + ... [R, P].
 
-    `first_logprob` is [R, P] (its values at depth-1 entries are used). This is
-    how root, reranker, calibrated and substituted rules enter the selector.
+    `first_logprob` is [R, P] (its values at depth-1 entries are used; NaN keeps
+    the draft factor). This is how root, reranker, calibrated and substituted
+    rules enter the selector.
     """
-    edge = torch.where(depth == 1, first_logprob, draft_logprob)
-    return path_sum(edge, parent, pool_levels(parent, depth))
+    levels = pool_levels(parent, depth)
+    edge = leading_factor_edges(draft_logprob, first_logprob, depth, 1, levels)
+    return path_sum(edge, parent, levels)
 
 
 def restrict_to_top_m(draft_score: Tensor, top_m: int, valid: Tensor | None = None) -> Tensor:

@@ -24,16 +24,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from decode import select_kernels
 from decode.pool_batch import PoolBatch
 from decode.select import (
     Levels,
+    compiled_route,
     draft_scores,
     first_level_ancestor,
+    kernel_valid,
+    leading_factor_edges,
     path_product,
     path_sum,
     pool_levels,
@@ -56,12 +61,16 @@ class PoolContext:
     pool: PoolBatch
     levels: Levels | None  # fast path-reduction layout, None for ragged pools
     law: Tensor  # per-edge target probability under each round's law
-    log_law: Tensor  # its log (log 0 = -inf ranks last, SPEC §6)
     first_ancestor: Tensor  # int64 pool index of the depth-1 ancestor
     draft: Tensor  # cumulative draft log-probability (the draft rule's score)
     valid: Tensor  # bool: in the pool and inside the top-M restriction
+    restrict: Tensor | None  # `valid`, or None when every entry is valid (cheaper ranking)
     path_prob: Tensor  # P(u) under the law, 0 outside `valid`
-    draft_keys: Tensor  # int64 ranking keys of the draft scores (see select.ranking_keys)
+
+    @cached_property
+    def draft_keys(self) -> Tensor:
+        """int64 ranking keys of the draft scores (torch route only; see select.ranking_keys)."""
+        return ranking_keys(self.draft, self.restrict)
 
 
 def pool_context(pool: PoolBatch, top_m: int = 0) -> PoolContext:
@@ -69,34 +78,42 @@ def pool_context(pool: PoolBatch, top_m: int = 0) -> PoolContext:
     law = pool.law_edge_prob()
     draft = draft_scores(pool.draft_logprob, pool.parent, levels)
     valid = restrict_to_top_m(draft, top_m, pool.valid)
+    restrict = None if bool(valid.all()) else valid
+    path_prob = path_product(law, pool.parent, levels)
     return PoolContext(
         pool=pool,
         levels=levels,
         law=law,
-        log_law=torch.log(law),
         first_ancestor=first_level_ancestor(pool.parent, levels),
         draft=draft,
         valid=valid,
-        path_prob=path_product(law, pool.parent, levels) * valid,
-        draft_keys=ranking_keys(draft, valid),
+        restrict=restrict,
+        path_prob=path_prob if restrict is None else path_prob * restrict,
     )
 
 
 def rule_scores(ctx: PoolContext, rule: str) -> Tensor:
-    """Candidate scores of a factor rule: path sums of its per-edge log factors. [R, P]."""
+    """Candidate scores of a factor rule: path sums of its per-edge log factors. [R, P].
+
+    The oracle ranks by the path probability P(u) itself: log is monotone, and
+    skipping it saves a pass over the pool (log of the many exact zeros of
+    greedy rounds is slow on CPU).
+    """
     pool = ctx.pool
     if rule == "draft":
         return ctx.draft
-    if rule == "oracle":  # log of the path probability: no second path reduction
-        return torch.log(ctx.path_prob)
-    if rule == "root":
-        edge = torch.where(pool.depth == 1, ctx.log_law, pool.draft_logprob)
-    elif rule == "root_softmax":  # greedy rounds ranked by the unit-temperature softmax
-        edge = torch.where(pool.depth == 1, torch.log(pool.target_prob), pool.draft_logprob)
+    if rule == "oracle":
+        return ctx.path_prob
+    if rule in ("root", "root_softmax"):
+        upto, prob = 1, ctx.law if rule == "root" else pool.target_prob
     elif rule == "depth_two":
-        edge = torch.where(pool.depth <= 2, ctx.log_law, pool.draft_logprob)
+        upto, prob = 2, ctx.law
     else:
         raise ValueError(f"The 'rule' must be one of {FACTOR_RULES}. Got {rule!r} instead.")
+    if ctx.levels:  # the replaced depths are the leading columns: log just those
+        prob = prob[:, : ctx.levels[min(upto, len(ctx.levels)) - 1][1]]
+    # root_softmax: greedy rounds ranked by the unit-temperature softmax
+    edge = leading_factor_edges(pool.draft_logprob, torch.log(prob), pool.depth, upto, ctx.levels)
     return path_sum(edge, pool.parent, ctx.levels)
 
 
@@ -116,21 +133,23 @@ def values_at_budgets(order: Tensor, path_prob: Tensor, budgets: Sequence[int]) 
 def subtree_ranks(ctx: PoolContext) -> tuple[Tensor, Tensor, Tensor]:
     """Candidates grouped by first-level subtree, each group in draft order.
 
-    Returns (perm, below, rank_below), each [R, P]: `perm` sorts the pool by
+    Returns (perm, group, rank_below), each [R, P]: `perm` sorts the pool by
     (first-level ancestor, draft rank) with depth-1 and invalid entries last;
-    `below` marks valid candidates of depth >= 2 (in perm order); `rank_below`
-    is each entry's rank among the candidates below the same first-level
-    candidate. One sort of unique composite int64 keys does all of it.
+    `group` is the first-level ancestor of each sorted entry, or P for those
+    trailing entries; `rank_below` is each entry's rank among the candidates
+    below the same first-level candidate. One sort of unique composite int64
+    keys does all of it.
     """
-    n_rounds, width = ctx.pool.shape
+    width = ctx.pool.shape[1]
     index_bits = max(1, (width - 1).bit_length())
     if 32 + index_bits + width.bit_length() > 63:
         raise ValueError(f"pools of {width} candidates are too wide for 63-bit subtree keys")
     below = (ctx.pool.depth >= 2) & ctx.valid
     group = torch.where(below, ctx.first_ancestor, width)  # sentinel group `width` sorts last
     score_desc = 0x7FFFFFFF - (ctx.draft_keys >> 32)  # in [0, 2^32)
-    positions = torch.arange(width, device=group.device).expand(n_rounds, width)
-    key = (group << (32 + index_bits)) | (score_desc << index_bits) | positions
+    positions = torch.arange(width, device=group.device)
+    key = ((group << 32) | score_desc) << index_bits
+    key |= positions
     # keys are unique, so numpy's fast unstable sort is exact (see select.rank_order)
     perm = (
         torch.from_numpy(np.argsort(key.numpy(), axis=-1))
@@ -141,13 +160,17 @@ def subtree_ranks(ctx: PoolContext) -> tuple[Tensor, Tensor, Tensor]:
     starts = torch.ones_like(below)
     starts[:, 1:] = group_sorted[:, 1:] != group_sorted[:, :-1]
     start_pos = torch.cummax(torch.where(starts, positions, 0), dim=-1).values
-    return perm, group_sorted < width, positions - start_pos
+    return perm, group_sorted, positions - start_pos
 
 
-def _mass_by_rank(values: Tensor, rank: Tensor, mask: Tensor) -> Tensor:
-    """Cumulative mass of masked entries by within-subtree rank: out[:, r] = sum(rank <= r). [R, P]."""
-    binned = torch.zeros_like(values).scatter_add_(-1, rank, values * mask)
-    return torch.cumsum(binned, dim=-1)
+def _mass_by_rank(values: Tensor, rank: Tensor, mask: Tensor, n_ranks: int) -> Tensor:
+    """Cumulative mass of masked entries by rank: out[:, r] = sum(values[rank <= r]). [R, n_ranks].
+
+    Ranks >= n_ranks are never asked for and share one overflow bin.
+    """
+    binned = torch.zeros(values.shape[0], n_ranks + 1, dtype=values.dtype, device=values.device)
+    binned.scatter_add_(-1, rank.clamp(max=n_ranks), torch.where(mask, values, 0.0))
+    return torch.cumsum(binned[:, :n_ranks], dim=-1)
 
 
 def draw_values(ctx: PoolContext, top_first: Tensor, budgets: Sequence[int]) -> dict[str, Tensor]:
@@ -156,27 +179,57 @@ def draw_values(ctx: PoolContext, top_first: Tensor, budgets: Sequence[int]) -> 
     Root-draw keeps, below whichever first-level g is drawn, g's b-1 best-ranked
     descendants; PEARL-commit keeps them only below the drafter's top g*.
     """
-    perm, below, rank = subtree_ranks(ctx)
-    path_prob = torch.gather(ctx.path_prob, -1, perm)
-    anc = torch.gather(ctx.first_ancestor, -1, perm)
-    first_prob = torch.gather(ctx.law, -1, anc)  # p(g|c) of each entry's subtree root
-    under_top = below & (anc == top_first[:, None])
-    curves = {
-        "root_draw": _mass_by_rank(path_prob, rank, below),
-        "size/root_draw": _mass_by_rank(first_prob, rank, below),
-        "pearl_commit": _mass_by_rank(path_prob, rank, under_top),
-        "size/pearl_commit": _mass_by_rank(first_prob, rank, under_top),
-    }
     for b in budgets:
         if b < 1:
             raise ValueError(f"Draw rules need a budget >= 1 (the drawn token). Got {b} instead.")
     width = ctx.pool.shape[1]
-    idx = torch.tensor([min(b - 1, width) - 1 for b in budgets])  # b-1 kept below g
+    kept_below = [min(b - 1, width) for b in budgets]  # b-1 kept below the drawn g
+    n_ranks = max(max(kept_below), 1)
+    names = ("root_draw", "size/root_draw", "pearl_commit", "size/pearl_commit")
+    if compiled_route(ctx.draft):
+        valid, has_valid = kernel_valid(ctx.restrict, ctx.draft)
+        stacked, monotone = select_kernels.draw_curves(
+            ctx.draft.contiguous().numpy(),
+            valid,
+            has_valid,
+            ctx.pool.parent.contiguous().numpy(),
+            ctx.pool.depth.contiguous().numpy(),
+            ctx.path_prob.contiguous().numpy(),
+            ctx.law.contiguous().numpy(),
+            top_first.contiguous().numpy(),
+            n_ranks,
+        )
+        if not monotone:
+            raise ValueError(
+                "draw rules need pools in pool order whose draft scores never rise along a "
+                "path (draft log-probabilities <= 0); this batch breaks that"
+            )
+        curves = dict(zip(names, torch.from_numpy(stacked).unbind(1), strict=True))
+    else:
+        curves = dict(zip(names, _draw_curves_torch(ctx, top_first, n_ranks), strict=True))
+    idx = torch.tensor([k - 1 for k in kept_below], device=top_first.device)
     out = {}
     for name, cum in curves.items():
         taken = cum[:, idx.clamp(min=0)]
         out[name] = 1 + torch.where(idx >= 0, taken, torch.zeros_like(taken))
     return out
+
+
+def _draw_curves_torch(ctx: PoolContext, top_first: Tensor, n_ranks: int) -> list[Tensor]:
+    """draw_values' four mass-by-rank curves via one sort of the pool (the torch route)."""
+    width = ctx.pool.shape[1]
+    perm, group, rank = subtree_ranks(ctx)
+    below = group < width
+    path_prob = torch.gather(ctx.path_prob, -1, perm)
+    # p(g|c) of each entry's subtree root (the sentinel group reads column 0, masked out)
+    first_prob = torch.gather(ctx.law, -1, torch.where(below, group, 0))
+    under_top = group == top_first[:, None]
+    return [
+        _mass_by_rank(path_prob, rank, below, n_ranks),
+        _mass_by_rank(first_prob, rank, below, n_ranks),
+        _mass_by_rank(path_prob, rank, under_top, n_ranks),
+        _mass_by_rank(first_prob, rank, under_top, n_ranks),
+    ]
 
 
 def pearl_curves(ctx: PoolContext, draft_order: Tensor) -> tuple[Tensor, Tensor]:
@@ -186,10 +239,14 @@ def pearl_curves(ctx: PoolContext, draft_order: Tensor) -> tuple[Tensor, Tensor]
     value(b) = 1 + sum of P(u) over depth>=2 members of T_b, and the expected
     size adds p(g|c) for each such u below g.
     """
-    below = ((ctx.pool.depth >= 2) & ctx.valid).float()
-    first_prob = torch.gather(ctx.law, -1, ctx.first_ancestor)
-    value = 1 + torch.cumsum(torch.gather(ctx.path_prob * below, -1, draft_order), dim=-1)
-    size = 1 + torch.cumsum(torch.gather(first_prob * below, -1, draft_order), dim=-1)
+    # gather the k ordered entries first: every product below is [R, k], not [R, P]
+    below = (
+        (torch.gather(ctx.pool.depth, -1, draft_order) >= 2)
+        & torch.gather(ctx.valid, -1, draft_order)
+    ).float()
+    first_prob = torch.gather(ctx.law, -1, torch.gather(ctx.first_ancestor, -1, draft_order))
+    value = 1 + torch.cumsum(torch.gather(ctx.path_prob, -1, draft_order) * below, dim=-1)
+    size = 1 + torch.cumsum(first_prob * below, dim=-1)
     return value, size
 
 
@@ -239,17 +296,16 @@ def evaluate_pools(
         raise ValueError(f"The 'budgets' must be a non-empty list of ints >= 0. Got {budgets}.")
     ctx = pool_context(pool, top_m)
     k = max(budgets)
-    full = rank_order(ctx.draft, ctx.valid, keys=ctx.draft_keys) if pearl_curve else None
-    draft_order = (
-        full if full is not None else rank_order(ctx.draft, ctx.valid, k=k, keys=ctx.draft_keys)
-    )
+    # the torch route shares the draft keys with subtree_ranks; kernels build keys in-cache
+    keys = None if compiled_route(ctx.draft) else ctx.draft_keys
+    draft_order = rank_order(ctx.draft, ctx.restrict, k=None if pearl_curve else k, keys=keys)
     out: dict[str, Tensor] = {}
     scores = {r: None for r in rules if r in FACTOR_RULES} | dict(extra_scores or {})
     for name, score in scores.items():
         order = (
             draft_order
             if name == "draft"
-            else rank_order(rule_scores(ctx, name) if score is None else score, ctx.valid, k=k)
+            else rank_order(rule_scores(ctx, name) if score is None else score, ctx.restrict, k=k)
         )
         out[name] = values_at_budgets(order, ctx.path_prob, budgets)
     if "pearl" in rules or pearl_curve:

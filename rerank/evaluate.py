@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from decode.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
-from decode.select import path_sum
-from decode.tree_values import RULES, evaluate_pools, pool_context
+from decode.select import leading_factor_edges, path_sum, pool_levels
+from decode.tree_values import RULES, evaluate_pools
 from rerank.models import PHAT_FLOOR
 
 ROUND_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]
@@ -92,9 +92,7 @@ def first_level_matrix(values: pa.ChunkedArray | pa.Array, width: int) -> np.nda
 
 def _first_factor_scores(pool: PoolBatch, levels, first_logprob: Tensor) -> Tensor:
     """Scores with the depth-1 factor replaced wherever `first_logprob` is not NaN. [R, P]."""
-    edge = torch.where(
-        (pool.depth == 1) & ~torch.isnan(first_logprob), first_logprob, pool.draft_logprob
-    )
+    edge = leading_factor_edges(pool.draft_logprob, first_logprob, pool.depth, 1, levels)
     return path_sum(edge, pool.parent, levels)
 
 
@@ -119,7 +117,7 @@ def _scores_for_chunk(
     extra_factor: Callable[[PoolBatch, pa.Table], dict[str, Tensor]] | None,
 ) -> dict[str, Tensor]:
     width = pool.shape[1]
-    levels = pool_context(pool).levels
+    levels = pool_levels(pool.parent, pool.depth)
     scores: dict[str, Tensor] = {}
     for name in learned:
         log_phat = _learned_matrix(keys, predictions, name, width)

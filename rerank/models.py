@@ -204,7 +204,7 @@ def _check_args(frame: pd.DataFrame, kind: str, law: str) -> None:
         raise ValueError(f"law={law!r} but the frame's temperature makes it {found!r}")
 
 
-def _fit_estimator(
+def fit_estimator(
     X: np.ndarray,
     y: np.ndarray,
     features: list[str],
@@ -214,6 +214,7 @@ def _fit_estimator(
     seed: int,
     n_threads: int | None,
 ) -> Any:
+    """One library's estimator fitted on a design matrix (columns = ``features``)."""
     cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
     if law == "greedy" and np.unique(y).size < 2:
         raise ValueError(
@@ -284,7 +285,7 @@ def fit_reranker(
     tokens = frame["token"].to_numpy()
     prior, full = token_prior_features(tokens, y, np.ones(len(frame), bool), pseudo_count)
     X = design_matrix(frame, features, cats, prior)
-    est = _fit_estimator(X, y, features, kind, law, capacity, seed, n_threads)
+    est = fit_estimator(X, y, features, kind, law, capacity, seed, n_threads)
     fp = frame_fingerprint(frame, _fingerprint_columns(frame, features, law))
     return FittedReranker(
         kind, law, feature_set, features, cats, est, full, fp, seed, capacity, _prompts(frame)
@@ -356,7 +357,7 @@ def crossfit_predict(
     for _, train, predict in fold_masks(folds):
         X[:, j_prior], full = token_prior_features(tokens, y, train, pseudo_count)
         t0 = time.perf_counter()
-        est = _fit_estimator(X[train], y[train], features, kind, law, capacity, seed, n_threads)
+        est = fit_estimator(X[train], y[train], features, kind, law, capacity, seed, n_threads)
         seconds.append(time.perf_counter() - t0)
         model = FittedReranker(
             kind=kind,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -19,6 +20,7 @@ from decode.select import (
     rank_order,
     restrict_to_top_m,
     top_b,
+    torch_route,
 )
 from decode.tree_values import FACTOR_RULES, RULES, evaluate_pools, matched_budget
 from tests.random_pools import random_pool_batch, random_tree
@@ -88,26 +90,28 @@ def test_nan_scores_are_refused():
         rank_order(torch.tensor([[0.0, float("nan")]]))
 
 
-def test_path_reductions_match_a_python_walk_on_both_routes():
+@pytest.mark.parametrize("route", ["kernels", "torch levels", "torch fixed-point"])
+def test_path_reductions_match_a_python_walk_on_every_route(route):
     rng = np.random.default_rng(1)
     pool = random_pool_batch(rng, 6, [3, 5, 4, 2])
     levels = pool_levels(pool.parent, pool.depth)
     assert levels is not None and len(levels) == 4
-    for lv in (levels, None):  # level route and fixed-point route
+    lv = None if route == "torch fixed-point" else levels
+    with torch_route() if route.startswith("torch") else contextlib.nullcontext():
         prod = path_product(pool.target_prob, pool.parent, lv)
         summ = path_sum(pool.draft_logprob, pool.parent, lv)
         anc = first_level_ancestor(pool.parent, lv)
-        for r, i in itertools.product(range(6), range(pool.shape[1])):
-            p, s, j = 1.0, 0.0, i
-            while pool.parent[r, j] >= 0:
-                p *= float(pool.target_prob[r, j])
-                s += float(pool.draft_logprob[r, j])
-                j = int(pool.parent[r, j])
+    for r, i in itertools.product(range(6), range(pool.shape[1])):
+        p, s, j = 1.0, 0.0, i
+        while pool.parent[r, j] >= 0:
             p *= float(pool.target_prob[r, j])
             s += float(pool.draft_logprob[r, j])
-            assert prod[r, i].item() == pytest.approx(p, rel=1e-5)
-            assert summ[r, i].item() == pytest.approx(s, rel=1e-5, abs=1e-5)
-            assert anc[r, i].item() == j
+            j = int(pool.parent[r, j])
+        p *= float(pool.target_prob[r, j])
+        s += float(pool.draft_logprob[r, j])
+        assert prod[r, i].item() == pytest.approx(p, rel=1e-5)
+        assert summ[r, i].item() == pytest.approx(s, rel=1e-5, abs=1e-5)
+        assert anc[r, i].item() == j
 
 
 def _brute_force_values(pool, r, budget):

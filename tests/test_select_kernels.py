@@ -1,0 +1,127 @@
+"""The compiled CPU kernels give what the torch route gives (decode/select_kernels.py).
+
+CPU tensors go through the kernels by default; `torch_route()` forces the torch
+implementation, which also serves CUDA. Selections must be identical (same
+float32 scores, same unique keys); values are sums of the same terms and agree
+to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from decode.select import (
+    first_level_ancestor,
+    path_product,
+    path_sum,
+    pool_levels,
+    rank_order,
+    restrict_to_top_m,
+    torch_route,
+)
+from decode.tree_values import RULES, evaluate_pools
+from tests.random_pools import random_pool_batch, random_tree
+
+
+def _both_routes(fn):
+    """(compiled kernels, torch route) results of fn()."""
+    compiled = fn()
+    with torch_route():
+        reference = fn()
+    return compiled, reference
+
+
+@st.composite
+def scored_pools(draw):
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    levels = draw(st.lists(st.integers(1, 7), min_size=1, max_size=4))
+    n_rounds = draw(st.integers(1, 4))
+    trees = [random_tree(rng, levels) for _ in range(n_rounds)]
+    parent = torch.from_numpy(np.stack([t[0] for t in trees]))
+    depth = torch.from_numpy(np.stack([t[1] for t in trees]))
+    # tie-heavy edges: exact zeros of both signs and -inf included
+    edge = rng.choice(np.array([0.0, -0.0, -0.5, -1.0, -np.inf], dtype=np.float32), parent.shape)
+    return parent, depth, torch.from_numpy(edge)
+
+
+@settings(max_examples=200, deadline=None)
+@given(scored_pools(), st.integers(0, 30), st.integers(1, 40))
+def test_primitives_match_the_torch_route(case, top_m, k):
+    parent, depth, edge = case
+    width = parent.shape[1]
+    prob = torch.exp(edge)
+    for fn in (
+        lambda: path_sum(edge, parent),
+        lambda: path_product(prob, parent),
+        lambda: first_level_ancestor(parent),
+    ):
+        got, ref = _both_routes(fn)
+        assert torch.equal(got, ref)
+    got, ref = _both_routes(lambda: pool_levels(parent, depth))
+    assert got == ref
+    score = path_sum(edge, parent)
+    valid = restrict_to_top_m(score, top_m)
+    for kk in (min(k, width), None):  # heap top-k and full sort
+        got, ref = _both_routes(lambda kk=kk: rank_order(score, valid, k=kk))
+        assert torch.equal(got, ref)
+
+
+def test_pool_levels_agree_on_layouts_that_break():
+    rng = np.random.default_rng(0)
+    pool = random_pool_batch(rng, 5, [3, 4, 2])
+    depth = pool.depth.clone()
+    depth[2, 5] = 3  # one round with another depth layout
+    parent = pool.parent.clone()
+    parent[4, 8] = 8  # a parent that is not in an earlier level
+    for d, p in ((pool.depth, pool.parent), (depth, pool.parent), (pool.depth, parent)):
+        got, ref = _both_routes(lambda d=d, p=p: pool_levels(p, d))
+        assert got == ref
+    assert pool_levels(pool.parent, pool.depth) == [(0, 3), (3, 7), (7, 9)]
+    assert pool_levels(pool.parent, depth) is None and pool_levels(parent, pool.depth) is None
+
+
+def test_pools_out_of_pool_order_take_the_general_route():
+    # A chain 0 <- 2 <- 1: the parent of node 1 comes after it. The kernels
+    # refuse it and the torch fixed-point route gives the path values.
+    parent = torch.tensor([[-1, 2, 0]])
+    edge = torch.tensor([[-1.0, -2.0, -4.0]])
+    assert path_sum(edge, parent).tolist() == [[-1.0, -7.0, -5.0]]
+    assert first_level_ancestor(parent).tolist() == [[0, 0, 0]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("top_m", [0, 25])
+def test_rule_values_match_the_torch_route(temperature, top_m):
+    rng = np.random.default_rng(8)
+    pool = random_pool_batch(rng, 120, [6, 12, 12, 8], temperature=temperature, tie_values=True)
+    budgets = [1, 2, 8, 20, 38]
+    noise = torch.rand(pool.shape, generator=torch.Generator().manual_seed(0))
+    extra = {"noisy": path_sum(pool.draft_logprob - noise, pool.parent)}  # still path-monotone
+    got, ref = _both_routes(
+        lambda: evaluate_pools(
+            pool, budgets, RULES, top_m=top_m, extra_scores=extra, pearl_curve=True
+        )
+    )
+    assert got.keys() == ref.keys()
+    for name in ref:
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_draw_rules_refuse_draft_scores_that_rise_along_a_path():
+    rng = np.random.default_rng(9)
+    pool = random_pool_batch(rng, 4, [3, 5, 5])
+    pool.draft_logprob[1, 4] = 0.5  # a log-probability above 0: the child outranks its parent
+    with pytest.raises(ValueError, match="never rise along a path"):
+        evaluate_pools(pool, [4], rules=["root_draw"])
+
+
+def test_nan_scores_are_refused_on_both_routes():
+    score = torch.tensor([[0.0, float("nan"), -1.0]])
+    with pytest.raises(ValueError, match="NaN"):
+        rank_order(score, k=1)
+    with torch_route(), pytest.raises(ValueError, match="NaN"):
+        rank_order(score, k=1)
