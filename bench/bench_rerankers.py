@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.special import expit
 
 from bench.bench_extract import CACHE, PAPER_PROMPTS, PAPER_ROUNDS, paper_traces
 from features.extract import extract
@@ -66,7 +67,7 @@ def held_out_curve(est, kind: str, law: str, X: np.ndarray, y: np.ndarray, n_ite
         for i in sorted(grid):
             raw += est.predict(X, start_iteration=done, num_iteration=i - done, raw_score=True)
             done = i
-            out[i] = _loss(1 / (1 + np.exp(-raw)) if law == "greedy" else raw, y, law)
+            out[i] = _loss(expit(raw) if law == "greedy" else raw, y, law)
         return out
     staged = est.staged_predict_proba(X) if law == "greedy" else est.staged_predict(X)
     for i, pred in enumerate(staged, start=1):

@@ -20,6 +20,13 @@ so one *stable* descending sort gives the tie-break. Because every score above
 is non-increasing along a path and a parent precedes its children, the top-B
 set is ancestor-closed with exactly B nodes, even when log factors are exactly
 0 or -inf and scores tie.
+
+Two routes, one result. CPU tensors run the compiled per-round kernels of
+`decode.select_kernels` (several times faster than chains of full-tensor torch
+ops at paper scale); CUDA tensors run torch ops, which `torch_route()` also
+forces on CPU as the reference. Both build the same float32 scores in the same
+order and rank by the same unique keys, so selections are identical
+(`tests/test_select_kernels.py`).
 """
 
 from __future__ import annotations
@@ -54,9 +61,16 @@ def torch_route() -> Iterator[None]:
         _torch_only = previous
 
 
+_KERNEL_DTYPES = (torch.float32, torch.float64, torch.int32, torch.int64)
+
+
 def compiled_route(t: Tensor) -> bool:
-    """Whether a primitive on `t` runs as a compiled CPU kernel."""
-    if t.device.type != "cpu" or _torch_only:
+    """Whether a primitive on `t` runs as a compiled CPU kernel.
+
+    CPU tensors of the dtypes the kernels are compiled for; CUDA tensors, other
+    dtypes (bfloat16 has no numpy view) and autograd tensors take the torch route.
+    """
+    if t.device.type != "cpu" or _torch_only or t.dtype not in _KERNEL_DTYPES or t.requires_grad:
         return False
     select_kernels.use_threads(torch.get_num_threads())
     return True

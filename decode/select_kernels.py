@@ -109,10 +109,11 @@ def _index(key: np.int64, width: int) -> int:
     return width - 1 - (key & 0xFFFFFFFF)
 
 
-# Heaps hold the unique keys themselves (the index is decoded from the low
-# bits), so comparisons need no indirection.
+# Min-heaps of the unique keys themselves (the index is decoded from the low
+# bits), so comparisons need no indirection; a max-heap stores ~key, which
+# reverses the order without overflow.
 @njit(inline="always", cache=True)
-def _sift_down_min(heap: np.ndarray, n: int, start: int) -> None:
+def _sift_down(heap: np.ndarray, n: int, start: int) -> None:
     j = start
     item = heap[j]
     while True:
@@ -129,11 +130,12 @@ def _sift_down_min(heap: np.ndarray, n: int, start: int) -> None:
 
 
 @njit(inline="always", cache=True)
-def _push_max(heap: np.ndarray, n: int, key: np.int64) -> None:
+def _push(heap: np.ndarray, n: int, key: np.int64) -> None:
+    """Push onto a heap of n entries."""
     j = n
     while j > 0:
         up = (j - 1) >> 1
-        if heap[up] >= key:
+        if heap[up] <= key:
             break
         heap[j] = heap[up]
         j = up
@@ -141,23 +143,12 @@ def _push_max(heap: np.ndarray, n: int, key: np.int64) -> None:
 
 
 @njit(inline="always", cache=True)
-def _pop_max(heap: np.ndarray, n: int) -> np.int64:
+def _pop(heap: np.ndarray, n: int) -> np.int64:
+    """Pop the smallest of a heap of n entries."""
     top = heap[0]
-    n -= 1
-    if n > 0:
-        item = heap[n]
-        j = 0
-        while True:
-            c = 2 * j + 1
-            if c >= n:
-                break
-            if c + 1 < n and heap[c + 1] > heap[c]:
-                c += 1
-            if heap[c] <= item:
-                break
-            heap[j] = heap[c]
-            j = c
-        heap[j] = item
+    if n > 1:
+        heap[0] = heap[n - 1]
+        _sift_down(heap, n - 1, 0)
     return top
 
 
@@ -194,15 +185,13 @@ def rank_order(
                 heap[i] = key
                 if i == k - 1:
                     for j in range(k // 2 - 1, -1, -1):
-                        _sift_down_min(heap, k, j)
+                        _sift_down(heap, k, j)
             elif key > heap[0]:
                 heap[0] = key
-                _sift_down_min(heap, k, 0)
+                _sift_down(heap, k, 0)
         # pop the heap from its smallest key: best-first order fills from the back
         for j in range(k - 1, -1, -1):
-            out[r, j] = _index(heap[0], width)
-            heap[0] = heap[j]
-            _sift_down_min(heap, j, 0)
+            out[r, j] = _index(_pop(heap, j + 1), width)
     return out, not nan.any()
 
 
@@ -262,14 +251,14 @@ def draw_curves(
             for c in range(n_children[g], n_children[g + 1]):
                 child = keys[child_list[c]]
                 bad[r] |= child > keys[g]
-                _push_max(heap, n, child)
+                _push(heap, n, ~child)  # ~key: best first
                 n += 1
             first = law[r, g]
             commit = g == top_first[r]
             for j in range(n_ranks):
                 if n == 0:
                     break
-                key = _pop_max(heap, n)
+                key = ~_pop(heap, n)
                 n -= 1
                 u = _index(key, width)
                 out[r, 0, j] += path_prob[r, u]
@@ -280,7 +269,7 @@ def draw_curves(
                 for c in range(n_children[u], n_children[u + 1]):
                     child = keys[child_list[c]]
                     bad[r] |= child > key
-                    _push_max(heap, n, child)
+                    _push(heap, n, ~child)
                     n += 1
         for c in range(4):
             for j in range(1, n_ranks):
