@@ -33,8 +33,9 @@ from decode.forest_eval import (
     walk_numpy,
 )
 from decode.pool_growth import Pool
+from decode.prompts import Prompt
 from decode.round_record import HostPool
-from decode.run_config import PREDICTORS
+from decode.run_config import PREDICTORS, SEEN_PROMPTS
 from decode.speculative import Stream
 from features.first_level import FEATURE_DTYPES, first_level_features
 from features.rounds import RoundArrays
@@ -98,6 +99,45 @@ def load_online_reranker(
             f"{temperature} decodes under the {law} law; use the {kind[law]}"
         )
     return model
+
+
+def unseen_prompts(model: FittedReranker, prompts: list[Prompt], seen: str) -> list[Prompt]:
+    """The prompts to decode with `model`, given `run.seen_prompts` (SPEC §8: no leakage).
+
+    Online gains on the reranker's training prompts are in-sample; the saved
+    model lists them, so the check is exact. refuse: fail if any is among the
+    run's prompts; skip: drop them; allow: decode everything.
+    """
+    if seen not in SEEN_PROMPTS:
+        raise ValueError(
+            f"The 'run.seen_prompts' must be one of {list(SEEN_PROMPTS)}. Got {seen!r} instead."
+        )
+    if seen == "allow":
+        return prompts
+    if not model.train_prompts:
+        raise ValueError(
+            "run.reranker: the model lists no training prompts, so nothing shows it never saw "
+            "the prompts this run decodes; refit it from a table with prompt ids, or set "
+            "run.seen_prompts=allow"
+        )
+    trained = set(model.train_prompts)
+    kept = [p for p in prompts if p.id not in trained]
+    n_seen = len(prompts) - len(kept)
+    if n_seen and seen == "refuse":
+        example = [p.id for p in prompts if p.id in trained][:3]
+        raise ValueError(
+            f"run.reranker: the model was trained on {n_seen} of the {len(prompts)} prompts "
+            f"this run decodes (e.g. {example}); its gains there would be in-sample. Set "
+            f"run.seen_prompts=skip to decode only the others, or run.seen_prompts=allow"
+        )
+    if not kept:
+        raise ValueError(
+            f"run.seen_prompts=skip: the model was trained on all {len(prompts)} prompts of "
+            f"this run; nothing is left to decode"
+        )
+    if n_seen:
+        log.info("run.seen_prompts=skip: %d of %d prompts left out", n_seen, len(prompts))
+    return kept
 
 
 def forest_of(model: FittedReranker):

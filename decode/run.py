@@ -36,7 +36,7 @@ import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema
 from decode.config import DataConfig, ModelConfig
 from decode.models import ModelPair, load_model_pair
 from decode.online import OnlineSettings, decode_prompt
-from decode.online_rerank import OnlinePredictor, load_online_reranker
+from decode.online_rerank import OnlinePredictor, load_online_reranker, unseen_prompts
 from decode.prompts import Prompt, encode_prompt
 from decode.record import project_path, resolve_inputs
 from decode.run_config import RunConfig
@@ -210,6 +210,7 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
     if s.rule == "reranker":
         uri = tracking.tracking_uri if tracking else "sqlite:///mlflow.db"
         fitted = load_online_reranker(run.reranker, s.base.decode.temperature, uri)
+        prompts = unseen_prompts(fitted, prompts, run.seen_prompts)
     pair = load_model_pair(model)
     if s.rule == "reranker":
         predictor = OnlinePredictor(fitted, pair.device, run.predictor)

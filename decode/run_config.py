@@ -15,6 +15,7 @@ from dataclasses import dataclass
 RUN_RULES = ("draft", "reranker", "root", "root_draw", "pearl", "covering")
 SCORE_MODES = ("tree", "pool")
 PREDICTORS = ("auto", "library", "forest")
+SEEN_PROMPTS = ("refuse", "skip", "allow")
 
 
 @dataclass
@@ -24,6 +25,10 @@ class RunConfig:
     # project root) or an MLflow artifact URI, e.g. runs:/<run id>/rerankers/rows_T0_fold0.
     # Its law must match decode.temperature (T=0: the classifier; T>0: the regressor).
     reranker: str | None = None
+    # rule=reranker and prompts the model was trained on (its saved training prompts are
+    # checked against the run's; gains there are in-sample): refuse = fail naming them;
+    # skip = decode only the others (e.g. the held-out cross-fitting half); allow = decode all.
+    seen_prompts: str = "refuse"
     # Fast phat on the hot path: auto = the fastest exact route for the model and device
     # (CPU: LightGBM's own predictor for lgbm, the numpy forest walk for hgb; CUDA: the
     # forest as tensors on the device); library = the model's own predict; forest = the

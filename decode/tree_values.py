@@ -277,7 +277,7 @@ def evaluate_pools(
     rules: Sequence[str] = RULES,
     top_m: int = 0,
     extra_scores: dict[str, Tensor] | None = None,
-    pearl_curve: bool = False,
+    curves: bool = False,
 ) -> dict[str, Tensor]:
     """Value of every rule at every budget for each round: {rule: [R, n_budgets]}.
 
@@ -285,9 +285,12 @@ def evaluate_pools(
     calibrated, substituted...), each [R, P] and non-increasing along paths.
     Draw rules also report `size/<rule>` (expected verified nodes). `top_m` > 0
     restricts every rule to the M highest-ranked candidates of the pool.
-    `pearl_curve` adds `curve/pearl` and `curve/size/pearl`: PEARL's value and
-    expected tree size at every pre-draw budget 1..P ([R, P] each), from which
-    the matched-size variant is found (`matched_budget`).
+    `curves` adds values at every budget 1..P ([R, P] each): `curve/pearl` and
+    `curve/size/pearl`, PEARL's value and expected tree size at each pre-draw
+    budget, from which the matched-size variant is found (`matched_budget`);
+    and `curve/draft`, draft selection's value, from which node-equivalent
+    budgets are found (SPEC §9: the smallest budget at which draft selection
+    reaches a rule's value).
     """
     unknown = [r for r in rules if r not in RULES]
     if unknown:
@@ -298,7 +301,7 @@ def evaluate_pools(
     k = max(budgets)
     # the torch route shares the draft keys with subtree_ranks; kernels build keys in-cache
     keys = None if compiled_route(ctx.draft) else ctx.draft_keys
-    draft_order = rank_order(ctx.draft, ctx.restrict, k=None if pearl_curve else k, keys=keys)
+    draft_order = rank_order(ctx.draft, ctx.restrict, k=None if curves else k, keys=keys)
     out: dict[str, Tensor] = {}
     scores = {r: None for r in rules if r in FACTOR_RULES} | dict(extra_scores or {})
     for name, score in scores.items():
@@ -308,11 +311,13 @@ def evaluate_pools(
             else rank_order(rule_scores(ctx, name) if score is None else score, ctx.restrict, k=k)
         )
         out[name] = values_at_budgets(order, ctx.path_prob, budgets)
-    if "pearl" in rules or pearl_curve:
+    if curves:
+        out["curve/draft"] = torch.cumsum(torch.gather(ctx.path_prob, -1, draft_order), dim=-1)
+    if "pearl" in rules or curves:
         value, size = pearl_curves(ctx, draft_order)
         idx = [min(b, value.shape[-1]) - 1 for b in budgets]
         out["pearl"], out["size/pearl"] = value[:, idx], size[:, idx]
-        if pearl_curve:
+        if curves:
             out["curve/pearl"], out["curve/size/pearl"] = value, size
     if "root_draw" in rules or "pearl_commit" in rules:
         drawn = draw_values(ctx, draft_order[:, 0], budgets)  # draft rank 0 is a depth-1 node

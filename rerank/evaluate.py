@@ -40,33 +40,33 @@ TRACE_COLUMNS = sorted(set(POOL_COLUMNS) | set(ROUND_KEYS) | set(RETAINED_ROWS.v
 
 @dataclass
 class PromptCurves:
-    """Per-(temperature, prompt) sums over rounds of PEARL's value and size curves.
+    """Per-(temperature, prompt) sums over rounds of per-budget curves.
 
-    Enough to find the matched-size PEARL budget in any bootstrap resample
-    without keeping a [rounds, pool] curve per round (SPEC §6, `matched_budget`).
+    `pearl` and `size/pearl` (PEARL's value and tree size at each pre-draw
+    budget) find the matched-size PEARL budget, `draft` (draft selection's
+    value at each budget) the node-equivalent budgets, in any bootstrap
+    resample without keeping a [rounds, pool] curve per round.
     """
 
-    value: dict[tuple[float, str], np.ndarray] = field(default_factory=dict)  # [P] sums
-    size: dict[tuple[float, str], np.ndarray] = field(default_factory=dict)  # [P] sums
+    sums: dict[str, dict[tuple[float, str], np.ndarray]] = field(default_factory=dict)
 
     def add(
-        self, temperature: np.ndarray, prompt_id: np.ndarray, value: Tensor, size: Tensor
+        self, temperature: np.ndarray, prompt_id: np.ndarray, curves: dict[str, Tensor]
     ) -> None:
+        """Add a chunk's `curve/<name>` tensors ([R, P]) to the per-prompt sums."""
         keys = pd.MultiIndex.from_arrays([temperature.astype(np.float64), prompt_id])
-        for store, curve in ((self.value, value), (self.size, size)):
+        for name, curve in curves.items():
+            store = self.sums.setdefault(name, {})
             sums = pd.DataFrame(curve.double().numpy()).groupby(keys).sum()
             for key, row in zip(sums.index, sums.to_numpy(), strict=True):
                 if key in store and store[key].shape != row.shape:
                     raise ValueError(f"pools of different sizes within prompt {key[1]!r}")
                 store[key] = store.get(key, 0.0) + row
 
-    def arrays(self, temperature: float, prompts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """[n_prompts, P] value and size sums in the order of `prompts`."""
-        t = float(temperature)
-        return (
-            np.stack([self.value[(t, p)] for p in prompts]),
-            np.stack([self.size[(t, p)] for p in prompts]),
-        )
+    def array(self, name: str, temperature: float, prompts: np.ndarray) -> np.ndarray:
+        """[n_prompts, P] sums of curve `name` in the order of `prompts`."""
+        store, t = self.sums[name], float(temperature)
+        return np.stack([store[(t, p)] for p in prompts])
 
 
 @dataclass
@@ -178,7 +178,8 @@ def evaluate_traces(
     `predictions` holds ROUND_KEYS + `cand_index` + one probability column per
     name in `learned` (out-of-fold). `extra_factor(pool, table)` may add rules
     given as full candidate scores (e.g. per-depth calibration). `curves`, when
-    given, collects per-prompt PEARL curves for the matched-size variant.
+    given, collects per-prompt curves: PEARL's for the matched-size variant,
+    draft's for node-equivalent budgets.
     """
     if learned and predictions is None:
         raise ValueError(f"learned rules {list(learned)} need a predictions table")
@@ -193,14 +194,14 @@ def evaluate_traces(
             plan.rules,
             plan.top_m,
             extra_scores=scores,
-            pearl_curve=curves is not None,
+            curves=curves is not None,
         )
         if curves is not None:
+            names = [n for n in values if n.startswith("curve/")]
             curves.add(
                 table["temperature"].to_numpy(),
                 table["prompt_id"].to_numpy(zero_copy_only=False),
-                values.pop("curve/pearl"),
-                values.pop("curve/size/pearl"),
+                {n.removeprefix("curve/"): values.pop(n) for n in names},
             )
         frame = _round_fields(table, pool)
         cols = {}

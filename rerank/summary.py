@@ -152,6 +152,19 @@ def matched_pearl(
     return np.where(reachable, out, np.nan), np.where(reachable, budget, np.nan)
 
 
+def node_equivalent_budget(draft_curve: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """Smallest budget at which draft selection's mean value reaches `value`, per row.
+
+    draft_curve [n, P]: mean draft value at budgets 1..P (non-decreasing), e.g. one
+    row per bootstrap resample; value [n]. NaN where even the whole pool under draft
+    selection stays below `value` (SPEC §9).
+    """
+    # a rule equal to draft selection must map to its own budget despite summation order
+    slack = 1e-9 * np.maximum(1.0, np.abs(value))
+    first = (draft_curve < (value - slack)[:, None]).sum(axis=1)  # = searchsorted, left
+    return np.where(first < draft_curve.shape[1], first + 1.0, np.nan)
+
+
 def summarise(
     frame: pd.DataFrame,
     n_resamples: int = 2000,
@@ -162,14 +175,17 @@ def summarise(
     """One row per (law, budget, weighting, rule) with values, gains, shares and 95% intervals.
 
     With `curves`, a `pearl_matched` rule is added (round weighting): PEARL with
-    its pre-draw budget raised until its mean tree size equals root-draw's.
+    its pre-draw budget raised until its mean tree size equals root-draw's; and
+    every rule gets its node-equivalent budget (`node_budget`, round weighting):
+    the smallest budget at which draft selection reaches the rule's value.
     """
     out = []
     for temperature, part in frame.groupby("temperature"):
         cols = value_columns(part)
         budgets = sorted({int(c.split("@B")[1]) for c in cols})
         sizes = [f"size/root_draw@B{b}" for b in budgets]
-        match = curves is not None and all(c in part for c in sizes)
+        match = curves is not None and "pearl" in curves.sums and all(c in part for c in sizes)
+        node = curves is not None and "draft" in curves.sums
         stats = PromptSums.from_rounds(part, cols + (sizes if match else []))
         for weighting in weightings:
             weights = bootstrap_weights(stats, weighting, n_resamples, seed)
@@ -178,7 +194,8 @@ def summarise(
             names = list(cols)
             matched_budgets = {}
             if match and weighting == "round":
-                value_sums, size_sums = curves.arrays(temperature, stats.prompts)
+                value_sums = curves.array("pearl", temperature, stats.prompts)
+                size_sums = curves.array("size/pearl", temperature, stats.prompts)
                 ones = np.ones((1, len(stats.prompts)))
                 extra_p, extra_d = [], []
                 for b in budgets:
@@ -193,10 +210,26 @@ def summarise(
                     matched_budgets[b] = float(bp[0])
                 point = np.concatenate([point[: len(cols)], extra_p])
                 draws = np.concatenate([draws[:, : len(cols)], np.stack(extra_d, axis=1)], axis=1)
+            node_budgets = {}
+            if node and weighting == "round":
+                draft_sums = curves.array("draft", temperature, stats.prompts)
+                curve_point = draft_sums.sum(0, keepdims=True) / stats.rounds.sum()
+                curve_draws = (weights @ draft_sums) / (weights @ stats.rounds)[:, None]
+                for i, name in enumerate(names):
+                    iv = percentile_interval(
+                        node_equivalent_budget(curve_point, point[i : i + 1])[0],
+                        node_equivalent_budget(curve_draws, draws[:, i]),
+                    )
+                    node_budgets[name] = {
+                        "node_budget": iv.estimate,
+                        "node_budget_lo": iv.low,
+                        "node_budget_hi": iv.high,
+                    }
             for b in budgets:
                 for rec in _budget_rows(point, draws, names, b):
                     if rec["rule"] == "pearl_matched":
                         rec["matched_budget"] = matched_budgets[b]
+                    rec |= node_budgets.get(f"{rec['rule']}@B{b}", {})
                     out.append(
                         {
                             "law": law_of(temperature),
@@ -235,10 +268,13 @@ def results_table(summary: pd.DataFrame, weighting: str = "round") -> str:
     """The at-a-glance table printed at the end of every run."""
     lines = []
     sub = summary[summary["weighting"] == weighting]
+    # node-equivalent budget: the draft budget that reaches the rule's value ("-": beyond the pool)
+    node = "node_budget" in sub and bool(sub["node_budget"].notna().any())
     for law, part in sub.groupby("law", sort=False):
         budgets = sorted(part["budget"].unique())
         header = f"{'rule':<16}" + "".join(
             f"{'B=' + str(b) + ' accepted':>16}{'gain vs draft [95% CI]':>30}{'root share':>12}"
+            + (f"{'draft B':>9}" if node else "")
             for b in budgets
         )
         lines += [f"\n== {law}: {part['rounds'].iloc[0]:,} rounds, {part['prompts'].iloc[0]} prompts "
@@ -248,11 +284,14 @@ def results_table(summary: pd.DataFrame, weighting: str = "round") -> str:
             for b in budgets:
                 r = part[(part["rule"] == rule) & (part["budget"] == b)]
                 if r.empty:
-                    line += " " * 58
+                    line += " " * (67 if node else 58)
                     continue
                 r = r.iloc[0]
                 ci = f"{100 * r['gain']:+6.1f}% [{100 * r['gain_lo']:+.1f}, {100 * r['gain_hi']:+.1f}]"
                 share = r.get("share_root", np.nan)
                 line += f"{r['accepted']:>16.3f}{ci:>30}{'' if np.isnan(share) else f'{100 * share:.0f}%':>12}"
+                if node:
+                    nb = r.get("node_budget", np.nan)
+                    line += f"{'-' if np.isnan(nb) else f'{nb:.0f}':>9}"
             lines.append(line)
     return "\n".join(lines)

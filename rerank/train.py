@@ -144,7 +144,7 @@ def train_and_evaluate(
     budgets = sorted(set(rerank.budgets) | (set(SWEEP_BUDGETS) if rerank.sweep else set()))
     plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
                     mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m)  # fmt: skip
-    curves = PromptCurves()  # per-prompt PEARL curves: the matched-size variant
+    curves = PromptCurves()  # per-prompt curves: matched-size PEARL, node-equivalent budgets
     per_round = evaluate_traces(
         dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves
     )
@@ -193,6 +193,8 @@ def train_and_evaluate(
             metrics[metric_key("gain", law, f"B{r.budget}", r.rule)] = r.gain
             metrics[metric_key("gain_lo", law, f"B{r.budget}", r.rule)] = r.gain_lo
             metrics[metric_key("gain_hi", law, f"B{r.budget}", r.rule)] = r.gain_hi
+            if "node_budget" in summary:  # the draft budget reaching the rule's value
+                metrics[metric_key("node_budget", law, f"B{r.budget}", r.rule)] = r.node_budget
         for q in quality[quality["fold"] == "all"].itertuples():
             metrics[metric_key("sq_error", f"T{q.temperature:g}", q.predictor)] = q.squared_error
             metrics[metric_key("top1", f"T{q.temperature:g}", q.predictor)] = q.top1_agreement

@@ -119,3 +119,14 @@ def test_matched_pearl_hits_the_target_size_in_every_resample():
     # a target beyond the whole pool cannot be matched
     v2, _ = matched_pearl(w, rounds, value, size, mean_size[:, -1] + 1.0)
     assert np.isnan(v2).all()
+
+
+def test_node_equivalent_budget_is_the_first_draft_budget_reaching_the_value():
+    from rerank.summary import node_equivalent_budget
+
+    curve = np.array([[0.5, 1.0, 1.5, 1.5, 2.0]] * 5)
+    value = np.array([1.0, 1.2, 1.5, 2.5, 1.0 + 1e-12])
+    got = node_equivalent_budget(curve, value)
+    # 1.0 at budget 2; 1.2 first reached at 3; 1.5 at 3 (not the plateau's end);
+    # beyond the pool: NaN; a summation-order hair above a draft value: still that budget
+    np.testing.assert_array_equal(got, [2.0, 3.0, 3.0, np.nan, 2.0])

@@ -12,7 +12,8 @@ import shutil
 
 import pytest
 
-from decode.online_rerank import load_online_reranker
+from decode.online_rerank import load_online_reranker, unseen_prompts
+from decode.prompts import Prompt
 from rerank.models import fit_reranker
 from rerank.persist import RerankerLoadError, save_reranker
 from tests.candidate_frames import FAST, make_candidate_frame
@@ -80,3 +81,21 @@ def test_law_mismatch(saved):
         match=r"holds a greedy model, but decode.temperature=1.0 .* use the regressor saved for T>0",
     ):
         load_online_reranker(str(path), 1.0, "unused")
+
+
+def test_prompts_the_reranker_was_trained_on_are_refused_or_skipped(saved):
+    _, path = saved
+    model = load_online_reranker(str(path), 0.0, "unused")
+    held_out = [Prompt("held-out-1", "coding", "a"), Prompt("held-out-2", "writing", "b")]
+    seen = Prompt(model.train_prompts[0], "coding", "c")
+    assert unseen_prompts(model, held_out, "refuse") == held_out  # disjoint: all decoded
+    with pytest.raises(ValueError, match=r"trained on 1 of the 3 prompts.*seen_prompts=skip"):
+        unseen_prompts(model, [*held_out, seen], "refuse")
+    assert unseen_prompts(model, [*held_out, seen], "skip") == held_out
+    assert unseen_prompts(model, [*held_out, seen], "allow") == [*held_out, seen]
+    with pytest.raises(ValueError, match="nothing is left to decode"):
+        unseen_prompts(model, [seen], "skip")
+    with pytest.raises(ValueError, match="lists no training prompts"):
+        unseen_prompts(dataclasses.replace(model, train_prompts=()), held_out, "skip")
+    with pytest.raises(ValueError, match=r"'run\.seen_prompts' must be one of"):
+        unseen_prompts(model, held_out, "ignore")

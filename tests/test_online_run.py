@@ -73,9 +73,11 @@ def test_whole_run_logs_metrics_values_and_traces(tmp_path):
     client.log_artifacts(train_run, str(saved), f"rerankers/{saved.name}")
     client.set_terminated(train_run)
     uri = f"runs:/{train_run}/rerankers/{saved.name}"
+    # The tiny suite has only these prompts, and the reranker was fitted on them: in-sample
+    # on purpose here (run.seen_prompts=refuse, the default, would fail).
     run = RunConfig(rule="reranker", reranker=uri, score="pool", record_traces=True,
                     traces_out=str(tmp_path / "traces"), warmup_prompts=1, bootstrap_resamples=200,
-                    progress=False)  # fmt: skip
+                    progress=False, seen_prompts="allow")  # fmt: skip
     s = settings("reranker", score="pool", record=True, max_new_tokens=16)
     config = {"run": dataclasses.asdict(run), "note": "test"}
     with one_thread():

@@ -71,13 +71,25 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
     # draft against itself: exactly zero gain, zero-width interval
     d = result.summary[result.summary["rule"] == "draft"]
     assert (d[["gain", "gain_lo", "gain_hi"]].to_numpy() == 0).all()
-    assert "gain vs draft" in result.table
+    assert "gain vs draft" in result.table and "draft B" in result.table
+    # node-equivalent budgets (round weighting): the draft budget reaching each rule's value
+    rw = result.summary[result.summary["weighting"] == "round"].set_index(["law", "budget", "rule"])
+    for (law, b, rule), r in rw.iterrows():
+        own = rw.loc[(law, b, "draft"), "node_budget"]
+        assert own <= b  # draft reaches its own value by its own budget
+        if rule in ("root", "oracle"):  # at least as good as draft: needs at least as many nodes
+            assert np.isnan(r["node_budget"]) or r["node_budget"] >= own
+        assert (
+            np.isnan(r["node_budget"])
+            or r["node_budget_lo"] <= r["node_budget"] <= r["node_budget_hi"]
+        )
     # MLflow: params, tags, namespaced metrics, artifacts, two child runs
     client = mlflow.MlflowClient(tracking_uri=uri)
     run = client.get_run(result.run_id)
     assert run.data.params["a.b"] == "1"
     assert run.data.tags["trace_fingerprint"] == trace_store(traces).fingerprint()
     assert "gain/greedy/B8/rows_lgbm" in run.data.metrics
+    assert run.data.metrics["node_budget/greedy/B8/draft"] <= 8
     paths = {f.path for f in client.list_artifacts(result.run_id, "tables")}
     assert "tables/summary.csv" in paths
     children = client.search_runs(

@@ -221,12 +221,13 @@ def test_unknown_rule_is_refused():
         evaluate_pools(pool, [2], rules=["draft", "nope"])
 
 
-def test_pearl_curve_equals_pearl_at_every_budget():
+def test_curves_equal_values_at_every_budget():
     rng = np.random.default_rng(7)
     pool = random_pool_batch(rng, 30, [4, 8, 8])
     budgets = list(range(1, pool.shape[1] + 1))
-    v = evaluate_pools(pool, [3], rules=["pearl"], pearl_curve=True)
-    at = evaluate_pools(pool, budgets, rules=["pearl"])
+    v = evaluate_pools(pool, [3], rules=["pearl"], curves=True)
+    at = evaluate_pools(pool, budgets, rules=["pearl", "draft"])
+    assert torch.equal(v["curve/draft"], at["draft"])  # draft's value at every budget
     assert torch.allclose(v["curve/pearl"], at["pearl"], atol=1e-6)
     assert torch.allclose(v["curve/size/pearl"], at["size/pearl"], atol=1e-6)
     # sizes grow with the budget and never exceed 1 + (budget - 1) nodes

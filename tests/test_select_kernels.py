@@ -102,9 +102,7 @@ def test_rule_values_match_the_torch_route(temperature, top_m):
     noise = torch.rand(pool.shape, generator=torch.Generator().manual_seed(0))
     extra = {"noisy": path_sum(pool.draft_logprob - noise, pool.parent)}  # still path-monotone
     got, ref = _both_routes(
-        lambda: evaluate_pools(
-            pool, budgets, RULES, top_m=top_m, extra_scores=extra, pearl_curve=True
-        )
+        lambda: evaluate_pools(pool, budgets, RULES, top_m=top_m, extra_scores=extra, curves=True)
     )
     assert got.keys() == ref.keys()
     for name in ref:
