@@ -11,6 +11,7 @@ prompts, per budget, before anything is summarised.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -122,22 +123,17 @@ def _budget_rows(
 
 
 def matched_pearl(
-    weights: np.ndarray,
-    rounds: np.ndarray,
-    value_sums: np.ndarray,
-    size_sums: np.ndarray,
-    target: np.ndarray,
+    value_curve: np.ndarray, size_curve: np.ndarray, target: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """PEARL at the pre-draw budget whose mean tree size equals `target`, per resample.
+    """PEARL at the pre-draw budget whose mean tree size equals `target`, per row.
 
-    weights [n_res, n_prompts], rounds [n_prompts], value/size sums [n_prompts, P],
-    target [n_res]. The budget mixes the two nearest whole budgets (paper App. D.2),
-    the matching is repeated in every resample. Returns (value, fractional budget)
-    per resample; NaN where even the whole pool is smaller than the target.
+    value/size curves [n, P]: PEARL's mean value and mean tree size at pre-draw
+    budgets 1..P (one row per bootstrap resample, under any weighting); target [n].
+    The budget mixes the two nearest whole budgets (paper App. D.2); the matching
+    is repeated in every resample. Returns (value, fractional budget) per row; NaN
+    where even the whole pool is smaller than the target.
     """
-    n = weights @ rounds  # [n_res]
-    size = (weights @ size_sums) / n[:, None]  # [n_res, P], non-decreasing in the budget
-    value = (weights @ value_sums) / n[:, None]
+    size, value = size_curve, value_curve  # size is non-decreasing in the budget
     hi = np.array([np.searchsorted(row, t) for row, t in zip(size, target, strict=True)])
     reachable = hi < size.shape[1]
     hi = np.clip(hi, 1, size.shape[1] - 1)
@@ -165,6 +161,25 @@ def node_equivalent_budget(draft_curve: np.ndarray, value: np.ndarray) -> np.nda
     return np.where(first < draft_curve.shape[1], first + 1.0, np.nan)
 
 
+def _mean_curves(
+    curves: PromptCurves,
+    name: str,
+    temperature: float,
+    stats: PromptSums,
+    weighting: str,
+    weights: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Point [1, P] and resampled [n_res, P] means of a per-budget curve, as for a value column."""
+    sums = curves.array(name, temperature, stats.prompts)
+    curve_stats = dataclasses.replace(
+        stats, sums=sums, columns=[f"{name}@{j + 1}" for j in range(sums.shape[1])]
+    )
+    return (
+        weighted_means(curve_stats, weighting, None),
+        weighted_means(curve_stats, weighting, weights),
+    )
+
+
 def summarise(
     frame: pd.DataFrame,
     n_resamples: int = 2000,
@@ -174,10 +189,11 @@ def summarise(
 ) -> pd.DataFrame:
     """One row per (law, budget, weighting, rule) with values, gains, shares and 95% intervals.
 
-    With `curves`, a `pearl_matched` rule is added (round weighting): PEARL with
-    its pre-draw budget raised until its mean tree size equals root-draw's; and
-    every rule gets its node-equivalent budget (`node_budget`, round weighting):
-    the smallest budget at which draft selection reaches the rule's value.
+    With `curves`, a `pearl_matched` rule is added: PEARL with its pre-draw
+    budget raised until its mean tree size equals root-draw's; and every rule
+    gets its node-equivalent budget (`node_budget`): the smallest budget at
+    which draft selection reaches the rule's value. Both are found again in
+    every resample, under each weighting.
     """
     out = []
     for temperature, part in frame.groupby("temperature"):
@@ -193,17 +209,17 @@ def summarise(
             draws = weighted_means(stats, weighting, weights)
             names = list(cols)
             matched_budgets = {}
-            if match and weighting == "round":
-                value_sums = curves.array("pearl", temperature, stats.prompts)
-                size_sums = curves.array("size/pearl", temperature, stats.prompts)
-                ones = np.ones((1, len(stats.prompts)))
+            if match:
+                args = (temperature, stats, weighting, weights)
+                (value_p, value_d), (size_p, size_d) = (
+                    _mean_curves(curves, "pearl", *args),
+                    _mean_curves(curves, "size/pearl", *args),
+                )
                 extra_p, extra_d = [], []
                 for b in budgets:
                     i = stats.columns.index(f"size/root_draw@B{b}")
-                    vp, bp = matched_pearl(
-                        ones, stats.rounds, value_sums, size_sums, point[i : i + 1]
-                    )
-                    vd, _ = matched_pearl(weights, stats.rounds, value_sums, size_sums, draws[:, i])
+                    vp, bp = matched_pearl(value_p, size_p, point[i : i + 1])
+                    vd, _ = matched_pearl(value_d, size_d, draws[:, i])
                     extra_p.append(vp[0])
                     extra_d.append(vd)
                     names.append(f"pearl_matched@B{b}")
@@ -211,14 +227,14 @@ def summarise(
                 point = np.concatenate([point[: len(cols)], extra_p])
                 draws = np.concatenate([draws[:, : len(cols)], np.stack(extra_d, axis=1)], axis=1)
             node_budgets = {}
-            if node and weighting == "round":
-                draft_sums = curves.array("draft", temperature, stats.prompts)
-                curve_point = draft_sums.sum(0, keepdims=True) / stats.rounds.sum()
-                curve_draws = (weights @ draft_sums) / (weights @ stats.rounds)[:, None]
+            if node:
+                curve_p, curve_d = _mean_curves(
+                    curves, "draft", temperature, stats, weighting, weights
+                )
                 for i, name in enumerate(names):
                     iv = percentile_interval(
-                        node_equivalent_budget(curve_point, point[i : i + 1])[0],
-                        node_equivalent_budget(curve_draws, draws[:, i]),
+                        node_equivalent_budget(curve_p, point[i : i + 1])[0],
+                        node_equivalent_budget(curve_d, draws[:, i]),
                     )
                     node_budgets[name] = {
                         "node_budget": iv.estimate,

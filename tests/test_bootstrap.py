@@ -110,14 +110,14 @@ def test_matched_pearl_hits_the_target_size_in_every_resample():
     w = resample_weights(n_prompts, 50, seed=1)
     mean_size = (w @ size) / (w @ rounds)[:, None]
     target = mean_size[:, 10] + 0.37 * (mean_size[:, 11] - mean_size[:, 10])
-    v, b = matched_pearl(w, rounds, value, size, target)
-    np.testing.assert_allclose(b, 11.37, rtol=1e-9)  # budgets are 1-based: between 11 and 12
     mean_value = (w @ value) / (w @ rounds)[:, None]
+    v, b = matched_pearl(mean_value, mean_size, target)
+    np.testing.assert_allclose(b, 11.37, rtol=1e-9)  # budgets are 1-based: between 11 and 12
     np.testing.assert_allclose(
         v, mean_value[:, 10] + 0.37 * (mean_value[:, 11] - mean_value[:, 10])
     )
     # a target beyond the whole pool cannot be matched
-    v2, _ = matched_pearl(w, rounds, value, size, mean_size[:, -1] + 1.0)
+    v2, _ = matched_pearl(mean_value, mean_size, mean_size[:, -1] + 1.0)
     assert np.isnan(v2).all()
 
 

@@ -68,14 +68,17 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
     assert expected <= rules
     assert set(result.summary["law"]) == {"greedy", "T=1"}
     assert set(result.summary["weighting"]) == {"round", "prompt", "task"}
+    matched = result.summary[result.summary["rule"] == "pearl_matched"]
+    assert set(matched["weighting"]) == {"round", "prompt", "task"}  # matched in every weighting
     # draft against itself: exactly zero gain, zero-width interval
     d = result.summary[result.summary["rule"] == "draft"]
     assert (d[["gain", "gain_lo", "gain_hi"]].to_numpy() == 0).all()
     assert "gain vs draft" in result.table and "draft B" in result.table
-    # node-equivalent budgets (round weighting): the draft budget reaching each rule's value
-    rw = result.summary[result.summary["weighting"] == "round"].set_index(["law", "budget", "rule"])
-    for (law, b, rule), r in rw.iterrows():
-        own = rw.loc[(law, b, "draft"), "node_budget"]
+    # node-equivalent budgets (every weighting): the draft budget reaching each rule's value
+    rw = result.summary.set_index(["weighting", "law", "budget", "rule"])
+    assert rw.index.is_unique and rw["node_budget"].notna().any()
+    for (weighting, law, b, rule), r in rw.iterrows():
+        own = rw.loc[(weighting, law, b, "draft"), "node_budget"]
         assert own <= b  # draft reaches its own value by its own budget
         if rule in ("root", "oracle"):  # at least as good as draft: needs at least as many nodes
             assert np.isnan(r["node_budget"]) or r["node_budget"] >= own
