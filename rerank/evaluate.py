@@ -96,15 +96,39 @@ def _first_factor_scores(pool: PoolBatch, levels, first_logprob: Tensor) -> Tens
     return path_sum(edge, pool.parent, levels)
 
 
-def _learned_matrix(keys: pd.DataFrame, preds: pd.DataFrame, column: str, width: int) -> Tensor:
-    """Dense [R, width] log phat for the chunk's rounds from the predictions table."""
-    idx = keys.reset_index(drop=True).reset_index().rename(columns={"index": "_row"})
-    merged = preds.merge(idx, on=ROUND_KEYS, how="inner")
-    out = np.full((len(keys), width), np.nan, dtype=np.float32)
-    out[merged["_row"].to_numpy(), merged["cand_index"].to_numpy()] = np.log(
-        np.clip(merged[column].to_numpy(np.float64), PHAT_FLOOR, 1.0)
-    )
-    return torch.from_numpy(out)
+@dataclass
+class LearnedFactors:
+    """Out-of-fold log phat of each learned rule, as dense first-level matrices by round.
+
+    Built once from the predictions table, then looked up per chunk by round
+    keys (a hash index): joining the whole table to every chunk instead cost
+    minutes at paper scale.
+    """
+
+    rounds: pd.MultiIndex  # unique ROUND_KEYS, one per row of the matrices
+    log_phat: dict[str, np.ndarray]  # name -> [n_rounds, n_first] float32, NaN where absent
+
+    @classmethod
+    def from_predictions(cls, preds: pd.DataFrame, names: Sequence[str]) -> LearnedFactors:
+        codes, rounds = pd.MultiIndex.from_frame(preds[ROUND_KEYS]).factorize()
+        cand = preds["cand_index"].to_numpy(np.int64)
+        n_first = int(cand.max()) + 1 if len(cand) else 0
+        log_phat = {}
+        for name in names:
+            mat = np.full((len(rounds), n_first), np.nan, dtype=np.float32)
+            mat[codes, cand] = np.log(np.clip(preds[name].to_numpy(np.float64), PHAT_FLOOR, 1.0))
+            log_phat[name] = mat
+        return cls(rounds, log_phat)
+
+    def matrix(self, keys: pd.DataFrame, name: str, width: int) -> Tensor:
+        """Dense [R, width] log phat for the chunk's rounds (NaN where a round has none)."""
+        row = self.rounds.get_indexer(pd.MultiIndex.from_frame(keys[ROUND_KEYS]))
+        mat = self.log_phat[name]
+        out = np.full((len(keys), width), np.nan, dtype=np.float32)
+        n = min(mat.shape[1], width)
+        found = row >= 0
+        out[found, :n] = mat[row[found], :n]
+        return torch.from_numpy(out)
 
 
 def _scores_for_chunk(
@@ -112,15 +136,14 @@ def _scores_for_chunk(
     table: pa.Table,
     keys: pd.DataFrame,
     plan: EvalPlan,
-    predictions: pd.DataFrame | None,
-    learned: Sequence[str],
+    learned: LearnedFactors | None,
     extra_factor: Callable[[PoolBatch, pa.Table], dict[str, Tensor]] | None,
 ) -> dict[str, Tensor]:
     width = pool.shape[1]
     levels = pool_levels(pool.parent, pool.depth)
     scores: dict[str, Tensor] = {}
-    for name in learned:
-        log_phat = _learned_matrix(keys, predictions, name, width)
+    for name in learned.log_phat if learned else ():
+        log_phat = learned.matrix(keys, name, width)
         missing = torch.isnan(log_phat) & (pool.depth == 1)
         if missing.any():
             rows = torch.nonzero(missing.any(1)).flatten()[:3].tolist()
@@ -183,11 +206,12 @@ def evaluate_traces(
     """
     if learned and predictions is None:
         raise ValueError(f"learned rules {list(learned)} need a predictions table")
+    factors = LearnedFactors.from_predictions(predictions, learned) if learned else None
     parts = []
     for table in iter_trace_chunks(dataset, chunk_rounds):
         pool = pool_batch_from_table(table)
         keys = table.select(ROUND_KEYS).to_pandas()
-        scores = _scores_for_chunk(pool, table, keys, plan, predictions, learned, extra_factor)
+        scores = _scores_for_chunk(pool, table, keys, plan, factors, extra_factor)
         values = evaluate_pools(
             pool,
             plan.budgets,
