@@ -45,7 +45,12 @@ def _as_1d(name: str, a: np.ndarray) -> np.ndarray:
 
 def _depths(depth: np.ndarray) -> np.ndarray:
     """Depths as int64; refuse non-integers or values < 1 (e.g. probabilities passed as depth)."""
-    d = np.asarray(depth, dtype=np.float64).ravel()
+    d = np.asarray(depth).ravel()
+    if np.issubdtype(d.dtype, np.integer):  # pool depths: one pass instead of a float round trip
+        bad = d[d < 1] if d.size and d.min() < 1 else d[:0]
+        if not bad.size:
+            return d.astype(np.int64, copy=False)
+    d = d.astype(np.float64)
     bad = d[~np.isfinite(d) | (d < 1) | (d != np.round(d))]
     if bad.size:
         raise ValueError(
@@ -114,7 +119,8 @@ class PerDepthIsotonic(BaseEstimator):
         depth = _depths(depth)
         if x.shape != depth.shape:
             raise ValueError(f"x shape {x.shape} != depth shape {depth.shape}")
-        unseen = sorted(set(np.unique(depth).tolist()) - set(self.maps_))
+        present = np.flatnonzero(np.bincount(depth))  # depths are small ints >= 1: no sort
+        unseen = sorted(set(present.tolist()) - set(self.maps_))
         if unseen:
             # A silent fallback would apply another depth's calibration; make the caller choose.
             raise ValueError(
