@@ -120,11 +120,14 @@ class LearnedFactors:
             log_phat[name] = mat
         return cls(rounds, log_phat)
 
-    def matrix(self, keys: pd.DataFrame, name: str, width: int) -> Tensor:
-        """Dense [R, width] log phat for the chunk's rounds (NaN where a round has none)."""
-        row = self.rounds.get_indexer(pd.MultiIndex.from_frame(keys[ROUND_KEYS]))
+    def rows(self, keys: pd.DataFrame) -> np.ndarray:
+        """Matrix row of each of a chunk's rounds (-1: no predictions for it)."""
+        return self.rounds.get_indexer(pd.MultiIndex.from_frame(keys[ROUND_KEYS]))
+
+    def matrix(self, row: np.ndarray, name: str, width: int) -> Tensor:
+        """Dense [R, width] log phat for the rounds at `row` (NaN where a round has none)."""
         mat = self.log_phat[name]
-        out = np.full((len(keys), width), np.nan, dtype=np.float32)
+        out = np.full((len(row), width), np.nan, dtype=np.float32)
         n = min(mat.shape[1], width)
         found = row >= 0
         out[found, :n] = mat[row[found], :n]
@@ -142,8 +145,9 @@ def _scores_for_chunk(
     width = pool.shape[1]
     levels = pool_levels(pool.parent, pool.depth)
     scores: dict[str, Tensor] = {}
+    row = learned.rows(keys) if learned else None
     for name in learned.log_phat if learned else ():
-        log_phat = learned.matrix(keys, name, width)
+        log_phat = learned.matrix(row, name, width)
         missing = torch.isnan(log_phat) & (pool.depth == 1)
         if missing.any():
             rows = torch.nonzero(missing.any(1)).flatten()[:3].tolist()
