@@ -144,6 +144,22 @@ def test_perfect_predictions_select_like_the_root_row(stores):
         np.testing.assert_allclose(frame[f"exact@B{b}"], frame[f"root_softmax@B{b}"], atol=1e-6)
 
 
+def test_a_round_without_predictions_is_refused(stores):
+    traces, _ = stores
+    preds = _first_level_truth(traces)
+    first = preds[ROUND_KEYS].iloc[0]
+    gap = (preds[ROUND_KEYS] == first).all(axis=1)  # every candidate of one round
+    with pytest.raises(
+        ValueError, match=r"predictions 'exact' lack first-level candidates of 1 rounds"
+    ):
+        evaluate_traces(
+            trace_store(traces).dataset(),
+            EvalPlan(budgets=[4], substitutions=[]),
+            preds[~gap],
+            ["exact"],
+        )
+
+
 def test_mixture_weight_is_chosen_on_the_other_half():
     rng = np.random.default_rng(0)
     n = 200
