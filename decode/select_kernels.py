@@ -7,9 +7,10 @@ while they sit in cache and is several times faster at paper scale (figures in
 `bench/select_values.py`, which measures both routes in one run). numba
 rather than a C++ extension because it needs no compiler at install time.
 
-Every kernel computes exactly what its torch counterpart computes: the same
-float32 operations in the same order and the same unique ranking keys, so the
-two routes give identical selections and values (`tests/test_select_kernels.py`).
+Every kernel computes what its torch counterpart computes: the same float32
+operations in the same order and the same unique ranking keys, so the two
+routes give identical scores and selections; the draw curves add the same
+terms in another order and agree to float32 rounding (`tests/test_select_kernels.py`).
 `decode.select` chooses the route; the torch one serves CUDA tensors and is
 the reference.
 """
@@ -31,9 +32,8 @@ def use_threads(n_threads: int) -> None:
 @njit(inline="always", cache=True)
 def _key(score: np.float32, index: int, width: int, valid: bool) -> np.int64:
     """`decode.select.ranking_keys` of one candidate (larger = ranked first)."""
-    bits = np.int64(
-        np.float32(score + np.float32(0.0)).view(np.int32)
-    )  # + 0.0 turns -0.0 into +0.0
+    # + 0.0 turns -0.0 into +0.0
+    bits = np.int64(np.float32(score + np.float32(0.0)).view(np.int32))
     key32 = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # monotone float -> int map (IEEE-754)
     if not valid:
         key32 = _INT32_MIN

@@ -127,10 +127,14 @@ class LearnedFactors:
     def matrix(self, row: np.ndarray, name: str, width: int) -> Tensor:
         """Dense [R, width] log phat for the rounds at `row` (NaN where a round has none)."""
         mat = self.log_phat[name]
+        if mat.shape[1] > width:
+            raise ValueError(
+                f"predictions '{name}' name first-level candidate {mat.shape[1] - 1}, but the "
+                f"pools hold {width} candidates: the predictions come from other traces"
+            )
         out = np.full((len(row), width), np.nan, dtype=np.float32)
-        n = min(mat.shape[1], width)
         found = row >= 0
-        out[found, :n] = mat[row[found], :n]
+        out[found, : mat.shape[1]] = mat[row[found]]
         return torch.from_numpy(out)
 
 

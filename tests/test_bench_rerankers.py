@@ -30,4 +30,6 @@ def test_equal_loss_times_lie_within_the_full_fits(temperature):
         r = res[kind]
         assert sorted(r["curve"]) == [10, 20, 30]
         assert r["curve"][math.ceil(r["iters"] / 10) * 10] <= res["target"]
-        assert 1 <= r["iters"] <= 30 and r["t1"] <= r["t_equal"] + 1e-9 <= r["t"] + 1e-6
+        assert 1 <= r["iters"] <= 30
+        # interpolated between the two measured fits (timings only, no order assumed)
+        assert min(r["t1"], r["t"]) - 1e-9 <= r["t_equal"] <= max(r["t1"], r["t"]) + 1e-9
