@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from decode.config import PoolConfig, SelectConfig
-from decode.synth import write_synthetic_traces
-from decode.synthetic import SynthConfig
+from decode.synth.job import write_synthetic_traces
+from decode.synth.rounds import SynthConfig
 from features.extract import ExtractReport, extract
 from specrank.config import SynthJobConfig
 

@@ -31,12 +31,9 @@ import torch
 from omegaconf import OmegaConf
 
 from decode.config import DataConfig, DecodeConfig, ModelConfig, PoolConfig, SelectConfig
-from decode.models import ModelPair, build_tiny_pair, load_model_pair
-from decode.online import OnlineSettings, decode_prompt
-from decode.online_rerank import OnlinePredictor, load_online_reranker
-from decode.prompts import Prompt, encode_prompt, load_prompts
-from decode.record import project_path, record_traces
-from decode.run_metrics import (
+from decode.models import ModelPair, load_model_pair
+from decode.online.loop import decode_prompt
+from decode.online.metrics import (
     PromptTiming,
     group_metrics,
     prompt_table,
@@ -44,11 +41,17 @@ from decode.run_metrics import (
     timed_baseline,
     tokens_to_eos,
 )
-from decode.speculative import DecodeSettings
+from decode.online.round import OnlineSettings
+from decode.online.stream import DecodeSettings
+from decode.prompts import Prompt, encode_prompt, load_prompts
+from decode.record import record_traces
 from features.extract import extract
 from features.schema import candidate_store
 from rerank.models import fit_reranker
+from rerank.online import OnlinePredictor, load_online_reranker
 from rerank.persist import save_reranker
+from specrank.paths import project_path
+from tests.tiny_models import build_tiny_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(__file__).resolve().parent / ".cache"

@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 import transformers
 
-from decode.baseline import autoregressive_decode
 from decode.config import (
     DataConfig,
     DecodeConfig,
@@ -33,10 +32,13 @@ from decode.config import (
     PromptSource,
     SelectConfig,
 )
-from decode.models import TINY_CHAT_TEMPLATE, build_tiny_pair, load_model_pair
+from decode.models import load_model_pair
+from decode.online.baseline import autoregressive_decode
+from decode.online.stream import DecodeSettings
 from decode.prompts import encode_prompt, load_prompts
-from decode.record import PROJECT_ROOT, RecordReport, record_traces
-from decode.speculative import DecodeSettings
+from decode.record import RecordReport, record_traces
+from specrank.paths import PROJECT_ROOT
+from tests.tiny_models import TINY_CHAT_TEMPLATE, build_tiny_pair
 
 SPEC_BENCH = PROJECT_ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 POCKET = PROJECT_ROOT / "models" / "pocket"

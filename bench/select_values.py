@@ -22,16 +22,16 @@ import pyarrow as pa
 import torch
 
 from bench.bench_extract import paper_traces
-from decode.pool_batch import POOL_COLUMNS, pool_batch_from_table
-from decode.select import (
+from decode.select.pool_batch import POOL_COLUMNS, pool_batch_from_table
+from decode.select.ranking import (
     draft_scores,
     first_level_ancestor,
     path_product,
     rank_order,
     torch_route,
 )
+from decode.select.values import evaluate_pools
 from decode.trace_schema import trace_store
-from decode.tree_values import evaluate_pools
 from specrank.memory import retain_freed_heap
 
 PAPER_ROUNDS = 365_922  # = 1402 prompts x 261 rounds

@@ -25,7 +25,7 @@ class PoolConfig:
 class SelectConfig:
     """Which verified tree a round keeps and what else its pass scores (SPEC §4)."""
 
-    rule: str = "draft"  # selection rule of the verified tree (see decode.select.RULES)
+    rule: str = "draft"  # selection rule of the verified tree (see decode.select.ranking.RULES)
     budget: int = 59  # B: non-root nodes of the verified tree
     top_m: int = 160  # the M highest-ranked candidates are scored too (0: tree + expanded only)
 

@@ -26,18 +26,15 @@ from tqdm import tqdm
 import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
 from decode.config import DataConfig, ModelConfig, TraceConfig
 from decode.models import ModelPair, load_model_pair
+from decode.online.loop import PromptRun, decode_prompt
+from decode.online.round import STAGES, OnlineSettings
+from decode.online.stream import DecodeSettings
 from decode.prompts import Prompt, encode_prompt, load_prompts
-from decode.speculative import STAGES, DecodeSettings, decode_stream
 from decode.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-
-def project_path(path: str) -> Path:
-    """Relative paths in configs resolve against the project root (not the shell's cwd)."""
-    p = Path(path)
-    return p if p.is_absolute() else PROJECT_ROOT / p
+RECORD_RULES = ("draft",)  # the paper records draft-selected trees (SPEC §4)
 
 
 def shard_id(temperature: float, budget: int, index: int) -> str:
@@ -57,9 +54,29 @@ class RecordReport:
         default_factory=lambda: dict.fromkeys((*STAGES, "prefill", "writing"), 0.0)
     )
 
+    def add(self, res: PromptRun) -> None:
+        self.prompts_decoded += 1
+        self.rounds += len(res.rounds)
+        self.tokens += len(res.output)
+        self.accepted += sum(r.n_accepted for r in res.rounds)
+        self.stage_ms["prefill"] += res.prefill_ms
+        for r in res.rounds:
+            for name, ms in zip(STAGES, r.stage_ms, strict=True):
+                self.stage_ms[name] += ms
+
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+
+def recording_settings(settings: DecodeSettings, record: bool = True) -> OnlineSettings:
+    """Recording = online decoding with the draft rule and the recording scored set (SPEC §4)."""
+    if settings.select.rule not in RECORD_RULES:
+        raise ValueError(
+            f"The 'select.rule' for recording must be one of {list(RECORD_RULES)}. "
+            f"Got {settings.select.rule!r} instead."
+        )
+    return OnlineSettings(base=settings, rule=settings.select.rule, score="pool", record=record)
 
 
 def record_traces(
@@ -77,58 +94,51 @@ def record_traces(
     `write=False` decodes the same shards without recording (no trace rows, no
     retained rows, nothing written): the baseline of the recording-overhead benchmark.
     """
-    settings.check()
+    online = recording_settings(settings, record=write)
+    online.check()
     if prompts_per_shard < 1:
         raise ValueError(
             f"The 'trace.prompts_per_shard' must be an int >= 1. Got {prompts_per_shard} instead."
         )
+    shards = {
+        shard_id(settings.decode.temperature, settings.select.budget, k): prompts[i : i + prompts_per_shard]
+        for k, i in enumerate(range(0, len(prompts), prompts_per_shard))
+    }
     store = trace_store(out_dir)
     if write:
         store.open_for_writing(config=manifest_config, models=pair.ids)
-    shards = [prompts[i : i + prompts_per_shard] for i in range(0, len(prompts), prompts_per_shard)]
-    shard_ids = [
-        shard_id(settings.decode.temperature, settings.select.budget, k) for k in range(len(shards))
-    ]
-    todo = [k for k, sid in enumerate(shard_ids) if not (write and store.is_done(sid))]
-    report = RecordReport(shards_skipped=len(shards) - len(todo))
+    todo = store.pending(list(shards)) if write else list(shards)
+    report = RecordReport()
     bar = tqdm(
         total=sum(len(shards[k]) for k in todo), unit="prompt", disable=not progress, desc="record"
     )
-    for k in todo:
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+
+    def decode_shard(sid: str) -> pa.Table:
         rows: list[dict] = []
-        for prompt in shards[k]:
+        for prompt in shards[sid]:
             token_ids = encode_prompt(pair.tokenizer, prompt.text)
-            res = decode_stream(
-                pair.target,
-                pair.drafter,
-                token_ids,
-                settings,
-                pair.eos_ids,
-                prompt.id,
-                prompt.task,
-                record=write,
+            res = decode_prompt(
+                pair.target, pair.drafter, token_ids, online, pair.eos_ids, prompt.id, prompt.task
             )
-            rows.extend(res.rounds)
-            report.prompts_decoded += 1
-            report.rounds += len(res.accepted)
-            report.tokens += len(res.output)
-            report.accepted += sum(res.accepted)
-            report.stage_ms["prefill"] += res.prefill_ms
-            for name, ms in res.stage_ms.items():
-                report.stage_ms[name] += ms
+            rows.extend(r.fields for r in res.rounds if r.fields is not None)
+            report.add(res)
             bar.update(1)
-            elapsed = report.seconds + time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
             bar.set_postfix(
                 tok_s=f"{report.tokens / elapsed:.1f}",
                 accepted=f"{report.accepted / max(report.rounds, 1):.2f}",
             )
-        if write:
-            w0 = time.perf_counter()
-            store.write_shard(shard_ids[k], pa.Table.from_pylist(rows, schema=TRACE_SCHEMA))
-            report.stage_ms["writing"] += 1000.0 * (time.perf_counter() - w0)
-            report.shards_written += 1
-        report.seconds += time.perf_counter() - t0
+        return pa.Table.from_pylist(rows, schema=TRACE_SCHEMA)
+
+    if write:
+        run = store.write_pending(todo, decode_shard)
+        report.shards_written, report.shards_skipped = run.written, run.skipped
+        report.stage_ms["writing"] = 1000.0 * run.write_seconds
+    else:
+        for sid in todo:
+            decode_shard(sid)
+    report.seconds = time.perf_counter() - t0
     bar.close()
     return report
 

@@ -35,12 +35,9 @@ from tqdm import tqdm
 import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
 from decode.config import DataConfig, ModelConfig
 from decode.models import ModelPair, load_model_pair
-from decode.online import OnlineSettings, decode_prompt
-from decode.online_rerank import OnlinePredictor, load_online_reranker, unseen_prompts
-from decode.prompts import Prompt, encode_prompt
-from decode.record import project_path, resolve_inputs
-from decode.run_config import RunConfig
-from decode.run_metrics import (
+from decode.online.config import RunConfig
+from decode.online.loop import decode_prompt
+from decode.online.metrics import (
     PromptTiming,
     expected_values,
     prompt_table,
@@ -50,11 +47,17 @@ from decode.run_metrics import (
     timed_baseline,
     tokens_to_eos,
 )
-from decode.speculative import DecodeSettings
+from decode.online.round import OnlineSettings
+from decode.online.stream import DecodeSettings
+from decode.prompts import Prompt, encode_prompt
+from decode.record import resolve_inputs
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from rerank.config import MlflowConfig
-from rerank.tracking import metric_key, parent_run
+from rerank.online import OnlinePredictor, load_online_reranker, unseen_prompts
 from specrank.cli import expand_short_overrides as _expand
+from specrank.laws import law_name
+from specrank.paths import project_path
+from specrank.tracking import metric_key, parent_run
 
 log = logging.getLogger(__name__)
 
@@ -128,17 +131,20 @@ def write_traces(out: Path, timings: list[PromptTiming], s: OnlineSettings, mani
     store = trace_store(out)
     store.open_for_writing(config=manifest, models=models)
     dec = s.base
-    n = 0
-    for k in range(0, len(timings), prompts_per_shard):
-        sid = f"{s.rule}-t{float(dec.decode.temperature)}-b{dec.select.budget}-{k // prompts_per_shard:05d}"
-        if store.is_done(sid):
-            raise FileExistsError(
-                f"run.traces_out: {out} already holds shard {sid}; point run.traces_out elsewhere"
-            )
-        rows = [r.fields for p in timings[k : k + prompts_per_shard] for r in p.run.rounds]
-        store.write_shard(sid, pa.Table.from_pylist(rows, schema=TRACE_SCHEMA))
-        n += len(rows)
-    return n
+    shards = {
+        f"{s.rule}-t{float(dec.decode.temperature)}-b{dec.select.budget}-{j:05d}": timings[k : k + prompts_per_shard]
+        for j, k in enumerate(range(0, len(timings), prompts_per_shard))
+    }
+
+    def rows_of(sid: str) -> pa.Table:
+        rows = [r.fields for p in shards[sid] for r in p.run.rounds]
+        return pa.Table.from_pylist(rows, schema=TRACE_SCHEMA)
+
+    # Decoding is seeded per prompt, so a finished shard of the same config holds these rows.
+    run = store.write_pending(list(shards), rows_of)
+    if run.skipped:
+        log.info("run.traces_out: %d finished shards of %s kept (same config)", run.skipped, out)
+    return run.rows
 
 
 def summarize(timings: list[PromptTiming], s: OnlineSettings, run: RunConfig, pair: ModelPair,
@@ -153,7 +159,7 @@ def summarize(timings: list[PromptTiming], s: OnlineSettings, run: RunConfig, pa
         rounds["expected"] = expected_values(rows, s.rule, s.base.select.budget, firsts)
         values = realized_vs_expected(rounds, run.bootstrap_resamples, seed)
     dec = s.base
-    law, b = f"T{dec.decode.temperature:g}", f"B{dec.select.budget}"
+    law, b = law_name(dec.decode.temperature), f"B{dec.select.budget}"
     metrics: dict[str, float] = {}
     for g in groups.to_dict("records"):
         prefix = "online" if g["group"] == "all" else f"online/{g['group']}"

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from decode.shard_store import ShardStore, TableSpec
+from specrank.shard_store import ShardStore, TableSpec
 
 SCHEMA_VERSION = 1
 

@@ -23,15 +23,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
-from decode.shard_store import SchemaError
 from decode.trace_schema import SCHEMA_VERSION, trace_store
 from features.config import FeaturesConfig
 from features.from_trace import TRACE_COLUMNS, candidate_table
 from features.schema import candidate_store
 from specrank.cli import expand_short_overrides
 from specrank.config import register_configs
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from specrank.paths import project_path
+from specrank.shard_store import SchemaError
 
 
 @dataclass
@@ -66,38 +65,47 @@ def extract(traces: Path, out: Path, log: Callable[[str], None] = print) -> Extr
         models=manifest.get("models", {}),
     )
     start = last_log = time.perf_counter()
-    report = ExtractReport(0, 0, 0, 0, 0.0)
-    todo = []  # (shard id, file) not yet in the output store
-    for path in files:
-        shard_id = Path(path).name.removeprefix("shard-").removesuffix(".parquet")
-        if target.is_done(shard_id):
-            report.shards_skipped += 1
-        else:
-            todo.append((shard_id, path))
+    shard_files = {
+        Path(path).name.removeprefix("shard-").removesuffix(".parquet"): path for path in files
+    }
+    todo = target.pending(list(shard_files))
+    report = ExtractReport(0, len(shard_files) - len(todo), 0, 0, 0.0)
     # Read shard k+1 on a thread while shard k is processed (Parquet decoding and
     # numpy both release the GIL); at most two shards are in memory at once.
     with ThreadPoolExecutor(max_workers=1) as reader:
-        pending = reader.submit(_read_trace_shard, todo[0][1]) if todo else None
-        for k, (shard_id, _) in enumerate(todo):
-            trace = pending.result()
-            pending = (
-                reader.submit(_read_trace_shard, todo[k + 1][1]) if k + 1 < len(todo) else None
-            )
+        ahead = {sid: None for sid in todo}
+        order = iter(todo)
+
+        def prefetch() -> None:
+            sid = next(order, None)
+            if sid is not None:
+                ahead[sid] = reader.submit(_read_trace_shard, shard_files[sid])
+
+        prefetch()
+
+        def build(shard_id: str) -> pa.Table:
+            trace = ahead.pop(shard_id).result()
+            prefetch()
+            report.rounds += trace.num_rows
             try:
-                table = candidate_table(trace)
+                return candidate_table(trace)
             except (SchemaError, ValueError) as err:
                 raise type(err)(
                     f"features.extract: trace shard {shard_id} of {traces}: {err}"
                 ) from err
-            target.write_shard(shard_id, table)
+
+        def progress(shard_id: str, table: pa.Table) -> None:
+            nonlocal last_log
             report.shards_written += 1
-            report.rounds += trace.num_rows
             report.candidates += table.num_rows
             if time.perf_counter() - last_log > 10:
                 last_log = time.perf_counter()
                 log(
-                    f"features.extract: {k + 1}/{len(todo)} shards, {report.candidates / (last_log - start):,.0f} rows/s"
+                    f"features.extract: {report.shards_written}/{len(todo)} shards, "
+                    f"{report.candidates / (last_log - start):,.0f} rows/s"
                 )
+
+        target.write_pending(todo, build, after=progress)
     report.seconds = time.perf_counter() - start
     log(
         f"features.extract: {report.rounds:,} rounds -> {report.candidates:,} candidates in "
@@ -126,13 +134,7 @@ register_configs()  # the root schema `config_schema` that conf/extract.yaml bui
 @hydra.main(version_base="1.3", config_path="../conf", config_name="extract")
 def main(cfg: DictConfig) -> None:
     conf: FeaturesConfig = OmegaConf.to_object(cfg.features)
-    extract(_resolve(conf.traces), _resolve(conf.out))
-
-
-def _resolve(path: str) -> Path:
-    """Relative paths resolve against the project root (as `paths` says), not the cwd."""
-    p = Path(path)
-    return p if p.is_absolute() else PROJECT_ROOT / p
+    extract(project_path(conf.traces), project_path(conf.out))
 
 
 if __name__ == "__main__":

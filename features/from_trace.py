@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from decode.shard_store import SchemaError
 from features.first_level import first_level_features, first_level_index, first_level_labels
 from features.rounds import PAD_DEPTH, RoundArrays
 from features.schema import CANDIDATE_SCHEMA
+from specrank.shard_store import SchemaError
 
 CHUNK_ROUNDS = 512  # rounds per call of first_level_features (cache-sized working arrays)
 RUN_KEYS = ["prompt_id", "temperature", "rule", "budget"]  # one decoding run of one prompt

@@ -2,7 +2,7 @@
 
 Streams a trace store in chunks of rounds; for each chunk it builds the dense
 pools, turns every first-factor source into candidate scores and asks
-`decode.tree_values` for the value of each rule at each budget. The result is a
+`decode.select.values` for the value of each rule at each budget. The result is a
 per-round table (keys, breakdown fields, `<rule>@B<b>` values) from which
 `rerank.summary` computes gains and intervals.
 
@@ -28,9 +28,9 @@ import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
-from decode.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
-from decode.select import leading_factor_edges, path_sum, pool_levels
-from decode.tree_values import RULES, evaluate_pools
+from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
+from decode.select.ranking import leading_factor_edges, path_sum, pool_levels
+from decode.select.values import RULES, evaluate_pools
 from rerank.models import PHAT_FLOOR
 
 ROUND_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]

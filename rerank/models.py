@@ -30,6 +30,7 @@ from threadpoolctl import threadpool_limits
 from features.schema import BASE_FEATURES, ROW_FEATURES
 from rerank.crossfit import check_grouped, fold_masks
 from rerank.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
+from specrank.laws import law_kind
 
 KINDS = ("hgb", "lgbm")
 LAWS = ("greedy", "sampling")
@@ -80,7 +81,7 @@ def law_of(frame: pd.DataFrame) -> str:
             f"a reranker is fitted on one temperature at a time; the frame mixes temperatures "
             f"{temps.tolist()} (greedy = 0). Pass one temperature's rows per call."
         )
-    return "greedy" if temps[0] == 0 else "sampling"
+    return law_kind(float(temps[0]))
 
 
 def task_categories(frame: pd.DataFrame, declared: Sequence[str] | None = None) -> list[str]:

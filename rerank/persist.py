@@ -31,10 +31,10 @@ import sklearn
 import skops
 import skops.io as sio
 
-from decode.shard_store import sha256_file
 from features.schema import CANDIDATE_VERSION
 from rerank.models import KINDS, LAWS, Capacity, FittedReranker
 from rerank.token_prior import TokenPrior
+from specrank.shard_store import sha256_file
 
 FORMAT = "specrank.reranker"
 FORMAT_VERSION = 1

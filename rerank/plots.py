@@ -30,7 +30,7 @@ def gain_vs_budget(summary: pd.DataFrame, out: Path, weighting: str = "round") -
             f"{law}: gain over draft selection ({weighting}-weighted, 95% prompt bootstrap)"
         )
         ax.legend(fontsize=7, ncol=2)
-        path = out / f"gain_vs_budget_{law.replace('=', '')}.png"
+        path = out / f"gain_vs_budget_{law}.png"
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)

@@ -19,17 +19,14 @@ import pyarrow.dataset as ds
 import torch
 
 from calibrate.isotonic import PerDepthIsotonic, crossfit_calibrate
-from decode.pool_batch import PoolBatch, pool_batch_from_table
-from decode.select import path_sum, pool_levels
+from decode.select.pool_batch import PoolBatch, pool_batch_from_table
+from decode.select.ranking import path_sum, pool_levels
 from rerank.crossfit import prompt_halves
 from rerank.evaluate import ROUND_KEYS, iter_trace_chunks
 from rerank.models import LABEL_OF_LAW, PHAT_FLOOR, FittedReranker, crossfit_predict
+from specrank.laws import law_kind
 
 log = logging.getLogger(__name__)
-
-
-def law_name(temperature: float) -> str:
-    return "greedy" if temperature == 0 else "sampling"
 
 
 def fold_map(prompt_ids: np.ndarray, scheme: str, seed: int) -> dict[str, int]:
@@ -63,7 +60,7 @@ def predict_first_factors(
     seconds: dict[str, tuple[float, float]] = {}
     categories = sorted(candidates["task"].unique())
     for temperature, frame in candidates.groupby("temperature", sort=True):
-        law = law_name(float(temperature))
+        law = law_kind(float(temperature))
         frame = frame.reset_index(drop=True)
         fold = frame["prompt_id"].map(folds).to_numpy()
         if np.isnan(fold.astype(float)).any():

@@ -28,7 +28,7 @@ from mlflow.entities import Run, RunStatus
 from mlflow.exceptions import MlflowException
 
 from rerank.config import DEFAULT_BUDGETS, MlflowConfig
-from rerank.tracking import resolve_tracking_uri
+from specrank.tracking import resolve_tracking_uri
 
 # Tables every `rerank.train` run logs under `tables/` (CSV), and the larger
 # per-round / per-candidate tables (Parquet), read only on request.

@@ -17,7 +17,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from rerank.bootstrap import (
+from rerank.evaluate import PromptCurves
+from specrank.bootstrap import (
     WEIGHTINGS,
     PromptSums,
     bootstrap_weights,
@@ -27,13 +28,9 @@ from rerank.bootstrap import (
     share_recovered,
     weighted_means,
 )
-from rerank.evaluate import PromptCurves
+from specrank.laws import law_name
 
 _MIX = re.compile(r"^mix_(?P<row>[a-z]+)_w(?P<w>[0-9.]+)@B(?P<b>\d+)$")
-
-
-def law_of(temperature: float) -> str:
-    return "greedy" if temperature == 0 else f"T={temperature:g}"
 
 
 def value_columns(frame: pd.DataFrame) -> list[str]:
@@ -71,7 +68,7 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
                 target = frame.index.get_indexer(part.index[part["fold"] == fold])
                 values[target] = frame[by_w[best_w]].to_numpy()[target]
                 chosen.append(
-                    {"law": law_of(temperature), "budget": b, "row": row, "fold": fold, "w": best_w}
+                    {"law": law_name(temperature), "budget": b, "row": row, "fold": fold, "w": best_w}
                 )
         new_cols[f"mix_{row}@B{b}"] = values
     dropped = [c for by_w in groups.values() for c in by_w.values()]
@@ -248,7 +245,7 @@ def summarise(
                     rec |= node_budgets.get(f"{rec['rule']}@B{b}", {})
                     out.append(
                         {
-                            "law": law_of(temperature),
+                            "law": law_name(temperature),
                             "budget": b,
                             "weighting": weighting,
                             "rounds": int(stats.rounds.sum()),
@@ -274,7 +271,7 @@ def breakdowns(frame: pd.DataFrame) -> pd.DataFrame:
             table.insert(0, "rounds", g.size())
             table = table.reset_index().rename(columns={by: "group"})
             table.insert(0, "by", by)
-            table.insert(0, "law", law_of(temperature))
+            table.insert(0, "law", law_name(temperature))
             table["group"] = table["group"].astype(str)
             parts.append(table)
     return pd.concat(parts, ignore_index=True)

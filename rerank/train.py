@@ -26,7 +26,6 @@ import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from decode.shard_store import SchemaError
 from decode.trace_schema import trace_store
 from features.schema import candidate_store
 from rerank.config import SWEEP_BUDGETS, MlflowConfig, RerankConfig
@@ -38,17 +37,18 @@ from rerank.predict import (
     FirstFactorPredictions,
     fit_per_depth_maps,
     fold_map,
-    law_name,
     per_depth_scores,
     predict_first_factors,
 )
 from rerank.summary import breakdowns, choose_mixture_weights, results_table, summarise
-from rerank.tracking import metric_key, parent_run
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
+from specrank.laws import law_kind, law_name
 from specrank.memory import retain_freed_heap
+from specrank.paths import project_path
+from specrank.shard_store import SchemaError
+from specrank.tracking import metric_key, parent_run
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -61,17 +61,12 @@ class TrainResult:
     run_id: str
 
 
-def resolve(path: str) -> Path:
-    p = Path(path)
-    return p if p.is_absolute() else PROJECT_ROOT / p
-
-
 def prediction_quality(candidates: pd.DataFrame, preds: FirstFactorPredictions) -> pd.DataFrame:
     """Held-out squared error and top-1 agreement of first-level predictions vs draft probs."""
     frame = candidates.merge(preds.frame, on=[*ROUND_KEYS, "cand_index"], how="inner")
     rows = []
     for temperature, part in frame.groupby("temperature"):
-        label = part[LABEL_OF_LAW[law_name(float(temperature))]].to_numpy(np.float64)
+        label = part[LABEL_OF_LAW[law_kind(float(temperature))]].to_numpy(np.float64)
         round_id = part.groupby(["prompt_id", "round_index"]).ngroup().to_numpy()
         for name in ["draft_prob", *preds.rules]:
             pred = part[name].to_numpy(np.float64)
@@ -112,7 +107,7 @@ def train_and_evaluate(
     rerank: RerankConfig, tracking: MlflowConfig, config: dict, seed: int, out_dir: Path
 ) -> TrainResult:
     """The whole job on resolved, typed settings. Writes tables and models under `out_dir`."""
-    traces_dir, features_dir = resolve(rerank.traces), resolve(rerank.features)
+    traces_dir, features_dir = project_path(rerank.traces), project_path(rerank.features)
     fingerprint = _check_same_traces(features_dir, traces_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -166,14 +161,14 @@ def train_and_evaluate(
     plots = gain_vs_budget(summary, out_dir)
     merged = candidates.merge(preds.frame, on=[*ROUND_KEYS, "cand_index"])
     for temperature, part in merged.groupby("temperature"):
-        label = part[LABEL_OF_LAW[law_name(float(temperature))]].to_numpy(np.float64)
+        label = part[LABEL_OF_LAW[law_kind(float(temperature))]].to_numpy(np.float64)
         cols = ["draft_prob", *preds.rules]
         plots.append(
             reliability(
                 {c: part[c].to_numpy(np.float64) for c in cols},
                 label,
-                f"T={temperature:g}: out-of-fold reliability",
-                out_dir / f"reliability_T{temperature:g}.png",
+                f"{law_name(temperature)}: out-of-fold reliability",
+                out_dir / f"reliability_{law_name(temperature)}.png",
             )
         )
     model_dir = out_dir / "rerankers"
@@ -188,7 +183,7 @@ def train_and_evaluate(
     ) as run:
         metrics = {"time/total_s": t_total, "time/fit_s": t_fit, "rounds": float(len(per_round))}
         for r in summary[summary["weighting"] == "round"].itertuples():
-            law = r.law.replace("=", "")
+            law = r.law
             metrics[metric_key("accepted", law, f"B{r.budget}", r.rule)] = r.accepted
             metrics[metric_key("gain", law, f"B{r.budget}", r.rule)] = r.gain
             metrics[metric_key("gain_lo", law, f"B{r.budget}", r.rule)] = r.gain_lo
@@ -196,8 +191,8 @@ def train_and_evaluate(
             if "node_budget" in summary:  # the draft budget reaching the rule's value
                 metrics[metric_key("node_budget", law, f"B{r.budget}", r.rule)] = r.node_budget
         for q in quality[quality["fold"] == "all"].itertuples():
-            metrics[metric_key("sq_error", f"T{q.temperature:g}", q.predictor)] = q.squared_error
-            metrics[metric_key("top1", f"T{q.temperature:g}", q.predictor)] = q.top1_agreement
+            metrics[metric_key("sq_error", law_name(q.temperature), q.predictor)] = q.squared_error
+            metrics[metric_key("top1", law_name(q.temperature), q.predictor)] = q.top1_agreement
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if np.isfinite(v)})
         for path in [*out_dir.glob("*.csv"), *out_dir.glob("*.parquet"), out_dir / "results.txt"]:
             mlflow.log_artifact(str(path), "tables")
@@ -213,10 +208,10 @@ def train_and_evaluate(
                     for name, secs in preds.fit_seconds.items()
                 }
                 for q in quality[quality["fold"] == fold].itertuples():
-                    fold_metrics[metric_key("sq_error", f"T{q.temperature:g}", q.predictor)] = (
+                    fold_metrics[metric_key("sq_error", law_name(q.temperature), q.predictor)] = (
                         q.squared_error
                     )
-                    fold_metrics[metric_key("top1", f"T{q.temperature:g}", q.predictor)] = (
+                    fold_metrics[metric_key("top1", law_name(q.temperature), q.predictor)] = (
                         q.top1_agreement
                     )
                 mlflow.log_metrics(fold_metrics)

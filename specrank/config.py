@@ -1,6 +1,6 @@
 """The root Hydra schema: one config tree shared by every entry point.
 
-Each stage owns its section's dataclass (`decode.config`, `decode.synthetic`,
+Each stage owns its section's dataclass (`decode.config`, `decode.synth.rounds`,
 `features.config`, ...); this module only composes them and registers the
 schema, so a typo in any override fails at compose time with Hydra's
 "Did you mean" message. Entry points convert their section with
@@ -23,9 +23,9 @@ from decode.config import (
     SelectConfig,
     TraceConfig,
 )
+from decode.online.config import RunConfig
 from decode.pocket.config import PocketConfig
-from decode.run_config import RunConfig
-from decode.synthetic import SynthConfig
+from decode.synth.rounds import SynthConfig
 from features.config import FeaturesConfig
 from rerank.config import MlflowConfig, RerankConfig
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from decode.config import DecodeConfig, PoolConfig, SelectConfig
 from decode.models import ModelPair
-from decode.online import OnlineSettings
+from decode.online.round import OnlineSettings
+from decode.online.stream import DecodeSettings
 from decode.prompts import Prompt
 from decode.record import record_traces
-from decode.speculative import DecodeSettings
 from features.extract import extract
 from features.schema import candidate_store
 from rerank.models import Capacity, fit_reranker

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rerank.bootstrap import (
+from specrank.bootstrap import (
     PromptSums,
     bootstrap_means,
     percentile_interval,

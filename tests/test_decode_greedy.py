@@ -7,11 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from decode.baseline import autoregressive_decode
 from decode.config import DecodeConfig, PoolConfig, SelectConfig
 from decode.models import load_model_pair
+from decode.online.baseline import autoregressive_decode
+from decode.online.stream import DecodeSettings
 from decode.prompts import encode_prompt
-from decode.speculative import DecodeSettings, decode_stream
+from tests.recording import decode_recorded
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
@@ -41,7 +42,7 @@ def test_greedy_output_equals_plain_greedy(pair, budget):
     with one_thread():
         for text in PROMPTS:
             prompt = encode_prompt(pair.tokenizer, text)
-            res = decode_stream(
+            res = decode_recorded(
                 pair.target, pair.drafter, prompt, _settings(budget, pool), frozenset()
             )
             # Stops after the round that reaches the limit: at most depth (8) tokens over.
@@ -64,7 +65,7 @@ def test_greedy_equality_long_outputs(pair, budget):
     with one_thread():
         for text in texts:
             prompt = encode_prompt(pair.tokenizer, text)
-            res = decode_stream(pair.target, pair.drafter, prompt, s, frozenset())
+            res = decode_recorded(pair.target, pair.drafter, prompt, s, frozenset())
             assert res.output == autoregressive_decode(pair.target, prompt, len(res.output))
 
 
@@ -73,7 +74,7 @@ def test_greedy_equality_with_a_chain_pool_and_recording(pair):
     prompt = encode_prompt(pair.tokenizer, PROMPTS[1])
     s = _settings(7, PoolConfig(top_k=1, steps=6, expand=1))
     with one_thread():
-        res = decode_stream(pair.target, pair.drafter, prompt, s, frozenset(), record=True)
+        res = decode_recorded(pair.target, pair.drafter, prompt, s, frozenset(), record=True)
         ref = autoregressive_decode(pair.target, prompt, len(res.output))
     assert res.output == ref and len(res.rounds) == len(res.accepted)
 
@@ -82,7 +83,7 @@ def test_greedy_equality_under_eager_attention(tmp_path):
     pair = tiny_pair(tmp_path, "llama", attn="eager")
     prompt = encode_prompt(pair.tokenizer, PROMPTS[0])
     with one_thread():
-        res = decode_stream(
+        res = decode_recorded(
             pair.target, pair.drafter, prompt, _settings(8, SMALL_POOL), frozenset()
         )
         assert res.output == autoregressive_decode(pair.target, prompt, len(res.output))
@@ -93,7 +94,7 @@ def test_generation_stops_after_the_round_with_eos(pair):
     with one_thread():
         ref = autoregressive_decode(pair.target, prompt, NEW_TOKENS)
         eos = ref[5]  # pretend the 6th greedy token ends the sequence
-        res = decode_stream(
+        res = decode_recorded(
             pair.target, pair.drafter, prompt, _settings(8, SMALL_POOL), frozenset({eos})
         )
     first = ref.index(eos)
@@ -109,16 +110,16 @@ def test_bad_settings_are_refused(pair):
     bad = DecodeSettings(select=SelectConfig(rule="root"))
     with pytest.raises(
         ValueError,
-        match=r"'select.rule' for online decoding must be one of \['draft'\]. Got 'root'",
+        match=r"'select.rule' for recording must be one of \['draft'\]. Got 'root'",
     ):
-        decode_stream(pair.target, pair.drafter, prompt, bad, frozenset())
+        decode_recorded(pair.target, pair.drafter, prompt, bad, frozenset())
     bad = DecodeSettings(decode=DecodeConfig(verifier="typo"))
     with pytest.raises(
         ValueError, match=r"'decode.verifier' must be one of \['exhaustive', 'eagle3'\]"
     ):
-        decode_stream(pair.target, pair.drafter, prompt, bad, frozenset())
+        decode_recorded(pair.target, pair.drafter, prompt, bad, frozenset())
     with pytest.raises(ValueError, match="the prompt has no tokens"):
-        decode_stream(pair.target, pair.drafter, [], DecodeSettings(), frozenset())
+        decode_recorded(pair.target, pair.drafter, [], DecodeSettings(), frozenset())
     assert torch.is_inference_mode_enabled() is False
 
 
@@ -127,7 +128,7 @@ def test_runs_past_the_models_positions_are_refused(pair):
     with pytest.raises(
         ValueError, match=r"model.target: a 3-token prompt .* needs 5011 positions.*=4096"
     ):
-        decode_stream(pair.target, pair.drafter, [5, 6, 7], s, frozenset())
+        decode_recorded(pair.target, pair.drafter, [5, 6, 7], s, frozenset())
 
 
 @pytest.mark.gpu
@@ -137,10 +138,10 @@ def test_greedy_equality_recording_and_sampling_on_cuda(tmp_path, arch):
     cfg = dataclasses.replace(tiny_model_config(tmp_path, arch), device="cuda")
     pair = load_model_pair(cfg)
     prompt = encode_prompt(pair.tokenizer, PROMPTS[0])
-    res = decode_stream(pair.target, pair.drafter, prompt, _settings(59), frozenset(), record=True)
+    res = decode_recorded(pair.target, pair.drafter, prompt, _settings(59), frozenset(), record=True)
     assert res.output == autoregressive_decode(pair.target, prompt, len(res.output))
     assert all(r["time_verify_ms"] > 0 for r in res.rounds)
     s = DecodeSettings(decode=DecodeConfig(temperature=1.0, verifier="eagle3", max_new_tokens=30))
-    a = decode_stream(pair.target, pair.drafter, prompt, s, frozenset(), prompt_id="x", record=True)
-    b = decode_stream(pair.target, pair.drafter, prompt, s, frozenset(), prompt_id="x", record=True)
+    a = decode_recorded(pair.target, pair.drafter, prompt, s, frozenset(), prompt_id="x", record=True)
+    b = decode_recorded(pair.target, pair.drafter, prompt, s, frozenset(), prompt_id="x", record=True)
     assert a.output == b.output

@@ -20,12 +20,13 @@ import torch
 from scipy.stats import chisquare
 
 from decode.config import DecodeConfig, ModelConfig, PoolConfig, SelectConfig
-from decode.models import build_tiny_pair, load_causal_lm
-from decode.pool_growth import Pool
-from decode.speculative import DecodeSettings, decode_stream, prompt_seed
-from decode.tree_attention import ancestor_matrix
-from decode.verify import accepted_mask, outcome_eagle3, outcome_exhaustive, row_logprobs
-from tests.tiny_models import one_thread
+from decode.models import load_causal_lm
+from decode.online.stream import DecodeSettings, prompt_seed
+from decode.tree.attention import ancestor_matrix
+from decode.tree.pool import Pool
+from decode.tree.verify import accepted_mask, outcome_eagle3, outcome_exhaustive, row_logprobs
+from tests.recording import decode_recorded
+from tests.tiny_models import build_tiny_pair, one_thread
 
 ALPHA = 1e-3
 
@@ -176,7 +177,7 @@ def test_decoder_samples_follow_the_target_law(tiny_vocab_models, verifier, n):
     accepted = 0
     with one_thread():
         for i in range(n):
-            res = decode_stream(target, drafter, PROMPT, s, frozenset(), prompt_id=f"p{i}")
+            res = decode_recorded(target, drafter, PROMPT, s, frozenset(), prompt_id=f"p{i}")
             counts[res.output[0], res.output[1]] += 1
             accepted += sum(res.accepted)
     assert accepted > n // 4  # the tree is actually used (drafts accepted, not only continuations)
@@ -192,8 +193,8 @@ def test_sampling_is_seeded_per_prompt(tiny_vocab_models):
         decode=DecodeConfig(temperature=1.0, max_new_tokens=30),
     )
     with one_thread():
-        a = decode_stream(target, drafter, PROMPT, s, frozenset(), prompt_id="x").output
-        b = decode_stream(target, drafter, PROMPT, s, frozenset(), prompt_id="x").output
-        c = decode_stream(target, drafter, PROMPT, s, frozenset(), prompt_id="y").output
+        a = decode_recorded(target, drafter, PROMPT, s, frozenset(), prompt_id="x").output
+        b = decode_recorded(target, drafter, PROMPT, s, frozenset(), prompt_id="x").output
+        c = decode_recorded(target, drafter, PROMPT, s, frozenset(), prompt_id="y").output
     assert a == b and a != c
     assert prompt_seed(0, "x") != prompt_seed(1, "x") and prompt_seed(0, "x") == prompt_seed(0, "x")

@@ -31,8 +31,8 @@ import pandas as pd
 import pytest
 
 from decode.config import PoolConfig, SelectConfig
-from decode.synth import write_synthetic_traces
-from decode.synthetic import SynthConfig
+from decode.synth.job import write_synthetic_traces
+from decode.synth.rounds import SynthConfig
 from decode.trace_schema import trace_store
 from features.extract import extract
 from features.schema import candidate_store
@@ -207,11 +207,11 @@ def test_train_logs_to_a_real_tracking_server(stores, tmp_path):
         assert tags["git_sha"]
         metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
         s = result.summary
-        row = s[(s["rule"] == "rows_lgbm") & (s["law"] == "T=1") & (s["budget"] == 8)
+        row = s[(s["rule"] == "rows_lgbm") & (s["law"] == "sampling") & (s["budget"] == 8)
                 & (s["weighting"] == "round")].iloc[0]  # fmt: skip
-        assert metrics["gain/T1/B8/rows_lgbm"] == pytest.approx(row["gain"], rel=1e-12)
-        assert metrics["accepted/T1/B59/root"] > 0
-        assert "sq_error/T1/rows_lgbm" in metrics
+        assert metrics["gain/sampling/B8/rows_lgbm"] == pytest.approx(row["gain"], rel=1e-12)
+        assert metrics["accepted/sampling/B59/root"] > 0
+        assert "sq_error/sampling/rows_lgbm" in metrics
 
         # -- one child run per fold ----------------------------------------------------
         children = _post_json(
@@ -247,7 +247,7 @@ def test_train_logs_to_a_real_tracking_server(stores, tmp_path):
             summary, result.summary.reset_index(drop=True), check_dtype=False, rtol=1e-12
         )
         assert json.loads(download("config/resolved_config.json")) == json.loads(json.dumps(config))
-        assert {"plots/gain_vs_budget_T1.png", "plots/reliability_T1.png"} <= set(
+        assert {"plots/gain_vs_budget_sampling.png", "plots/reliability_sampling.png"} <= set(
             _list(url, rid, "plots")
         )
 

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from decode.models import build_tiny_pair, check_batch_one, load_model_pair, tiny_tokenizer
-from tests.tiny_models import tiny_model_config
+from decode.models import load_model_pair
+from decode.tree.attention import check_batch_one
+from tests.tiny_models import build_tiny_pair, tiny_model_config, tiny_tokenizer
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

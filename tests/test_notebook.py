@@ -21,8 +21,8 @@ from nbclient import NotebookClient
 from traitlets.config import Config
 
 from decode.config import PoolConfig, SelectConfig
-from decode.synth import write_synthetic_traces
-from decode.synthetic import SynthConfig
+from decode.synth.job import write_synthetic_traces
+from decode.synth.rounds import SynthConfig
 from features.extract import extract
 from rerank import runs as R
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
@@ -142,22 +142,22 @@ def test_runs_are_found_and_their_tables_read_back(logged, tmp_path):
     assert "rerank.n_resamples" not in differ.index
 
     table = R.side_by_side(both["summary"], "gain")
-    r = _row(results[1].summary, "rows_lgbm", "T=1", 8)
-    cell = table.loc[("T=1", "rows"), (8, "run1 (lgbm)")]
+    r = _row(results[1].summary, "rows_lgbm", "sampling", 8)
+    cell = table.loc[("sampling", "rows"), (8, "run1 (lgbm)")]
     assert cell == R.format_interval(r["gain"], r["gain_lo"], r["gain_hi"])
     assert table.loc[("greedy", "iso_q1"), (8, "run1 (lgbm)")] == ""  # not logged by run 1
 
     gains = R.breakdown_gains(both["breakdowns"])
     assert (gains.loc[gains["rule"] == "draft", "gain"] == 0).all()
     bd = results[0].breakdowns
-    task = bd[(bd["law"] == "T=1") & (bd["by"] == "task")].iloc[0]
-    g = gains[(gains["run"] == "run0 (lgbm)") & (gains["law"] == "T=1") & (gains["by"] == "task")
+    task = bd[(bd["law"] == "sampling") & (bd["by"] == "task")].iloc[0]
+    g = gains[(gains["run"] == "run0 (lgbm)") & (gains["law"] == "sampling") & (gains["by"] == "task")
               & (gains["group"] == task["group"]) & (gains["rule"] == "rows")
               & (gains["budget"] == 59)]  # fmt: skip
     assert g["gain"].item() == pytest.approx(task["rows_lgbm@B59"] / task["draft@B59"] - 1)
     assert set(R.download_plots(results[0].run_id, uri, tmp_path / "p")) >= {
-        "gain_vs_budget_T1",
-        "reliability_T1",
+        "gain_vs_budget_sampling",
+        "reliability_sampling",
     }
 
 

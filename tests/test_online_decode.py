@@ -2,7 +2,7 @@
 
 1. Greedy: every rule (draft, reranker, root, root-draw, PEARL, covering), scoring the
    tree alone or the recorder's scored set, emits exactly the target's greedy output.
-2. rule=draft with run.score=pool is the recorder's round (`decode.speculative`): the
+2. rule=draft with run.score=pool is the recorder's round (`decode.online.stream`): the
    same output and the same trace rows, greedy and sampled (same seeds).
 3. Sampling: on a tiny-vocabulary model the first two emitted tokens follow
    p(x1 | c) p(x2 | c x1) under every rule: Pearson's chi-square as in
@@ -18,19 +18,19 @@ import numpy as np
 import pytest
 import torch
 
-from decode.baseline import autoregressive_decode
 from decode.config import PoolConfig
-from decode.models import build_tiny_pair, load_causal_lm
-from decode.online import OnlineSettings, decode_prompt
-from decode.online_rerank import OnlinePredictor
+from decode.models import load_causal_lm
+from decode.online.baseline import autoregressive_decode
+from decode.online.config import RUN_RULES
+from decode.online.loop import decode_prompt
+from decode.online.round import OnlineSettings
 from decode.prompts import encode_prompt
-from decode.run_config import RUN_RULES
-from decode.speculative import decode_stream
 from rerank.models import fit_reranker
+from rerank.online import OnlinePredictor
 from tests.candidate_frames import FAST, make_candidate_frame
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.test_decode_sampling import ALPHA, PROMPT, TINY_V, _chi_square_p, _exact_two_token_law
-from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
+from tests.tiny_models import build_tiny_pair, one_thread, tiny_model_config, tiny_pair
 
 TEXTS = [PROMPTS[0], PROMPTS[1]]
 
@@ -45,7 +45,7 @@ def pair(tmp_path_factory):
 def greedy_predictor(pair, tmp_path_factory):
     with one_thread():
         path = fitted_reranker(tmp_path_factory.mktemp("rr"), pair, 0.0)
-    from decode.online_rerank import load_online_reranker
+    from rerank.online import load_online_reranker
 
     return OnlinePredictor(load_online_reranker(str(path), 0.0, "unused"), pair.device)
 
@@ -86,7 +86,7 @@ def test_greedy_equality_on_qwen3(tmp_path, rule):
     predictor = None
     with one_thread():
         if rule == "reranker":
-            from decode.online_rerank import load_online_reranker
+            from rerank.online import load_online_reranker
 
             path = fitted_reranker(tmp_path / "rr", pair, 0.0, kind="hgb", feature_set="base")
             predictor = OnlinePredictor(load_online_reranker(str(path), 0.0, "x"), pair.device)
@@ -95,17 +95,22 @@ def test_greedy_equality_on_qwen3(tmp_path, rule):
 
 
 @pytest.mark.parametrize(("temperature", "verifier"), [(0.0, "exhaustive"), (1.0, "eagle3")])
-def test_draft_with_pool_scoring_is_the_recorder(pair, temperature, verifier):
-    s = settings("draft", temperature, score="pool", record=True, verifier=verifier)
+def test_recording_does_not_change_the_decode(pair, temperature, verifier):
+    """Recording (trace rows, retained rows, the token-keyed cache) only reads the pass:
+    the same seed gives the same output and accepted lengths with and without it."""
+    plain = settings("draft", temperature, score="pool", verifier=verifier)
+    rec = settings("draft", temperature, score="pool", record=True, verifier=verifier)
     ids = encode_prompt(pair.tokenizer, TEXTS[0].text)
     with one_thread():
-        ref = decode_stream(pair.target, pair.drafter, ids, s.base, frozenset(), "x", "t", True)
-        got = decode_prompt(pair.target, pair.drafter, ids, s, frozenset(), "x", "t")
+        ref = decode_prompt(pair.target, pair.drafter, ids, plain, frozenset(), "x", "t")
+        got = decode_prompt(pair.target, pair.drafter, ids, rec, frozenset(), "x", "t")
     assert got.output == ref.output
-    assert len(got.rounds) == len(ref.rounds)
-    for a, b in zip(ref.rounds, got.rounds, strict=True):
-        strip = {k: v for k, v in b.fields.items() if not k.startswith("time_")}
-        assert strip == {k: v for k, v in a.items() if not k.startswith("time_")}
+    assert [r.n_accepted for r in got.rounds] == [r.n_accepted for r in ref.rounds]
+    assert all(r.fields is None for r in ref.rounds)
+    for r in got.rounds:  # each recorded row is the round that was decoded
+        path = r.fields["accepted_path"]
+        assert [r.fields["cand_token"][i] for i in path] == r.emitted[:-1]
+        assert r.fields["continuation_token"] == r.emitted[-1]
 
 
 def test_bad_settings_are_refused(pair):
@@ -178,7 +183,7 @@ def test_sampled_outputs_follow_the_target_law(tiny_vocab, rule, verifier, n):
 def test_every_rule_on_cuda(tmp_path, rule):
     """Greedy equality and seeded sampling on the device; the reranker's forest runs there."""
     from decode.models import load_model_pair
-    from decode.online_rerank import load_online_reranker
+    from rerank.online import load_online_reranker
 
     cfg = dataclasses.replace(tiny_model_config(tmp_path / "m", "llama"), device="cuda")
     pair = load_model_pair(cfg)

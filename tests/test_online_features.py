@@ -16,14 +16,14 @@ import pyarrow as pa
 import pytest
 
 from decode.models import load_model_pair
-from decode.online import decode_prompt
-from decode.online_rerank import OnlinePredictor, load_online_reranker
+from decode.online.loop import decode_prompt
 from decode.prompts import encode_prompt
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from features.extract import extract
 from features.first_level import FEATURE_DTYPES
 from features.schema import ROW_FEATURES, candidate_store
 from rerank.models import design_matrix
+from rerank.online import OnlinePredictor, load_online_reranker
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.tiny_models import one_thread, tiny_model_config
 

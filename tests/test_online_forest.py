@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-import decode.online_rerank as online_rerank
-from decode.forest import ForestError, _mask, forest_from_hgb, forest_from_lightgbm
-from decode.forest_eval import TorchForest, compile_forest, link, prepare, walk_numpy
-from decode.online_rerank import OnlinePredictor
+import rerank.online as online_rerank
+from rerank.forest import ForestError, _mask, forest_from_hgb, forest_from_lightgbm
+from rerank.forest_eval import TorchForest, compile_forest, link, prepare, walk_numpy
 from rerank.models import design_matrix, fit_reranker
+from rerank.online import OnlinePredictor
 from tests.candidate_frames import FAST, TASKS, make_candidate_frame
 from tests.tiny_models import one_thread
 
@@ -100,7 +100,7 @@ def test_unrepresentable_models_fall_back_to_the_library(model, monkeypatch, cap
         raise ForestError("too many categories")
 
     monkeypatch.setattr(online_rerank, "forest_of", refuse)
-    with caplog.at_level(logging.WARNING, logger="decode.online_rerank"):
+    with caplog.at_level(logging.WARNING, logger="rerank.online"):
         assert OnlinePredictor(m, torch.device("cpu"), "auto").route == "library"
     assert m.kind == "lgbm" or "too many categories" in caplog.text
     with pytest.raises(ForestError, match="too many categories"):

@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 
 import specrank.config  # noqa: F401  (registers the schema)
 from decode.config import DataConfig, PromptSource
-from decode.online import OnlineSettings
+from decode.online.config import RunConfig
+from decode.online.round import OnlineSettings
 from decode.run import expand_short_overrides, run_online
-from decode.run_config import RunConfig
 from decode.trace_schema import trace_store
 from features.extract import extract
 from rerank.config import MlflowConfig
@@ -91,7 +91,7 @@ def test_whole_run_logs_metrics_values_and_traces(tmp_path):
     assert {"online/entropy/low/tau", "online/entropy/high/tau"} <= set(m)
     assert m["online/ms_per_round/features"] > 0 and 0 < m["online/features_share_of_round"] < 1
     # realized beside the offline expected value, named as rerank.train names it
-    assert m["accepted/T0/B6/reranker_rows_lgbm"] == m["realized/T0/B6/reranker_rows_lgbm"]
+    assert m["accepted/greedy/B6/reranker_rows_lgbm"] == m["realized/greedy/B6/reranker_rows_lgbm"]
     assert m["online/realized_minus_expected"] == 0.0 and m["online/rounds_equal"] == 1.0
     run_data = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri).get_run(report.run_id).data
     assert run_data.metrics["online/tau"] == m["online/tau"]

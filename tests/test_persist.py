@@ -13,7 +13,6 @@ import pytest
 import skops.io as sio
 from sklearn.preprocessing import FunctionTransformer
 
-from decode.shard_store import sha256_file
 from features.schema import CANDIDATE_VERSION
 from rerank.crossfit import prompt_halves
 from rerank.models import FittedReranker, crossfit_predict, feature_list
@@ -26,6 +25,7 @@ from rerank.persist import (
     read_sidecar,
     save_reranker,
 )
+from specrank.shard_store import sha256_file
 from tests.candidate_frames import FAST, make_candidate_frame
 
 

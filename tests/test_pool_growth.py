@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from decode.config import PoolConfig
-from decode.pool_growth import grow_pool, level_sizes, pool_size, stable_topk
-from decode.tree_attention import cache_length, forward_chain, new_cache
+from decode.tree.attention import cache_length, forward_chain, new_cache
+from decode.tree.pool import grow_pool, level_sizes, pool_size, stable_topk
 from tests.tiny_models import one_thread, tiny_pair
 
 CONTEXT = [40, 41, 72, 79, 79, 82, 3, 90]  # committed tokens; the last one is the root

@@ -15,8 +15,9 @@ import decode.record as record
 import specrank.config  # noqa: F401  (registers the schema)
 from decode.config import DataConfig, PromptSource
 from decode.prompts import encode_prompt, load_prompts, load_source
-from decode.shard_store import SchemaError
 from decode.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.paths import project_path
+from specrank.shard_store import SchemaError
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 
 SPEC_BENCH = (
@@ -166,7 +167,7 @@ def test_resume_after_an_interrupted_run_gives_identical_shards(
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     _run(_compose(models, prompts, full, *sampled))
 
-    real, calls = record.decode_stream, []
+    real, calls = record.decode_prompt, []
 
     def killed_on_the_third_prompt(*args, **kw):
         calls.append(1)
@@ -174,13 +175,13 @@ def test_resume_after_an_interrupted_run_gives_identical_shards(
             raise KeyboardInterrupt  # as if the run were killed mid-shard
         return real(*args, **kw)
 
-    monkeypatch.setattr(record, "decode_stream", killed_on_the_third_prompt)
+    monkeypatch.setattr(record, "decode_prompt", killed_on_the_third_prompt)
     with pytest.raises(KeyboardInterrupt):
         _run(_compose(models, prompts, resumed, *sampled))
     store = trace_store(resumed)
     assert store.done_shards() == ["t1.0-b8-00000"]  # shard 1 never half-written
     marker = (resumed / "shard-t1.0-b8-00000.done").read_text()
-    monkeypatch.setattr(record, "decode_stream", real)
+    monkeypatch.setattr(record, "decode_prompt", real)
     _run(_compose(models, prompts, resumed, *sampled))
     assert (resumed / "shard-t1.0-b8-00000.done").read_text() == marker  # finished shard not redone
     assert (
@@ -234,9 +235,7 @@ def test_humaneval_from_the_bundled_file():
 def test_paper_protocol_has_644_unique_prompts(hydra_conf):
     data = OmegaConf.to_object(compose("record", overrides=["data=paper"]).data)
     sources = [
-        PromptSource(
-            s.kind, None if s.path is None else str(record.project_path(s.path)), s.task, s.limit
-        )
+        PromptSource(s.kind, None if s.path is None else str(project_path(s.path)), s.task, s.limit)
         for s in data.sources
     ]
     prompts = load_prompts(DataConfig(name=data.name, sources=sources))

@@ -13,8 +13,8 @@ import pyarrow.compute as pc
 import pytest
 
 from decode.config import PoolConfig, SelectConfig
-from decode.synth import write_synthetic_traces
-from decode.synthetic import SynthConfig
+from decode.synth.job import write_synthetic_traces
+from decode.synth.rounds import SynthConfig
 from decode.trace_schema import trace_store
 from features.extract import extract
 from features.schema import candidate_store
@@ -66,7 +66,7 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
                 "base_lgbm", "rows_lgbm", "iso_q1", "per_depth", "sub_cache", "sub_same",
                 "sub_prev", "mix_cache", "mix_same", "mix_prev", "pearl_matched"}  # fmt: skip
     assert expected <= rules
-    assert set(result.summary["law"]) == {"greedy", "T=1"}
+    assert set(result.summary["law"]) == {"greedy", "sampling"}
     assert set(result.summary["weighting"]) == {"round", "prompt", "task"}
     matched = result.summary[result.summary["rule"] == "pearl_matched"]
     assert set(matched["weighting"]) == {"round", "prompt", "task"}  # matched in every weighting
@@ -212,7 +212,7 @@ def test_permuted_labels_carry_no_gain(stores, tmp_path, shuffle):
     row = s[
         (s["rule"] == "rows_lgbm")
         & (s["weighting"] == "round")
-        & (s["law"] == "T=1")
+        & (s["law"] == "sampling")
         & (s["budget"] == 8)
     ].iloc[0]
     if shuffle:

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from decode import retained as R
 from decode.config import DecodeConfig, PoolConfig, SelectConfig
+from decode.online.stream import DecodeSettings
 from decode.prompts import encode_prompt
-from decode.speculative import DecodeSettings, decode_stream
+from decode.tree import retained as R
+from tests.recording import decode_recorded
 from tests.tiny_models import one_thread, tiny_pair
 
 # A hand-built round, pool order:
@@ -166,7 +167,7 @@ def recorded(tmp_path_factory):
         decode=DecodeConfig(temperature=1.0, max_new_tokens=40),
     )
     with one_thread():
-        res = decode_stream(
+        res = decode_recorded(
             pair.target, pair.drafter, prompt, s, pair.eos_ids, "r", "t", record=True
         )
     return pair, prompt, res

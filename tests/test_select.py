@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decode.select import (
+from decode.select.ranking import (
     first_level_ancestor,
     path_product,
     path_sum,
@@ -22,7 +22,7 @@ from decode.select import (
     top_b,
     torch_route,
 )
-from decode.tree_values import FACTOR_RULES, RULES, evaluate_pools, matched_budget
+from decode.select.values import FACTOR_RULES, RULES, evaluate_pools, matched_budget
 from tests.random_pools import random_pool_batch, random_tree
 
 

@@ -1,4 +1,4 @@
-"""The compiled CPU kernels give what the torch route gives (decode/select_kernels.py).
+"""The compiled CPU kernels give what the torch route gives (decode/select/kernels.py).
 
 CPU tensors go through the kernels by default; `torch_route()` forces the torch
 implementation, which also serves CUDA. Selections must be identical (same
@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decode.select import (
+from decode.select.ranking import (
     first_level_ancestor,
     path_product,
     path_sum,
@@ -23,7 +23,7 @@ from decode.select import (
     restrict_to_top_m,
     torch_route,
 )
-from decode.tree_values import RULES, evaluate_pools
+from decode.select.values import RULES, evaluate_pools
 from tests.random_pools import random_pool_batch, random_tree
 
 

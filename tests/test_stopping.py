@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from decode.select import draft_scores, path_product, top_b
-from decode.stopping import check_tree, expected_outcome, simulate
+from decode.select.ranking import draft_scores, path_product, top_b
+from decode.tree.stopping import check_tree, expected_outcome, simulate
 from tests.random_pools import random_pool_batch
 
 # SPEC §10: IID uniform binary target, T = {a, b, aa, ab, ba, aaa, aab} = Q, pool order.

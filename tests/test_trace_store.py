@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from decode.config import PoolConfig, SelectConfig
-from decode.shard_store import SchemaError, ShardStore, TableSpec
-from decode.synth import synth_chunk
-from decode.synthetic import SynthConfig
+from decode.synth.job import synth_chunk
+from decode.synth.rounds import SynthConfig
 from decode.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, TRACE_SPEC, trace_store
 from specrank.config import SynthJobConfig
+from specrank.shard_store import SchemaError, ShardStore, TableSpec
 
 # A tiny pool (3 + 6 + 6 candidates) keeps these tests about the store, not the generator.
 TINY = dict(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode.tree_attention import (
+from decode.tree.attention import (
     ancestor_matrix,
     cache_length,
     compact_cache,

@@ -15,7 +15,7 @@ from typing import Any
 
 import mlflow
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+from specrank.paths import PROJECT_ROOT
 
 
 def resolve_tracking_uri(uri: str) -> str:

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from decode import select_kernels
-from decode.pool_batch import PoolBatch
-from decode.select import (
+from decode.select import kernels as select_kernels
+from decode.select.pool_batch import PoolBatch
+from decode.select.ranking import (
     Levels,
     compiled_route,
     draft_scores,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from decode.tree_attention import cache_kwarg, new_cache
+from decode.tree.attention import cache_kwarg, new_cache
 
 
 @torch.inference_mode()

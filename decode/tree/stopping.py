@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from decode.select import path_product
+from decode.select.ranking import path_product
 
 RULES = ("exhaustive", "cap", "sampled_leaf")
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from decode.config import PoolConfig, SelectConfig
-from decode.select import rank_candidates
+from decode.select.ranking import rank_candidates
 
 
 @dataclass
@@ -107,7 +107,7 @@ def pool_layout(pool: PoolConfig) -> PoolLayout:
     n_cand, n_expand = [pool.top_k], []
     for _ in range(pool.steps):
         # each depth but the last expands its `expand` best candidates (all 10 of
-        # depth 1 at the defaults), as decode.pool_growth.level_sizes does
+        # depth 1 at the defaults), as decode.tree.pool.level_sizes does
         n_expand.append(min(pool.expand, n_cand[-1]))
         n_cand.append(n_expand[-1] * pool.top_k)
     n_expand.append(0)  # the last depth is never expanded
@@ -189,7 +189,7 @@ def grow_pool(layout: PoolLayout, draft_logq: np.ndarray) -> GrownPool:
     # top-k tokens of every row, most probable first (argpartition + a sort of
     # k entries is ~2x faster than torch.topk on 64-wide rows). Exactly equal
     # float32 draft log-probs are rare and broken arbitrarily but reproducibly
-    # here (decode.pool_growth prefers the lower token id); nothing downstream
+    # here (decode.tree.pool prefers the lower token id); nothing downstream
     # depends on which of two tied tokens was proposed.
     k = layout.top_k
     if k < draft_logq.shape[-1]:

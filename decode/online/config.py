@@ -14,8 +14,6 @@ from dataclasses import dataclass
 # the paper's App. D.10 (leaf draws emitted as the continuation; one pass per round).
 RUN_RULES = ("draft", "reranker", "root", "root_draw", "pearl", "covering")
 SCORE_MODES = ("tree", "pool")
-PREDICTORS = ("auto", "library", "forest")
-SEEN_PROMPTS = ("refuse", "skip", "allow")
 
 
 @dataclass

@@ -10,7 +10,7 @@ Groups: all prompts, each task, and the low/high-entropy halves of the tasks
 (tasks ordered by the mean root-row entropy of their rounds; the lower half,
 rounded down, is "low").
 
-Realized vs expected: on the run's own recorded rounds, `decode.tree_values.
+Realized vs expected: on the run's own recorded rounds, `decode.select.values.
 evaluate_pools` gives each round's expected value of the rule that chose its
 tree (reranker: the round's own log phat as the first factor); the realized
 value is the round's accepted count (draw rules: 1 + accepted descendants).
@@ -30,14 +30,15 @@ import pyarrow as pa
 import torch
 from transformers import PreTrainedModel
 
-from decode.baseline import autoregressive_decode
-from decode.online import STAGES, PromptRun
-from decode.pool_batch import pool_batch_from_table
-from decode.select import replace_first_factor
-from decode.speculative import prompt_seed
+from decode.online.baseline import autoregressive_decode
+from decode.online.loop import PromptRun
+from decode.online.round import STAGES
+from decode.online.stream import prompt_seed
+from decode.select.pool_batch import pool_batch_from_table
+from decode.select.ranking import replace_first_factor
+from decode.select.values import evaluate_pools
 from decode.trace_schema import TRACE_SCHEMA
-from decode.tree_values import evaluate_pools
-from rerank.bootstrap import PromptSums, percentile_interval, resample_weights, weighted_means
+from specrank.bootstrap import PromptSums, percentile_interval, resample_weights, weighted_means
 
 OFFLINE_RULE = {"draft": "draft", "root": "root", "root_draw": "root_draw", "pearl": "pearl"}
 

@@ -29,12 +29,10 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from decode.pool_growth import Pool
-from decode.select import rank_candidates
-from decode.tree_attention import forward_tree, tree_visibility
+from decode.tree.attention import forward_tree, tree_visibility
+from decode.tree.pool import Pool
 
 VERIFIERS = ("exhaustive", "eagle3")
-ONLINE_RULES = ("draft",)  # rules whose tree is known before the verification pass
 
 
 @dataclass
@@ -45,25 +43,6 @@ class Selection:
     in_tree: Tensor  # [P] bool, the B-node verified tree
     scored: Tensor  # [P] bool, Q: tree ∪ expanded ∪ top-M
     batch_row: Tensor  # [P] int64, row of the node in the verification batch; -1 unscored
-
-
-def select_tree(pool: Pool, rule: str, budget: int, top_m: int) -> Selection:
-    """Choose the verified tree with `decode.select` and derive the scored set.
-
-    The draft rule ranks by cumulative draft log-probability (SPEC §2 tie-break);
-    one ranking serves both the tree (top B) and the top-M scored candidates.
-    """
-    if rule not in ONLINE_RULES:
-        raise ValueError(
-            f"The 'select.rule' for online decoding must be one of {list(ONLINE_RULES)}. Got {rule!r} instead."
-        )
-    score = pool.score[None]  # [1, P]
-    rank = rank_candidates(score)[0]  # [P], 0 = best
-    in_tree = rank < budget  # = decode.select.top_b(score, budget): ancestor-closed, B nodes
-    top = rank < top_m  # top_m = 0: tree + expanded only
-    scored = in_tree | pool.expanded | top
-    batch_row = torch.where(scored, scored.long().cumsum(0), -1)  # root is row 0
-    return Selection(rank, in_tree, scored, batch_row)
 
 
 @torch.inference_mode()

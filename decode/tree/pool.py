@@ -25,7 +25,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from decode.config import PoolConfig
-from decode.tree_attention import cache_length, forward_chain, forward_tree, tree_visibility
+from decode.tree.attention import cache_length, forward_chain, forward_tree, tree_visibility
 
 
 def check_pool_config(cfg: PoolConfig) -> None:

@@ -24,13 +24,13 @@ import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
 from decode.config import PoolConfig, SelectConfig
-from decode.synth_retained import Retained, retained_features
-from decode.synthetic import SynthConfig, SynthRounds, synth_rounds
+from decode.synth.retained import Retained, retained_features
+from decode.synth.rounds import SynthConfig, SynthRounds, synth_rounds
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from specrank.config import SynthJobConfig
+from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 GENERATOR = "decode.synthetic/1"  # bump when the generator's output changes for a fixed config
 
 
@@ -209,33 +209,28 @@ def write_synthetic_traces(
     }
     store.open_for_writing(config, models={"target": "synthetic", "drafter": "synthetic"})
     start = time.perf_counter()
-    written = skipped = rounds = 0
-    for s in range(n_shards(job)):
-        shard_id = f"{s:05d}"
-        if store.is_done(shard_id):
-            skipped += 1
-            continue
-        table = synth_chunk(s, job, pool, select, synth, seed)
-        store.write_shard(shard_id, table)
-        written, rounds = written + 1, rounds + table.num_rows
+
+    def logged(shard_id: str, table: pa.Table) -> None:
         log.info(
             "shard %s: %d rounds (%.1f s so far)",
             shard_id,
             table.num_rows,
             time.perf_counter() - start,
         )
-    return SynthReport(rounds, written, skipped, time.perf_counter() - start, store.fingerprint())
+
+    run = store.write_pending(
+        [f"{s:05d}" for s in range(n_shards(job))],
+        lambda shard_id: synth_chunk(int(shard_id), job, pool, select, synth, seed),
+        after=logged,
+    )
+    return SynthReport(
+        run.rows, run.written, run.skipped, time.perf_counter() - start, store.fingerprint()
+    )
 
 
-def resolve_path(path: str) -> Path:
-    """Relative paths resolve against the project root (not Hydra's run dir or the cwd)."""
-    p = Path(path)
-    return p if p.is_absolute() else PROJECT_ROOT / p
-
-
-@hydra.main(version_base="1.3", config_path="../conf", config_name="synth")
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="synth")
 def main(cfg: DictConfig) -> None:
-    out = resolve_path(cfg.paths.synthetic)
+    out = project_path(cfg.paths.synthetic)
     report = write_synthetic_traces(
         out,
         job=OmegaConf.to_object(cfg.synth_job),

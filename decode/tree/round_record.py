@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from decode import retained as R
-from decode.pool_growth import Pool
-from decode.verify import Selection, edge_logprob
+from decode.tree import retained as R
+from decode.tree.pool import Pool
+from decode.tree.verify import Selection, edge_logprob
 
 
 @dataclass
@@ -91,18 +91,31 @@ def round_trace_fields(
         "accepted_path": path.tolist(),
         "continuation_token": cont,
     }
-    rr = R.RoundRows(
-        root, host.token, host.parent, host.rank, host.in_tree, host.batch_row, path.tolist(), cont
-    )
+    rr = round_rows(root, host, path, cont)
     e = R.emitted_node(rr)
     fields["covered"] = bool(e is not None and host.batch_row[e] >= 0)
     fields.update(R.trace_fields(stats, host.token[: pool.n_first].tolist(), root))
+    return fields, retain_rows(rr, logits, row_cache, round_index)
 
-    # Keep this round's rows for the next round (one gather), then update the cache.
+
+def round_rows(root: int, host: HostPool, path: np.ndarray, cont: int) -> R.RoundRows:
+    """The round's addresses in the terms of `decode.tree.retained`."""
+    return R.RoundRows(
+        root, host.token, host.parent, host.rank, host.in_tree, host.batch_row, path.tolist(), cont
+    )
+
+
+def retain_rows(
+    rr: R.RoundRows, logits: Tensor, row_cache: R.TokenKeyedCache, round_index: int
+) -> R.PrevRows:
+    """Keep this round's rows for the next round (one gather), then update the token-keyed cache.
+
+    logits: [1 + |Q|, V], the verification batch. Returns the next round's `PrevRows`.
+    """
     keep, prev = R.retained_batch_rows(rr)
     prev.rows = logits.index_select(0, torch.as_tensor(keep, device=logits.device))  # [K, V]
     toks, rows = R.cache_writes(rr)
     row_cache.store(
         toks, logits.index_select(0, torch.as_tensor(rows, device=logits.device)), round_index
     )
-    return fields, prev
+    return prev

@@ -34,10 +34,10 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from decode.pool_growth import Pool
-from decode.select import Levels, first_level_ancestor, path_sum, rank_candidates, top_b
-from decode.tree_attention import forward_chain, forward_tree, tree_visibility
-from decode.verify import row_logprobs
+from decode.select.ranking import Levels, first_level_ancestor, path_sum, rank_candidates, top_b
+from decode.tree.attention import forward_chain, forward_tree, tree_visibility
+from decode.tree.pool import Pool
+from decode.tree.verify import row_logprobs
 
 ROOT_PASS_RULES = ("root", "root_draw", "pearl")
 DRAW_RULES = ("root_draw", "pearl")

@@ -1,6 +1,6 @@
 """Compiled CPU kernels for the selector's hot loops (numba).
 
-In torch each primitive of `decode.select` is a chain of full-tensor passes: a
+In torch each primitive of `decode.select.ranking` is a chain of full-tensor passes: a
 gather per pool level for a path reduction, six int64 passes to build ranking
 keys, then a top-k. A compiled per-round loop touches a round's 710 candidates
 while they sit in cache and is several times faster at paper scale (figures in
@@ -11,7 +11,7 @@ Every kernel computes what its torch counterpart computes: the same float32
 operations in the same order and the same unique ranking keys, so the two
 routes give identical scores and selections; the draw curves add the same
 terms in another order and agree to float32 rounding (`tests/test_select_kernels.py`).
-`decode.select` chooses the route; the torch one serves CUDA tensors and is
+`decode.select.ranking` chooses the route; the torch one serves CUDA tensors and is
 the reference.
 """
 
@@ -31,7 +31,7 @@ def use_threads(n_threads: int) -> None:
 
 @njit(inline="always", cache=True)
 def _key(score: np.float32, index: int, width: int, valid: bool) -> np.int64:
-    """`decode.select.ranking_keys` of one candidate (larger = ranked first)."""
+    """`decode.select.ranking.ranking_keys` of one candidate (larger = ranked first)."""
     # + 0.0 turns -0.0 into +0.0
     bits = np.int64(np.float32(score + np.float32(0.0)).view(np.int32))
     key32 = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # monotone float -> int map (IEEE-754)
@@ -211,7 +211,7 @@ def draw_curves(
 
     Channels: root-draw value, root-draw size, PEARL-commit value, PEARL-commit
     size; entry j is the mass of candidates of rank <= j below their
-    first-level candidate (see `decode.tree_values.draw_values`). Instead of
+    first-level candidate (see `decode.select.values.draw_values`). Instead of
     sorting, a best-first search from each first-level candidate pops its
     descendants in draft order: ranking keys strictly decrease along a path
     when draft scores do, so the frontier always holds the next best one.

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decode.synthetic import SynthConfig, SynthRounds
+from decode.synth.rounds import SynthConfig, SynthRounds
 
 MAX_TOKEN_ONLY = 24  # SPEC §5: up to 24 token-only rows (+ the root row)
 

@@ -22,7 +22,7 @@ set is ancestor-closed with exactly B nodes, even when log factors are exactly
 0 or -inf and scores tie.
 
 Two routes, one result. CPU tensors run the compiled per-round kernels of
-`decode.select_kernels` (several times faster than chains of full-tensor torch
+`decode.select.kernels` (several times faster than chains of full-tensor torch
 ops at paper scale); CUDA tensors run torch ops, which `torch_route()` also
 forces on CPU as the reference. Both build the same float32 scores in the same
 order and rank by the same unique keys, so selections are identical
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from decode import select_kernels
+from decode.select import kernels as select_kernels
 
 _torch_only = False  # see torch_route()
 
@@ -50,7 +50,7 @@ def torch_route() -> Iterator[None]:
     """Run the primitives with torch even on CPU tensors (the reference route).
 
     CPU tensors otherwise go through the compiled kernels of
-    `decode.select_kernels`, which give identical results; the tests and
+    `decode.select.kernels`, which give identical results; the tests and
     `bench/select_values.py` use this to compare the two routes.
     """
     global _torch_only

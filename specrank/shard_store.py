@@ -7,8 +7,8 @@ A store is a folder:
     shard-<id>.done            completion marker: row count and the file's sha256
 
 Readers only see shards that have a marker, so a killed writer never exposes
-half a shard; a rerun asks `is_done(id)` and skips finished shards, so rounds
-are never duplicated. Tables are cast to the declared schema on write (missing
+half a shard; `write_pending` (the one shard-writing loop of every stage) skips
+finished shards on a rerun, so rounds are never duplicated. Tables are cast to the declared schema on write (missing
 or extra columns are refused) and checked against it on read.
 
 Why not `datasets.ArrowWriter` or datatrove: both infer schemas from the data
@@ -21,7 +21,8 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,16 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+@dataclass
+class ShardRun:
+    """What one `ShardStore.write_pending` call did."""
+
+    written: int = 0
+    skipped: int = 0  # already finished (completion marker present)
+    rows: int = 0  # rows in the shards written by this call
+    write_seconds: float = 0.0  # Parquet writing + fsync + hashing
 
 
 @dataclass
@@ -189,6 +200,35 @@ class ShardStore:
         marker = {"rows": table.num_rows, "sha256": sha256_file(data_path)}
         _atomic_write_bytes(done_path, json.dumps(marker).encode())
         return True
+
+    def pending(self, shard_ids: Sequence[str]) -> list[str]:
+        """The ids among `shard_ids` without a completion marker, in the given order."""
+        return [sid for sid in shard_ids if not self.is_done(sid)]
+
+    def write_pending(
+        self,
+        shard_ids: Sequence[str],
+        build: Callable[[str], pa.Table],
+        after: Callable[[str, pa.Table], None] | None = None,
+    ) -> ShardRun:
+        """The one shard-writing loop (record, synth, extract, online runs).
+
+        Finished shards are skipped; each other shard is built by `build(id)` and
+        written atomically, then `after(id, table)` runs (progress, logging). A run
+        killed mid-shard leaves that shard unwritten, and a rerun redoes exactly it.
+        """
+        todo = self.pending(shard_ids)
+        run = ShardRun(skipped=len(shard_ids) - len(todo))
+        for sid in todo:
+            table = build(sid)
+            t0 = time.perf_counter()
+            self.write_shard(sid, table)
+            run.write_seconds += time.perf_counter() - t0
+            run.written += 1
+            run.rows += table.num_rows
+            if after is not None:
+                after(sid, table)
+        return run
 
     def done_shards(self) -> list[str]:
         return sorted(p.name[len("shard-") : -len(".done")] for p in self.root.glob("shard-*.done"))

@@ -22,7 +22,14 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from decode.models import check_batch_one
+
+def check_batch_one(input_ids: Tensor, who: str) -> None:
+    """Refuse anything but one stream: input ids must be [1, n]."""
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(
+            f"{who}: decoding runs at batch size 1 (one prompt per stream); "
+            f"expected input ids of shape [1, n], got {tuple(input_ids.shape)}"
+        )
 
 
 def ancestor_matrix(parent: Tensor, max_depth: int) -> Tensor:

@@ -1,0 +1,149 @@
+"""A prompt's decoding state and what every round shares: settings, prefill, clocks, stopping.
+
+    prefill : both models cache the prompt minus its last token; that token is round 0's root;
+              with retained rows, the token-keyed cache is seeded from the prompt (SPEC §5)
+
+The round itself is `decode.online.round`; the loop over rounds is `decode.online.loop`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from decode.config import DecodeConfig, PoolConfig, SelectConfig
+from decode.tree import retained as R
+from decode.tree.attention import forward_chain, new_cache
+from decode.tree.pool import level_sizes
+from decode.tree.verify import (
+    VERIFIERS,
+)
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Everything that shapes a decoding run (typed config sections)."""
+
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    select: SelectConfig = field(default_factory=SelectConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def check(self) -> None:
+        level_sizes(self.pool)  # validates the pool settings
+        if self.decode.temperature < 0:
+            raise ValueError(
+                f"The 'decode.temperature' must be >= 0. Got {self.decode.temperature} instead."
+            )
+        if self.decode.verifier not in VERIFIERS:
+            raise ValueError(
+                f"The 'decode.verifier' must be one of {list(VERIFIERS)}. Got {self.decode.verifier!r} instead."
+            )
+        if self.select.budget < 1:
+            raise ValueError(
+                f"The 'select.budget' must be an int >= 1. Got {self.select.budget} instead."
+            )
+        if self.decode.max_new_tokens < 1:
+            raise ValueError(
+                f"The 'decode.max_new_tokens' must be >= 1. Got {self.decode.max_new_tokens} instead."
+            )
+
+
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """A stable 63-bit seed per (run seed, prompt): same draws on resume and in any prompt order."""
+    digest = hashlib.sha256(f"{seed}\x00{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class StageClock:
+    """Per-stage wall time of one round. CUDA: events (no extra syncs); CPU: perf_counter."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[object] = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def durations_ms(self) -> list[float]:
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return [1000.0 * (b - a) for a, b in zip(self.marks, self.marks[1:], strict=False)]
+
+
+@dataclass
+class Stream:
+    """Decoding state of one prompt (batch size 1)."""
+
+    tokens: list[int]  # prompt + emitted; the last one is the root (not in either cache)
+    n_prompt: int
+    target_cache: DynamicCache
+    drafter_cache: DynamicCache
+    drafter_pending: list[int]  # committed tokens the drafter has not cached yet (root excluded)
+    generator: torch.Generator | None
+    row_cache: R.TokenKeyedCache | None = None
+    prev: R.PrevRows | None = None
+
+
+@torch.inference_mode()
+def prefill(
+    target: PreTrainedModel, drafter: PreTrainedModel, prompt: list[int], generator, record: bool
+) -> Stream:
+    """Cache the prompt minus its last token in both models; seed the token-keyed cache."""
+    if not prompt:
+        raise ValueError("prefill: the prompt has no tokens")
+    dev = target.device
+    ctx = torch.tensor(prompt[:-1], device=dev)
+    tcache, dcache = new_cache(target), new_cache(drafter)
+    row_cache = None
+    if record:
+        vocab = target.get_output_embeddings().out_features
+        row_cache = R.TokenKeyedCache(vocab, dev, target.dtype)
+    if len(prompt) > 1:
+        if record:
+            # Rows only at each distinct token's latest occurrence (logits_to_keep as
+            # an index tensor): a full prompt's logits would be prompt x vocab.
+            toks, pos = R.prompt_cache_rows(prompt[:-1])
+            rows = forward_chain(
+                target, ctx, tcache, logits_to_keep=torch.as_tensor(pos, device=dev)
+            )
+            row_cache.store(toks, rows, round_index=-1)
+        else:
+            forward_chain(target, ctx, tcache, logits_to_keep=1)
+        forward_chain(drafter, ctx, dcache, logits_to_keep=1)
+    return Stream(list(prompt), len(prompt), tcache, dcache, [], generator, row_cache)
+
+
+def output_is_done(
+    output: list[int], emitted: list[int], eos_ids: frozenset[int], max_new_tokens: int
+) -> bool:
+    """Stop after the round that emits EOS or brings the output to `max_new_tokens`."""
+    return any(t in eos_ids for t in emitted) or len(output) >= max_new_tokens
+
+
+def check_positions(
+    target: PreTrainedModel, drafter: PreTrainedModel, n_prompt: int, s: DecodeSettings
+) -> None:
+    """Refuse runs whose positions would pass a model's trained range (rotary models go on silently)."""
+    depth = len(level_sizes(s.pool))
+    need = (
+        n_prompt + s.decode.max_new_tokens + depth
+    )  # the last round may overshoot by the tree depth
+    for name, m in (("target", target), ("drafter", drafter)):
+        limit = getattr(m.config, "max_position_embeddings", None)
+        if limit is not None and need > limit:
+            raise ValueError(
+                f"model.{name}: a {n_prompt}-token prompt + decode.max_new_tokens="
+                f"{s.decode.max_new_tokens} + depth {depth} needs {need} positions, "
+                f"but the model has max_position_embeddings={limit}"
+            )

@@ -1,0 +1,26 @@
+"""The decoding law of a temperature, named once for every stage.
+
+    law_kind(T): "greedy" (T = 0: argmax verification, 0/1 labels, classifiers)
+                 or "sampling" (T > 0: target sampling, probability labels, regressors)
+    law_name(T): the law in tables, plots and metric keys: "greedy", "sampling" (T = 1),
+                 "sampling_T0.7" (any other T > 0, so two sampling laws never share a name)
+"""
+
+from __future__ import annotations
+
+LAW_KINDS = ("greedy", "sampling")
+
+
+def law_kind(temperature: float) -> str:
+    """Which estimator and label a temperature's rounds take (see module doc)."""
+    if temperature < 0:
+        raise ValueError(f"A temperature must be >= 0. Got {temperature} instead.")
+    return "greedy" if temperature == 0 else "sampling"
+
+
+def law_name(temperature: float) -> str:
+    """The law's label in every report and metric key (see module doc)."""
+    kind = law_kind(temperature)
+    if kind == "greedy" or float(temperature) == 1.0:
+        return kind
+    return f"{kind}_T{float(temperature):g}"

@@ -1,0 +1,35 @@
+"""Decode one prompt the way `decode.record` does (rule=draft, pool scoring), for the decoder tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel
+
+from decode.online.loop import decode_prompt
+from decode.online.stream import DecodeSettings
+from decode.record import recording_settings
+
+
+@dataclass
+class Recorded:
+    output: list[int]  # emitted tokens
+    rounds: list[dict]  # trace rows (TRACE_SCHEMA); empty unless recording
+    accepted: list[int]  # accepted draft tokens per round
+
+
+def decode_recorded(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel,
+    prompt: list[int],
+    s: DecodeSettings,
+    eos_ids: frozenset[int],
+    prompt_id: str = "0",
+    task: str = "",
+    record: bool = False,
+) -> Recorded:
+    run = decode_prompt(
+        target, drafter, prompt, recording_settings(s, record), eos_ids, prompt_id, task
+    )
+    rows = [r.fields for r in run.rounds if r.fields is not None]
+    return Recorded(run.output, rows, [r.n_accepted for r in run.rounds])
