@@ -58,9 +58,10 @@ bench: $(STAMP)  ## run the benchmarks (prints figures; paper-scale synthetic da
 gpu-check:  ## on a machine with one CUDA GPU: gpu tests + online speed benchmark, figures to one file
 	bash bench/gpu_check.sh
 
-lint: $(STAMP)  ## ruff lint + format check
+lint: $(STAMP)  ## ruff lint + format check + layer contracts (import-linter)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: $(STAMP)  ## ruff autofix + format
 	$(PY) -m ruff check --fix .

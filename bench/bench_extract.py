@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 from decode.config import PoolConfig, SelectConfig
+from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import write_synthetic_traces
-from decode.synth.rounds import SynthConfig
 from features.extract import ExtractReport, extract
-from specrank.config import SynthJobConfig
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 PAPER_PROMPTS, PAPER_ROUNDS = 1402, 261  # 365,922 rounds

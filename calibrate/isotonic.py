@@ -14,26 +14,27 @@ increasing isotonic regression of the bins' mean y on their mean x, weighted
 by bin size. Binning first (the paper's recipe) makes the fit O(n log n) for
 millions of edges and smooths the step function.
 
-Outputs are clipped to [CALIB_FLOOR, 1]: the selector takes their log (must be
+Outputs are clipped to [PROB_FLOOR, 1]: the selector takes their log (must be
 finite; an isotonic fit of a 0/1 label can return exactly 0), and factors
 <= 1 keep path scores non-increasing so the top-B set stays ancestor-closed.
-`crossfit_calibrate` fits on one prompt half, applies to the other, and swaps
-(`rerank.crossfit` convention).
+Cross-fitting them over prompt halves is `rerank.crossfit.crossfit_calibrate`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.isotonic import IsotonicRegression
 from sklearn.utils.validation import check_is_fitted
 
-from rerank.crossfit import fold_masks
-
-CALIB_FLOOR = 1e-6
-DEFAULT_BINS = 200
+# Floor of every probability the selector takes the log of (calibrated maps and the
+# rerankers' phat alike). It must be finite (a -inf first factor would tie the
+# candidate's whole subtree at -inf, and -inf - -inf is NaN in score differences),
+# and values <= 1 keep log <= 0 = the root's score, so scores stay non-increasing
+# along paths and top-B stays ancestor-closed. A regressor can predict <= 0 or > 1;
+# the floor is far below any probability the models resolve (held-out error >> 1e-6).
+PROB_FLOOR = 1e-6
+DEFAULT_BINS = 200  # equal-count bins of every isotonic map (SPEC §8)
 
 
 def _as_1d(name: str, a: np.ndarray) -> np.ndarray:
@@ -90,10 +91,10 @@ class EqualCountIsotonic(BaseEstimator):
         return self
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Calibrated probability (float64, clipped to [CALIB_FLOOR, 1])."""
+        """Calibrated probability (float64, clipped to [PROB_FLOOR, 1])."""
         check_is_fitted(self, "iso_")
         out = self.iso_.predict(_as_1d("x", x))
-        return np.clip(out, CALIB_FLOOR, 1.0)
+        return np.clip(out, PROB_FLOOR, 1.0)
 
 
 class PerDepthIsotonic(BaseEstimator):
@@ -133,42 +134,3 @@ class PerDepthIsotonic(BaseEstimator):
             if sel.any():
                 out[sel] = m.predict(x[sel])
         return out
-
-
-@dataclass
-class CalibrationResult:
-    """Out-of-fold calibrated probabilities; ``maps[f]`` was fitted on fold 1-f, applied to f."""
-
-    prob: np.ndarray
-    folds: np.ndarray
-    maps: tuple[EqualCountIsotonic | PerDepthIsotonic, EqualCountIsotonic | PerDepthIsotonic]
-
-
-def crossfit_calibrate(
-    x: np.ndarray,
-    y: np.ndarray,
-    folds: np.ndarray,
-    depth: np.ndarray | None = None,
-    n_bins: int = DEFAULT_BINS,
-) -> CalibrationResult:
-    """Cross-fitted calibration: `EqualCountIsotonic`, or `PerDepthIsotonic` if ``depth`` is given.
-
-    ``folds`` are prompt halves of the rows (`rerank.crossfit.prompt_halves`);
-    labels of the predicted half are never read by its map.
-    """
-    x, y = _as_1d("x", x), np.asarray(y, dtype=np.float64).ravel()
-    folds = np.asarray(folds)
-    if not (x.shape == y.shape == folds.shape):
-        raise ValueError(f"x {x.shape}, y {y.shape} and folds {folds.shape} differ in shape")
-    prob = np.full(x.shape, np.nan)
-    maps = []
-    for _, train, predict in fold_masks(folds):
-        if depth is None:
-            m = EqualCountIsotonic(n_bins).fit(x[train], y[train])
-            prob[predict] = m.predict(x[predict])
-        else:
-            d = np.asarray(depth).ravel()
-            m = PerDepthIsotonic(n_bins).fit(x[train], y[train], d[train])
-            prob[predict] = m.predict(x[predict], d[predict])
-        maps.append(m)
-    return CalibrationResult(prob, folds.astype(np.int8), (maps[0], maps[1]))

@@ -75,3 +75,13 @@ class TraceConfig:
     out_dir: str = MISSING  # trace store folder (record.yaml derives it from model/data/decode)
     prompts_per_shard: int = 8  # one shard = this many consecutive prompts (resume unit)
     progress: bool = True  # tqdm bar with tokens/s and mean accepted length
+
+
+SECTIONS = {  # this stage's sections of the root schema (see specrank.config)
+    "pool": PoolConfig,
+    "select": SelectConfig,
+    "model": ModelConfig,
+    "data": DataConfig,
+    "decode": DecodeConfig,
+    "trace": TraceConfig,
+}

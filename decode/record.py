@@ -101,7 +101,9 @@ def record_traces(
             f"The 'trace.prompts_per_shard' must be an int >= 1. Got {prompts_per_shard} instead."
         )
     shards = {
-        shard_id(settings.decode.temperature, settings.select.budget, k): prompts[i : i + prompts_per_shard]
+        shard_id(settings.decode.temperature, settings.select.budget, k): prompts[
+            i : i + prompts_per_shard
+        ]
         for k, i in enumerate(range(0, len(prompts), prompts_per_shard))
     }
     store = trace_store(out_dir)

@@ -132,7 +132,9 @@ def write_traces(out: Path, timings: list[PromptTiming], s: OnlineSettings, mani
     store.open_for_writing(config=manifest, models=models)
     dec = s.base
     shards = {
-        f"{s.rule}-t{float(dec.decode.temperature)}-b{dec.select.budget}-{j:05d}": timings[k : k + prompts_per_shard]
+        f"{s.rule}-t{float(dec.decode.temperature)}-b{dec.select.budget}-{j:05d}": timings[
+            k : k + prompts_per_shard
+        ]
         for j, k in enumerate(range(0, len(timings), prompts_per_shard))
     }
 

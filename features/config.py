@@ -19,3 +19,6 @@ class FeaturesConfig:
         "${paths.traces}"  # trace store to read (any folder written by decode.record/synth)
     )
     out: str = "${paths.features}"  # candidate store to write (one shard per trace shard)
+
+
+SECTIONS = {"features": FeaturesConfig}  # see specrank.config

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specrank.bootstrap import DEFAULT_RESAMPLES
+
 # SPEC §6: the default budgets and the sweep reported on request.
 DEFAULT_BUDGETS = [8, 59]
 SWEEP_BUDGETS = [2, 4, 8, 12, 16, 24, 32, 48, 59, 80, 100, 150, 200]
@@ -30,7 +32,7 @@ class RerankConfig:
     budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
     sweep: bool = False  # evaluate the SPEC budget sweep too
     top_m: int = 0  # restrict every rule to the M highest-ranked candidates (0: whole pool)
-    n_resamples: int = 2000  # paired prompt-bootstrap resamples
+    n_resamples: int = DEFAULT_RESAMPLES  # paired prompt-bootstrap resamples
     calibration_edges: int = 2_000_000  # pool edges sampled per half to fit per-depth maps
     chunk_rounds: int = 8192  # rounds per evaluation batch (bounds memory)
 
@@ -42,3 +44,6 @@ class MlflowConfig:
     )
     experiment: str = "specrank"
     run_name: str | None = None
+
+
+SECTIONS = {"rerank": RerankConfig, "mlflow": MlflowConfig}  # see specrank.config

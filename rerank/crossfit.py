@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
+
+from calibrate.isotonic import DEFAULT_BINS, EqualCountIsotonic, PerDepthIsotonic
 
 SCHEMES = ("even_odd", "seeded")
 _TRAILING_INT = re.compile(r"(\d+)$")
@@ -109,3 +112,43 @@ def fold_masks(folds: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]
                 f"{int(predict.sum())} rows to predict; both halves must be non-empty"
             )
         yield f, train, predict
+
+
+@dataclass
+class CalibrationResult:
+    """Out-of-fold calibrated probabilities; ``maps[f]`` was fitted on fold 1-f, applied to f."""
+
+    prob: np.ndarray
+    folds: np.ndarray
+    maps: tuple[EqualCountIsotonic | PerDepthIsotonic, EqualCountIsotonic | PerDepthIsotonic]
+
+
+def crossfit_calibrate(
+    x: np.ndarray,
+    y: np.ndarray,
+    folds: np.ndarray,
+    depth: np.ndarray | None = None,
+    n_bins: int = DEFAULT_BINS,
+) -> CalibrationResult:
+    """Cross-fitted calibration: `EqualCountIsotonic`, or `PerDepthIsotonic` if ``depth`` is given.
+
+    ``folds`` are prompt halves of the rows (`prompt_halves`);
+    labels of the predicted half are never read by its map.
+    """
+    x = np.asarray(x, dtype=np.float64).ravel()
+    y = np.asarray(y, dtype=np.float64).ravel()
+    folds = np.asarray(folds)
+    if not (x.shape == y.shape == folds.shape):
+        raise ValueError(f"x {x.shape}, y {y.shape} and folds {folds.shape} differ in shape")
+    prob = np.full(x.shape, np.nan)
+    maps = []
+    for _, train, predict in fold_masks(folds):
+        if depth is None:
+            m = EqualCountIsotonic(n_bins).fit(x[train], y[train])
+            prob[predict] = m.predict(x[predict])
+        else:
+            d = np.asarray(depth).ravel()
+            m = PerDepthIsotonic(n_bins).fit(x[train], y[train], d[train])
+            prob[predict] = m.predict(x[predict], d[predict])
+        maps.append(m)
+    return CalibrationResult(prob, folds.astype(np.int8), (maps[0], maps[1]))

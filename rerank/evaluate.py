@@ -28,10 +28,10 @@ import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
+from calibrate.isotonic import PROB_FLOOR
 from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
 from decode.select.ranking import leading_factor_edges, path_sum, pool_levels
 from decode.select.values import RULES, evaluate_pools
-from rerank.models import PHAT_FLOOR
 
 ROUND_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]
 RETAINED_ROWS = {"cache": "fl_cache_logprob", "same": "fl_same_logprob", "prev": "fl_prev_logprob"}
@@ -116,7 +116,7 @@ class LearnedFactors:
         log_phat = {}
         for name in names:
             mat = np.full((len(rounds), n_first), np.nan, dtype=np.float32)
-            mat[codes, cand] = np.log(np.clip(preds[name].to_numpy(np.float64), PHAT_FLOOR, 1.0))
+            mat[codes, cand] = np.log(np.clip(preds[name].to_numpy(np.float64), PROB_FLOOR, 1.0))
             log_phat[name] = mat
         return cls(rounds, log_phat)
 

@@ -27,6 +27,7 @@ import pandas as pd
 from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
+from calibrate.isotonic import PROB_FLOOR
 from features.schema import BASE_FEATURES, ROW_FEATURES
 from rerank.crossfit import check_grouped, fold_masks
 from rerank.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
@@ -41,13 +42,6 @@ FEATURE_SETS: dict[str, list[str]] = {
 }
 LABEL_OF_LAW = {"greedy": "label_is_argmax", "sampling": "label_target_prob"}
 CATEGORICAL = ("task",)
-# Floor of phat. The selector takes log phat: it must be finite (a -inf first
-# factor would tie the candidate's whole subtree at -inf, and -inf - -inf is
-# NaN in score differences), and phat <= 1 keeps log phat <= 0 = the root's
-# score, so scores stay non-increasing along paths and top-B stays
-# ancestor-closed. A regressor can predict <= 0 or > 1; the floor is far below
-# any probability the models resolve (their held-out error is >> 1e-6).
-PHAT_FLOOR = 1e-6
 # HGB bins a categorical feature into at most 255 values (one kept for missing).
 _MAX_CATEGORIES = 254
 
@@ -168,7 +162,7 @@ class FittedReranker:
     train_prompts: tuple[str, ...] = ()
 
     def predict_matrix(self, X: np.ndarray, n_threads: int | None = None) -> np.ndarray:
-        """phat (float64, clipped to [PHAT_FLOOR, 1]) for a design matrix."""
+        """phat (float64, clipped to [PROB_FLOOR, 1]) for a design matrix."""
         if X.shape[1] != len(self.features):
             raise ValueError(f"matrix has {X.shape[1]} columns; the model expects {self.features}")
         if self.kind == "lgbm":
@@ -179,7 +173,7 @@ class FittedReranker:
                     raw = self.estimator.predict_proba(X)[:, 1]
                 else:
                     raw = self.estimator.predict(X)
-        return np.clip(np.asarray(raw, dtype=np.float64), PHAT_FLOOR, 1.0)
+        return np.clip(np.asarray(raw, dtype=np.float64), PROB_FLOOR, 1.0)
 
     def predict_phat(self, frame: pd.DataFrame, n_threads: int | None = None) -> np.ndarray:
         """phat for new rows: features from ``frame``, prior from the whole training half."""
@@ -331,7 +325,7 @@ def crossfit_predict(
     capacity: Capacity = Capacity(),
     pseudo_count: float = DEFAULT_PSEUDO_COUNT,
 ) -> CrossfitResult:
-    """Out-of-fold phat (float64 in [PHAT_FLOOR, 1]) for every row of one law's frame.
+    """Out-of-fold phat (float64 in [PROB_FLOOR, 1]) for every row of one law's frame.
 
     ``folds`` come from `rerank.crossfit.prompt_halves` (checked constant
     within each prompt). Task categories are fixed from the whole frame

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from calibrate.isotonic import PROB_FLOOR
 from decode.prompts import Prompt
 from features.first_level import FEATURE_DTYPES
 from features.schema import ROW_FEATURES
@@ -27,7 +28,7 @@ from rerank.forest_eval import (
     prepare,
     walk_numpy,
 )
-from rerank.models import FEATURE_SETS, PHAT_FLOOR, TOKEN_PRIOR, FittedReranker, feature_list
+from rerank.models import FEATURE_SETS, TOKEN_PRIOR, FittedReranker, feature_list
 from rerank.persist import RerankerLoadError, load_reranker, read_sidecar
 from specrank.laws import law_kind
 from specrank.paths import project_path
@@ -137,7 +138,6 @@ def uses_rows(model: FittedReranker) -> bool:
     return any(f in ROW_FEATURES for f in model.features)
 
 
-
 class OnlinePredictor:
     """Design matrix and phat for one round's first-level candidates, on the fastest exact route."""
 
@@ -183,14 +183,14 @@ class OnlinePredictor:
         return X
 
     def first_logprob(self, X: np.ndarray) -> Tensor:
-        """log phat (phat clipped to [PHAT_FLOOR, 1] like predict_matrix) [n1] float32 on the device."""
+        """log phat (phat clipped to [PROB_FLOOR, 1] like predict_matrix) [n1] float32 on the device."""
         if self.torch_forest is not None:
             Xv = torch.from_numpy(prepare(self.compiled, X)).to(self.device, non_blocking=True)
             phat = link(self.compiled, self.torch_forest.raw(Xv))
-            return torch.log(phat.clamp(PHAT_FLOOR, 1.0)).float()
+            return torch.log(phat.clamp(PROB_FLOOR, 1.0)).float()
         if self.compiled is not None:  # numpy walk (CPU)
             raw = walk_numpy(self.compiled, prepare(self.compiled, X))
-            phat = np.clip(link(self.compiled, raw), PHAT_FLOOR, 1.0)
+            phat = np.clip(link(self.compiled, raw), PROB_FLOOR, 1.0)
         else:
             phat = self.model.predict_matrix(X, n_threads=1)
         return torch.from_numpy(np.log(phat).astype(np.float32)).to(self.device)

@@ -18,12 +18,12 @@ import pandas as pd
 import pyarrow.dataset as ds
 import torch
 
-from calibrate.isotonic import PerDepthIsotonic, crossfit_calibrate
+from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
 from decode.select.pool_batch import PoolBatch, pool_batch_from_table
 from decode.select.ranking import path_sum, pool_levels
-from rerank.crossfit import prompt_halves
+from rerank.crossfit import crossfit_calibrate, prompt_halves
 from rerank.evaluate import ROUND_KEYS, iter_trace_chunks
-from rerank.models import LABEL_OF_LAW, PHAT_FLOOR, FittedReranker, crossfit_predict
+from rerank.models import LABEL_OF_LAW, FittedReranker, crossfit_predict
 from specrank.laws import law_kind
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,9 @@ def fit_per_depth_maps(
         if x.size > max_edges:
             pick = rng.choice(x.size, max_edges, replace=False)
             x, d, y = x[pick], d[pick], y[pick]
-        maps[(t, 1 - half)] = PerDepthIsotonic(n_bins=200).fit(x, y, d)  # predicts the other half
+        maps[(t, 1 - half)] = PerDepthIsotonic(n_bins=DEFAULT_BINS).fit(
+            x, y, d
+        )  # predicts the other half
     return maps
 
 
@@ -169,6 +171,34 @@ def per_depth_scores(
         if rows.size == 0:
             continue
         cal = iso.predict(q[rows].reshape(-1), depth[rows].reshape(-1)).reshape(rows.size, -1)
-        logf[rows] = torch.from_numpy(np.log(np.clip(cal, PHAT_FLOOR, 1.0)).astype(np.float32))
+        logf[rows] = torch.from_numpy(np.log(np.clip(cal, PROB_FLOOR, 1.0)).astype(np.float32))
     logf = torch.where(pool.valid, logf, -torch.inf)
     return path_sum(logf, pool.parent, pool_levels(pool.parent, pool.depth))
+
+
+def prediction_quality(candidates: pd.DataFrame, preds: FirstFactorPredictions) -> pd.DataFrame:
+    """Held-out squared error and top-1 agreement of first-level predictions vs draft probs."""
+    frame = candidates.merge(preds.frame, on=[*ROUND_KEYS, "cand_index"], how="inner")
+    rows = []
+    for temperature, part in frame.groupby("temperature"):
+        label = part[LABEL_OF_LAW[law_kind(float(temperature))]].to_numpy(np.float64)
+        round_id = part.groupby(["prompt_id", "round_index"]).ngroup().to_numpy()
+        for name in ["draft_prob", *preds.rules]:
+            pred = part[name].to_numpy(np.float64)
+            # top-1: the round's highest predicted candidate is the target's argmax
+            order = np.lexsort((-pred, round_id))
+            first = order[np.r_[True, round_id[order][1:] != round_id[order][:-1]]]
+            for fold in (None, 0, 1):
+                m = slice(None) if fold is None else (part["fold"].to_numpy() == fold)
+                sel = first if fold is None else first[part["fold"].to_numpy()[first] == fold]
+                rows.append(
+                    {
+                        "temperature": float(temperature),
+                        "predictor": name,
+                        "fold": "all" if fold is None else fold,
+                        "squared_error": float(np.mean((pred[m] - label[m]) ** 2)),
+                        "top1_agreement": float(part["label_is_argmax"].to_numpy()[sel].mean()),
+                        "candidates": int(np.size(pred[m])),
+                    }
+                )
+    return pd.DataFrame(rows)

@@ -19,6 +19,7 @@ import pandas as pd
 
 from rerank.evaluate import PromptCurves
 from specrank.bootstrap import (
+    DEFAULT_RESAMPLES,
     WEIGHTINGS,
     PromptSums,
     bootstrap_weights,
@@ -68,7 +69,13 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
                 target = frame.index.get_indexer(part.index[part["fold"] == fold])
                 values[target] = frame[by_w[best_w]].to_numpy()[target]
                 chosen.append(
-                    {"law": law_name(temperature), "budget": b, "row": row, "fold": fold, "w": best_w}
+                    {
+                        "law": law_name(temperature),
+                        "budget": b,
+                        "row": row,
+                        "fold": fold,
+                        "w": best_w,
+                    }
                 )
         new_cols[f"mix_{row}@B{b}"] = values
     dropped = [c for by_w in groups.values() for c in by_w.values()]
@@ -179,7 +186,7 @@ def _mean_curves(
 
 def summarise(
     frame: pd.DataFrame,
-    n_resamples: int = 2000,
+    n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     weightings: tuple[str, ...] = WEIGHTINGS,
     curves: PromptCurves | None = None,

@@ -39,6 +39,7 @@ from rerank.predict import (
     fold_map,
     per_depth_scores,
     predict_first_factors,
+    prediction_quality,
 )
 from rerank.summary import breakdowns, choose_mixture_weights, results_table, summarise
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
@@ -61,34 +62,6 @@ class TrainResult:
     run_id: str
 
 
-def prediction_quality(candidates: pd.DataFrame, preds: FirstFactorPredictions) -> pd.DataFrame:
-    """Held-out squared error and top-1 agreement of first-level predictions vs draft probs."""
-    frame = candidates.merge(preds.frame, on=[*ROUND_KEYS, "cand_index"], how="inner")
-    rows = []
-    for temperature, part in frame.groupby("temperature"):
-        label = part[LABEL_OF_LAW[law_kind(float(temperature))]].to_numpy(np.float64)
-        round_id = part.groupby(["prompt_id", "round_index"]).ngroup().to_numpy()
-        for name in ["draft_prob", *preds.rules]:
-            pred = part[name].to_numpy(np.float64)
-            # top-1: the round's highest predicted candidate is the target's argmax
-            order = np.lexsort((-pred, round_id))
-            first = order[np.r_[True, round_id[order][1:] != round_id[order][:-1]]]
-            for fold in (None, 0, 1):
-                m = slice(None) if fold is None else (part["fold"].to_numpy() == fold)
-                sel = first if fold is None else first[part["fold"].to_numpy()[first] == fold]
-                rows.append(
-                    {
-                        "temperature": float(temperature),
-                        "predictor": name,
-                        "fold": "all" if fold is None else fold,
-                        "squared_error": float(np.mean((pred[m] - label[m]) ** 2)),
-                        "top1_agreement": float(part["label_is_argmax"].to_numpy()[sel].mean()),
-                        "candidates": int(np.size(pred[m])),
-                    }
-                )
-    return pd.DataFrame(rows)
-
-
 def _check_same_traces(features_dir: Path, traces_dir: Path) -> str:
     """The candidate table must come from exactly these traces; returns their fingerprint."""
     traces_fp = trace_store(traces_dir).fingerprint()
@@ -103,29 +76,48 @@ def _check_same_traces(features_dir: Path, traces_dir: Path) -> str:
     return traces_fp
 
 
-def train_and_evaluate(
-    rerank: RerankConfig, tracking: MlflowConfig, config: dict, seed: int, out_dir: Path
-) -> TrainResult:
-    """The whole job on resolved, typed settings. Writes tables and models under `out_dir`."""
-    traces_dir, features_dir = project_path(rerank.traces), project_path(rerank.features)
-    fingerprint = _check_same_traces(features_dir, traces_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+@dataclass
+class Fitted:
+    """Cross-fitted first-level predictions and their held-out quality."""
+
+    candidates: pd.DataFrame
+    folds: dict[str, int]  # prompt id -> half
+    preds: FirstFactorPredictions
+    quality: pd.DataFrame
+    seconds: float
+
+
+@dataclass
+class Evaluation:
+    per_round: pd.DataFrame
+    summary: pd.DataFrame
+    breakdowns: pd.DataFrame
+    mixture_weights: pd.DataFrame
+    table: str
+
+
+def fit(rerank: RerankConfig, seed: int) -> Fitted:
+    """Cross-fit the rerankers and the q1 calibration on the candidate table (SPEC §8)."""
     t0 = time.perf_counter()
-    candidates = candidate_store(features_dir).read().to_pandas()
+    candidates = candidate_store(project_path(rerank.features)).read().to_pandas()
     folds = fold_map(candidates["prompt_id"].to_numpy(), rerank.halves, seed)
-    kind = rerank.model.kind
     preds = predict_first_factors(
         candidates,
         folds,
-        kind,
+        rerank.model.kind,
         rerank.feature_sets,
         rerank.calibrators,
         seed,
         rerank.model.n_threads,
     )
-    t_fit = time.perf_counter() - t0
-    quality = prediction_quality(candidates, preds)
-    dataset = trace_store(traces_dir).dataset()
+    seconds = time.perf_counter() - t0
+    return Fitted(candidates, folds, preds, prediction_quality(candidates, preds), seconds)
+
+
+def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int) -> Evaluation:
+    """Every rule on the recorded pools, out of fold, with paired bootstrap intervals (SPEC §9)."""
+    folds, preds = fitted.folds, fitted.preds
+    dataset = trace_store(project_path(rerank.traces)).dataset()
     extra = None
     if "per_depth" in rerank.calibrators:
         maps = fit_per_depth_maps(
@@ -146,23 +138,26 @@ def train_and_evaluate(
     per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
     per_round, mix_weights = choose_mixture_weights(per_round)
     summary = summarise(per_round, rerank.n_resamples, seed, curves=curves)
-    bd = breakdowns(per_round)
-    t_total = time.perf_counter() - t0
-    table = results_table(summary)
+    return Evaluation(
+        per_round, summary, breakdowns(per_round), mix_weights, results_table(summary)
+    )
 
-    # -- files of this run ------------------------------------------------------------
-    summary.to_csv(out_dir / "summary.csv", index=False)
-    bd.to_csv(out_dir / "breakdowns.csv", index=False)
-    quality.to_csv(out_dir / "prediction_quality.csv", index=False)
-    mix_weights.to_csv(out_dir / "mixture_weights.csv", index=False)
-    per_round.to_parquet(out_dir / "per_round_values.parquet", index=False)
-    preds.frame.to_parquet(out_dir / "oof_predictions.parquet", index=False)
-    (out_dir / "results.txt").write_text(table + "\n")
-    plots = gain_vs_budget(summary, out_dir)
-    merged = candidates.merge(preds.frame, on=[*ROUND_KEYS, "cand_index"])
+
+def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> list[Path]:
+    """Tables, plots and saved rerankers of the run under `out_dir`; returns the plots."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ev.summary.to_csv(out_dir / "summary.csv", index=False)
+    ev.breakdowns.to_csv(out_dir / "breakdowns.csv", index=False)
+    fitted.quality.to_csv(out_dir / "prediction_quality.csv", index=False)
+    ev.mixture_weights.to_csv(out_dir / "mixture_weights.csv", index=False)
+    ev.per_round.to_parquet(out_dir / "per_round_values.parquet", index=False)
+    fitted.preds.frame.to_parquet(out_dir / "oof_predictions.parquet", index=False)
+    (out_dir / "results.txt").write_text(ev.table + "\n")
+    plots = gain_vs_budget(ev.summary, out_dir)
+    merged = fitted.candidates.merge(fitted.preds.frame, on=[*ROUND_KEYS, "cand_index"])
     for temperature, part in merged.groupby("temperature"):
         label = part[LABEL_OF_LAW[law_kind(float(temperature))]].to_numpy(np.float64)
-        cols = ["draft_prob", *preds.rules]
+        cols = ["draft_prob", *fitted.preds.rules]
         plots.append(
             reliability(
                 {c: part[c].to_numpy(np.float64) for c in cols},
@@ -171,52 +166,78 @@ def train_and_evaluate(
                 out_dir / f"reliability_{law_name(temperature)}.png",
             )
         )
-    model_dir = out_dir / "rerankers"
-    for name, pair in preds.models.items():
+    for name, pair in fitted.preds.models.items():
         for fold, model in enumerate(pair):
-            save_reranker(model, model_dir / f"{name.replace('/', '_')}_fold{fold}")
+            save_reranker(model, out_dir / "rerankers" / f"{name.replace('/', '_')}_fold{fold}")
+    return plots
 
-    # -- MLflow -------------------------------------------------------------------------
-    tags = {"trace_fingerprint": fingerprint, "rerank_model": kind}
+
+def _quality_metrics(quality: pd.DataFrame, fold: object) -> dict[str, float]:
+    out = {}
+    for q in quality[quality["fold"] == fold].itertuples():
+        out[metric_key("sq_error", law_name(q.temperature), q.predictor)] = q.squared_error
+        out[metric_key("top1", law_name(q.temperature), q.predictor)] = q.top1_agreement
+    return out
+
+
+def log_run(
+    tracking: MlflowConfig,
+    resolved_config: dict,
+    tags: dict[str, str],
+    fitted: Fitted,
+    ev: Evaluation,
+    out_dir: Path,
+    plots: list[Path],
+    total_seconds: float,
+) -> str:
+    """One parent run (params = `resolved_config`, logged verbatim) and a child run per fold."""
     with parent_run(
-        tracking.tracking_uri, tracking.experiment, tracking.run_name, config, tags
+        tracking.tracking_uri, tracking.experiment, tracking.run_name, resolved_config, tags
     ) as run:
-        metrics = {"time/total_s": t_total, "time/fit_s": t_fit, "rounds": float(len(per_round))}
-        for r in summary[summary["weighting"] == "round"].itertuples():
-            law = r.law
-            metrics[metric_key("accepted", law, f"B{r.budget}", r.rule)] = r.accepted
-            metrics[metric_key("gain", law, f"B{r.budget}", r.rule)] = r.gain
-            metrics[metric_key("gain_lo", law, f"B{r.budget}", r.rule)] = r.gain_lo
-            metrics[metric_key("gain_hi", law, f"B{r.budget}", r.rule)] = r.gain_hi
-            if "node_budget" in summary:  # the draft budget reaching the rule's value
-                metrics[metric_key("node_budget", law, f"B{r.budget}", r.rule)] = r.node_budget
-        for q in quality[quality["fold"] == "all"].itertuples():
-            metrics[metric_key("sq_error", law_name(q.temperature), q.predictor)] = q.squared_error
-            metrics[metric_key("top1", law_name(q.temperature), q.predictor)] = q.top1_agreement
+        metrics = {
+            "time/total_s": total_seconds,
+            "time/fit_s": fitted.seconds,
+            "rounds": float(len(ev.per_round)),
+        }
+        for r in ev.summary[ev.summary["weighting"] == "round"].itertuples():
+            for name in ("accepted", "gain", "gain_lo", "gain_hi", "node_budget"):
+                if hasattr(r, name):  # node_budget: the draft budget reaching the rule's value
+                    metrics[metric_key(name, r.law, f"B{r.budget}", r.rule)] = getattr(r, name)
+        metrics |= _quality_metrics(fitted.quality, "all")
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if np.isfinite(v)})
         for path in [*out_dir.glob("*.csv"), *out_dir.glob("*.parquet"), out_dir / "results.txt"]:
             mlflow.log_artifact(str(path), "tables")
         for path in plots:
             mlflow.log_artifact(str(path), "plots")
-        mlflow.log_artifacts(str(model_dir), "rerankers")
+        mlflow.log_artifacts(str(out_dir / "rerankers"), "rerankers")
         for fold in (0, 1):
             with mlflow.start_run(run_name=f"fold-{fold}", nested=True):
                 mlflow.set_tag("fold", str(fold))
                 mlflow.log_param("trained_on_half", 1 - fold)
                 fold_metrics = {
                     metric_key("fit_s", name): secs[fold]
-                    for name, secs in preds.fit_seconds.items()
+                    for name, secs in fitted.preds.fit_seconds.items()
                 }
-                for q in quality[quality["fold"] == fold].itertuples():
-                    fold_metrics[metric_key("sq_error", law_name(q.temperature), q.predictor)] = (
-                        q.squared_error
-                    )
-                    fold_metrics[metric_key("top1", law_name(q.temperature), q.predictor)] = (
-                        q.top1_agreement
-                    )
-                mlflow.log_metrics(fold_metrics)
-        run_id = run.info.run_id
-    return TrainResult(summary, bd, per_round, quality, table, run_id)
+                mlflow.log_metrics(fold_metrics | _quality_metrics(fitted.quality, fold))
+        return run.info.run_id
+
+
+def train_and_evaluate(
+    rerank: RerankConfig, tracking: MlflowConfig, resolved_config: dict, seed: int, out_dir: Path
+) -> TrainResult:
+    """The whole job on typed settings: fit, evaluate, write tables, log the run.
+
+    `resolved_config` is only logged (MLflow params and artifact), never read.
+    """
+    fingerprint = _check_same_traces(project_path(rerank.features), project_path(rerank.traces))
+    t0 = time.perf_counter()
+    fitted = fit(rerank, seed)
+    ev = evaluate(rerank, fitted, seed)
+    total = time.perf_counter() - t0
+    plots = write_tables(out_dir, fitted, ev)
+    tags = {"trace_fingerprint": fingerprint, "rerank_model": rerank.model.kind}
+    run_id = log_run(tracking, resolved_config, tags, fitted, ev, out_dir, plots, total)
+    return TrainResult(ev.summary, ev.breakdowns, ev.per_round, fitted.quality, ev.table, run_id)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

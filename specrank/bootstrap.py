@@ -21,6 +21,9 @@ import pandas as pd
 WEIGHTINGS = ("round", "prompt", "task")
 
 
+DEFAULT_RESAMPLES = 2000  # paired prompt-bootstrap resamples (SPEC §9: 1,000-2,000)
+
+
 @dataclass
 class PromptSums:
     """Per-prompt aggregates of per-round values: the bootstrap's sufficient statistics."""
@@ -135,7 +138,7 @@ def bootstrap_weights(stats: PromptSums, weighting: str, n_resamples: int, seed:
 
 
 def bootstrap_means(
-    stats: PromptSums, weighting: str, n_resamples: int = 2000, seed: int = 0
+    stats: PromptSums, weighting: str, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
     """Point estimates [n_cols] and resampled means [n_resamples, n_cols] of every column."""
     weights = bootstrap_weights(stats, weighting, n_resamples, seed)

@@ -1,33 +1,25 @@
 """The root Hydra schema: one config tree shared by every entry point.
 
-Each stage owns its section's dataclass (`decode.config`, `decode.synth.rounds`,
-`features.config`, ...); this module only composes them and registers the
-schema, so a typo in any override fails at compose time with Hydra's
-"Did you mean" message. Entry points convert their section with
-`OmegaConf.to_object` and pass typed values down.
+Each stage owns its sections: its config module holds a `SECTIONS` mapping
+(section name -> dataclass) and names that module under the entry-point group
+`specrank.config` in `pyproject.toml`. This module imports none of them by
+name (the kernel sits below every stage); `register_configs` loads the
+declared modules, composes their sections into one schema and registers it,
+so a typo in any override fails at compose time. Entry points convert their
+section with `OmegaConf.to_object` and pass typed values down.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from decode.config import (
-    DataConfig,
-    DecodeConfig,
-    ModelConfig,
-    PoolConfig,
-    SelectConfig,
-    TraceConfig,
-)
-from decode.online.config import RunConfig
-from decode.pocket.config import PocketConfig
-from decode.synth.rounds import SynthConfig
-from features.config import FeaturesConfig
-from rerank.config import MlflowConfig, RerankConfig
+ENTRY_POINT_GROUP = "specrank.config"
 
 # A short random id in Hydra's run dir, so two runs started in the same second
 # never share (and overwrite) an output folder.
@@ -43,42 +35,47 @@ class PathsConfig:
     features: str = "data_out/features"  # candidate table written by features.extract
 
 
-@dataclass
-class SynthJobConfig:
-    """`python -m decode.synth`: how many synthetic prompts and rounds to write.
-
-    Shard s runs at temperatures[s % len]; paper scale (365,922 rounds) is
-    `synth_job.prompts=1402 synth_job.rounds_per_prompt=261`.
-    """
-
-    prompts: int = 64
-    rounds_per_prompt: int = 40
-    prompts_per_shard: int = 16
-    temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
-    tasks: list[str] = field(default_factory=lambda: ["writing", "coding", "math_reasoning", "qa"])
+KERNEL_SECTIONS = {"paths": PathsConfig}
 
 
-@dataclass
-class Config:
-    paths: PathsConfig = field(default_factory=PathsConfig)
-    pool: PoolConfig = field(default_factory=PoolConfig)
-    select: SelectConfig = field(default_factory=SelectConfig)
-    synth: SynthConfig = field(default_factory=SynthConfig)
-    synth_job: SynthJobConfig = field(default_factory=SynthJobConfig)
-    features: FeaturesConfig = field(default_factory=FeaturesConfig)
-    pocket: PocketConfig = field(default_factory=PocketConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    decode: DecodeConfig = field(default_factory=DecodeConfig)
-    trace: TraceConfig = field(default_factory=TraceConfig)
-    rerank: RerankConfig = field(default_factory=RerankConfig)
-    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
-    run: RunConfig = field(default_factory=RunConfig)  # python -m decode.run
-    seed: int = 0
+def stage_sections() -> dict[str, type]:
+    """Every stage's sections, from the modules declared under `specrank.config`."""
+    found = entry_points(group=ENTRY_POINT_GROUP)
+    if not found:
+        raise RuntimeError(
+            f"no '{ENTRY_POINT_GROUP}' entry points: the project is not installed "
+            f"(run `make setup`, or `pip install -e .` in the project folder)"
+        )
+    sections: dict[str, type] = {}
+    owner: dict[str, str] = {}
+    for ep in sorted(found, key=lambda e: e.name):
+        module = ep.load()
+        declared = getattr(module, "SECTIONS", None)
+        if not isinstance(declared, dict):
+            raise TypeError(
+                f"{ep.value}: a stage config module must define SECTIONS = {{name: dataclass}}"
+            )
+        for name, cls in declared.items():
+            if name in sections or name in KERNEL_SECTIONS:
+                raise ValueError(
+                    f"config section '{name}' is declared twice: by {owner.get(name, 'specrank')} "
+                    f"and by {ep.value}"
+                )
+            if not dataclasses.is_dataclass(cls):
+                raise TypeError(f"{ep.value}: section '{name}' must be a dataclass, got {cls!r}")
+            sections[name], owner[name] = cls, ep.value
+    return sections
+
+
+def schema() -> type:
+    """The root schema dataclass: the kernel's sections, every stage's, and `seed`."""
+    sections = {**KERNEL_SECTIONS, **stage_sections()}
+    fields = [(name, cls, field(default_factory=cls)) for name, cls in sections.items()]
+    return dataclasses.make_dataclass("Config", [*fields, ("seed", int, field(default=0))])
 
 
 def register_configs() -> None:
-    ConfigStore.instance().store(name="config_schema", node=Config)
+    ConfigStore.instance().store(name="config_schema", node=schema())
 
 
 register_configs()

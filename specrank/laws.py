@@ -1,9 +1,9 @@
 """The decoding law of a temperature, named once for every stage.
 
-    law_kind(T): "greedy" (T = 0: argmax verification, 0/1 labels, classifiers)
-                 or "sampling" (T > 0: target sampling, probability labels, regressors)
-    law_name(T): the law in tables, plots and metric keys: "greedy", "sampling" (T = 1),
-                 "sampling_T0.7" (any other T > 0, so two sampling laws never share a name)
+law_kind(T): "greedy" (T = 0: argmax verification, 0/1 labels, classifiers)
+             or "sampling" (T > 0: target sampling, probability labels, regressors)
+law_name(T): the law in tables, plots and metric keys: "greedy", "sampling" (T = 1),
+             "sampling_T0.7" (any other T > 0, so two sampling laws never share a name)
 """
 
 from __future__ import annotations

@@ -8,12 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calibrate.isotonic import (
-    CALIB_FLOOR,
+    PROB_FLOOR,
     EqualCountIsotonic,
     PerDepthIsotonic,
-    crossfit_calibrate,
 )
-from rerank.crossfit import prompt_halves
+from rerank.crossfit import crossfit_calibrate, prompt_halves
 
 
 def _draws(n: int, seed: int = 0, power: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
@@ -54,7 +53,7 @@ def test_maps_are_monotone_and_in_range(n, n_bins, seed) -> None:
     grid = np.concatenate([[-1.0], np.sort(rng.random(200)), [2.0]])  # outside the range: clip
     out = iso.predict(grid)
     assert np.all(np.diff(out) >= 0)
-    assert np.all((out >= CALIB_FLOOR) & (out <= 1.0))
+    assert np.all((out >= PROB_FLOOR) & (out <= 1.0))
 
 
 def test_map_recovers_a_known_calibration_curve() -> None:
@@ -65,7 +64,7 @@ def test_map_recovers_a_known_calibration_curve() -> None:
 
 def test_all_zero_labels_give_the_floor_not_zero() -> None:
     out = EqualCountIsotonic().fit(np.linspace(0, 1, 500), np.zeros(500)).predict([0.2, 0.9])
-    np.testing.assert_array_equal(out, [CALIB_FLOOR, CALIB_FLOOR])
+    np.testing.assert_array_equal(out, [PROB_FLOOR, PROB_FLOOR])
     assert np.isfinite(np.log(out)).all()
 
 

@@ -138,10 +138,16 @@ def test_greedy_equality_recording_and_sampling_on_cuda(tmp_path, arch):
     cfg = dataclasses.replace(tiny_model_config(tmp_path, arch), device="cuda")
     pair = load_model_pair(cfg)
     prompt = encode_prompt(pair.tokenizer, PROMPTS[0])
-    res = decode_recorded(pair.target, pair.drafter, prompt, _settings(59), frozenset(), record=True)
+    res = decode_recorded(
+        pair.target, pair.drafter, prompt, _settings(59), frozenset(), record=True
+    )
     assert res.output == autoregressive_decode(pair.target, prompt, len(res.output))
     assert all(r["time_verify_ms"] > 0 for r in res.rounds)
     s = DecodeSettings(decode=DecodeConfig(temperature=1.0, verifier="eagle3", max_new_tokens=30))
-    a = decode_recorded(pair.target, pair.drafter, prompt, s, frozenset(), prompt_id="x", record=True)
-    b = decode_recorded(pair.target, pair.drafter, prompt, s, frozenset(), prompt_id="x", record=True)
+    a = decode_recorded(
+        pair.target, pair.drafter, prompt, s, frozenset(), prompt_id="x", record=True
+    )
+    b = decode_recorded(
+        pair.target, pair.drafter, prompt, s, frozenset(), prompt_id="x", record=True
+    )
     assert a.output == b.output

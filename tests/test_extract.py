@@ -14,8 +14,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from decode.config import PoolConfig, SelectConfig
+from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import write_synthetic_traces
-from decode.synth.rounds import SynthConfig
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from features import from_trace
 from features.extract import _expand_short_overrides, extract
@@ -30,7 +30,6 @@ from features.schema import (
     ROW_FEATURES,
     candidate_store,
 )
-from specrank.config import SynthJobConfig
 from specrank.shard_store import SchemaError, ShardStore, TableSpec
 from tests.fake_traces import random_trace
 from tests.test_features import OUTCOME_COLUMNS

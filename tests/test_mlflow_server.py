@@ -31,8 +31,8 @@ import pandas as pd
 import pytest
 
 from decode.config import PoolConfig, SelectConfig
+from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import write_synthetic_traces
-from decode.synth.rounds import SynthConfig
 from decode.trace_schema import trace_store
 from features.extract import extract
 from features.schema import candidate_store
@@ -40,7 +40,6 @@ from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.evaluate import ROUND_KEYS
 from rerank.persist import load_reranker
 from rerank.train import train_and_evaluate
-from specrank.config import SynthJobConfig
 
 READY_TIMEOUT_S = 120  # server start-up is ~5-20 s on a loaded 2-core machine
 STOP_TIMEOUT_S = 20

@@ -21,13 +21,13 @@ from nbclient import NotebookClient
 from traitlets.config import Config
 
 from decode.config import PoolConfig, SelectConfig
+from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import write_synthetic_traces
-from decode.synth.rounds import SynthConfig
 from features.extract import extract
+from rerank import run_tables as T
 from rerank import runs as R
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.train import TrainResult, train_and_evaluate
-from specrank.config import SynthJobConfig
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "compare_runs.ipynb"
 EXPERIMENT = "nb"
@@ -141,13 +141,13 @@ def test_runs_are_found_and_their_tables_read_back(logged, tmp_path):
     assert {"rerank.halves", "rerank.calibrators", "seed"} <= set(differ.index)
     assert "rerank.n_resamples" not in differ.index
 
-    table = R.side_by_side(both["summary"], "gain")
+    table = T.side_by_side(both["summary"], "gain")
     r = _row(results[1].summary, "rows_lgbm", "sampling", 8)
     cell = table.loc[("sampling", "rows"), (8, "run1 (lgbm)")]
-    assert cell == R.format_interval(r["gain"], r["gain_lo"], r["gain_hi"])
+    assert cell == T.format_interval(r["gain"], r["gain_lo"], r["gain_hi"])
     assert table.loc[("greedy", "iso_q1"), (8, "run1 (lgbm)")] == ""  # not logged by run 1
 
-    gains = R.breakdown_gains(both["breakdowns"])
+    gains = T.breakdown_gains(both["breakdowns"])
     assert (gains.loc[gains["rule"] == "draft", "gain"] == 0).all()
     bd = results[0].breakdowns
     task = bd[(bd["law"] == "sampling") & (bd["by"] == "task")].iloc[0]
@@ -195,11 +195,11 @@ def test_bad_selections_name_the_setting(logged, tmp_path):
     with pytest.raises(ValueError, match="SPECRANK_WEIGHTING: expected one of"):
         R.selection_from_env({"SPECRANK_WEIGHTING": "rounds"})
     with pytest.raises(ValueError, match=r"SPECRANK_RULES: rules \['rows_hgb'\] were not logged"):
-        R.select_rules(results[0].summary, ["rows_lgbm", "rows_hgb"])
-    assert R.headline_budgets(results[0].summary) == [8, 59]
-    assert R.headline_budgets(results[0].summary, [59]) == [59]
+        T.select_rules(results[0].summary, ["rows_lgbm", "rows_hgb"])
+    assert T.headline_budgets(results[0].summary) == [8, 59]
+    assert T.headline_budgets(results[0].summary, [59]) == [59]
     with pytest.raises(ValueError, match=r"SPECRANK_BUDGETS: budgets \[7\] were not logged"):
-        R.headline_budgets(results[0].summary, [7])
+        T.headline_budgets(results[0].summary, [7])
     with pytest.raises(ValueError, match="SPECRANK_BUDGETS: expected comma-separated integers"):
         R.selection_from_env({"SPECRANK_BUDGETS": "8,B59"})
     sel = R.selection_from_env({"SPECRANK_RUN_IDS": " a, b ,", "SPECRANK_RULES": "root"})
@@ -249,6 +249,6 @@ def test_notebook_executes_on_logged_runs(logged, tmp_path, monkeypatch):
         assert r.run_id in text
         row = _row(r.summary, "rows_lgbm", "greedy", 8)
         # the headline table shows exactly the logged gain and interval of every run
-        assert R.format_interval(row["gain"], row["gain_lo"], row["gain_hi"]) in text
+        assert T.format_interval(row["gain"], row["gain_lo"], row["gain_hi"]) in text
         assert r.table.strip().splitlines()[-1].strip() in text  # the printed results table
     assert re.search(r"rerank\.halves", text), "the differing settings are listed"

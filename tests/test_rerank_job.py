@@ -13,8 +13,8 @@ import pyarrow.compute as pc
 import pytest
 
 from decode.config import PoolConfig, SelectConfig
+from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import write_synthetic_traces
-from decode.synth.rounds import SynthConfig
 from decode.trace_schema import trace_store
 from features.extract import extract
 from features.schema import candidate_store
@@ -22,7 +22,6 @@ from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.evaluate import ROUND_KEYS, EvalPlan, evaluate_traces
 from rerank.summary import choose_mixture_weights
 from rerank.train import train_and_evaluate
-from specrank.config import SynthJobConfig
 
 # Small pools keep model fits and evaluation to seconds: 6 first-level
 # candidates, 3 further steps, 6 expansions per step.

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 import rerank.models as models
+from calibrate.isotonic import PROB_FLOOR
 from features.schema import BASE_FEATURES, KEY_COLUMNS, LABEL_COLUMNS, ROW_FEATURES
 from rerank.crossfit import prompt_halves
 from rerank.models import (
     LABEL_OF_LAW,
-    PHAT_FLOOR,
     TOKEN_PRIOR,
     Capacity,
     CrossfitResult,
@@ -150,7 +150,7 @@ def test_regressor_outputs_are_clipped_to_floor_and_one() -> None:
         "lgbm", "sampling", "base", ["x"], [], _Stub(), TokenPrior().fit([1], [0.5]), "fp"
     )
     got = model.predict_matrix(np.zeros((4, 1), np.float32))
-    np.testing.assert_array_equal(got, [PHAT_FLOOR, PHAT_FLOOR, 0.3, 1.0])
+    np.testing.assert_array_equal(got, [PROB_FLOOR, PROB_FLOOR, 0.3, 1.0])
     assert got.dtype == np.float64
 
 
@@ -159,7 +159,7 @@ def test_regressor_outputs_are_clipped_to_floor_and_one() -> None:
 def test_phat_is_out_of_fold_and_in_range(law, kind) -> None:
     frame, res = fitted(law, kind)
     assert res.phat.dtype == np.float64 and res.phat.shape == (len(frame),)
-    assert (res.phat >= PHAT_FLOOR).all() and (res.phat <= 1.0).all()
+    assert (res.phat >= PROB_FLOOR).all() and (res.phat <= 1.0).all()
     assert res.models[0].law == law and res.models[0].kind == kind
     assert all(s > 0 for s in res.fit_seconds)
 

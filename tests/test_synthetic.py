@@ -11,11 +11,11 @@ import torch
 from decode.config import PoolConfig, SelectConfig
 from decode.select.pool_batch import pool_batch_from_table
 from decode.select.ranking import draft_scores, path_product, top_b
+from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import synth_chunk, write_synthetic_traces
-from decode.synth.rounds import SynthConfig, pool_layout, synth_rounds
+from decode.synth.rounds import pool_layout, synth_rounds
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from decode.tree.stopping import expected_outcome
-from specrank.config import SynthJobConfig
 from specrank.shard_store import ShardStore
 
 JOB = SynthJobConfig(prompts=6, rounds_per_prompt=12, prompts_per_shard=2, temperatures=[0.0, 1.0])

@@ -9,10 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from decode.config import PoolConfig, SelectConfig
+from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import synth_chunk
-from decode.synth.rounds import SynthConfig
 from decode.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, TRACE_SPEC, trace_store
-from specrank.config import SynthJobConfig
 from specrank.shard_store import SchemaError, ShardStore, TableSpec
 
 # A tiny pool (3 + 6 + 6 candidates) keeps these tests about the store, not the generator.

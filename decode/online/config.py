@@ -46,3 +46,6 @@ class RunConfig:
     torch_threads: int | None = 1
     bootstrap_resamples: int = 1000  # paired prompt bootstrap of speedup and realized - expected
     progress: bool = True
+
+
+SECTIONS = {"run": RunConfig}  # python -m decode.run (see specrank.config)

@@ -234,7 +234,9 @@ def verify_step(
     outcome = outcomes(logits, row_logp, pool, sel.in_tree, n_tree, prow, s, stream.generator)
     if draw is not None:
         outcome[0] = draw[0]  # the first draw was made from the root row already
-    return Verified(logits, row_logp, prow, outcome, accepted_mask(pool, sel.in_tree, prow, outcome))
+    return Verified(
+        logits, row_logp, prow, outcome, accepted_mask(pool, sel.in_tree, prow, outcome)
+    )
 
 
 def commit_caches(stream: Stream, host: HostPool, path: np.ndarray, leaf: int | None) -> None:

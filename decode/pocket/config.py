@@ -92,3 +92,6 @@ class PocketConfig:
         default_factory=lambda: TrainConfig(steps=2000, lr=2e-3, warmup=20, max_minutes=10.0)
     )
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+SECTIONS = {"pocket": PocketConfig}  # python -m decode.pocket (see specrank.config)

@@ -24,10 +24,10 @@ import pyarrow as pa
 from omegaconf import DictConfig, OmegaConf
 
 from decode.config import PoolConfig, SelectConfig
+from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.retained import Retained, retained_features
-from decode.synth.rounds import SynthConfig, SynthRounds, synth_rounds
+from decode.synth.rounds import SynthRounds, synth_rounds
 from decode.trace_schema import TRACE_SCHEMA, trace_store
-from specrank.config import SynthJobConfig
 from specrank.paths import project_path
 
 log = logging.getLogger(__name__)

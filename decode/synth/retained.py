@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decode.synth.rounds import SynthConfig, SynthRounds
-
-MAX_TOKEN_ONLY = 24  # SPEC §5: up to 24 token-only rows (+ the root row)
+from decode.synth.config import SynthConfig
+from decode.synth.rounds import SynthRounds
+from decode.tree.retained import TOKEN_ONLY_MAX
 
 
 @dataclass
@@ -110,7 +110,7 @@ def retained_features(
     matched = _shift(rounds.outcome.covered, n_prompts, False)
     prev_scored = _shift(_token_counts(token, scored, vocab), n_prompts, 0)[rows, root_token]
     # other scored prefixes: the emitted address itself is the matched row
-    n_token_only = np.minimum(MAX_TOKEN_ONLY, prev_scored - matched) + (prev_root == root_token)
+    n_token_only = np.minimum(TOKEN_ONLY_MAX, prev_scored - matched) + (prev_root == root_token)
     n_token_only = np.where(has_prev, n_token_only, 0)
 
     root_p = np.exp(rounds.root_logp)  # [R, V]
@@ -136,7 +136,7 @@ def retained_features(
         fl_valid[k] = np.broadcast_to(present[k][:, None], first_tokens.shape).copy()
     fl_valid["prev"] &= first_tokens != root_token[:, None]
 
-    tok_only = _noisy(rng, rounds.root_logp, synth.token_only_noise, MAX_TOKEN_ONLY + 1)
+    tok_only = _noisy(rng, rounds.root_logp, synth.token_only_noise, TOKEN_ONLY_MAX + 1)
     return Retained(
         root_token=root_token,
         fl_logprob=fl_logprob,

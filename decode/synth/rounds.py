@@ -30,26 +30,7 @@ import torch
 
 from decode.config import PoolConfig, SelectConfig
 from decode.select.ranking import rank_candidates
-
-
-@dataclass
-class SynthConfig:
-    """Toy target/drafter behind synthetic traces."""
-
-    vocab: int = 64  # toy vocabulary size
-    target_sharpness: float = 3.0  # scale of the target's logits (higher = more peaked rows)
-    draft_temperature: float = 1.3  # drafter logits = target logits / this + noise
-    draft_noise: float = 1.0  # std of the drafter's logit noise
-    retained_noise: float = (
-        0.6  # logit noise between a cache/same/preceding row and the next root row
-    )
-    matched_noise: float = 0.01  # logit noise of the matched row (batch rounding: TV << 0.01)
-    token_only_noise: float = 1.5  # logit noise of token-only rows (TV ~0.4 in the paper)
-    p_cache: float = (
-        0.85  # chance that the root token occurs in the prompt (cache row from prefill)
-    )
-    prompt_length_min: int = 16
-    prompt_length_max: int = 512
+from decode.synth.config import SynthConfig
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,122 @@
+"""Side-by-side tables of logged runs (issue 8): pure reshaping of what `rerank.runs` read.
+
+    tables = runs.load_runs(found, uri)                   # {"summary": ..., "breakdowns": ...}
+    side_by_side(tables["summary"], "gain")              # rules x runs, "+12.3% [+8.1, +16.0]"
+
+Nothing here touches MLflow or recomputes a result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from rerank.config import DEFAULT_BUDGETS
+from rerank.runs import ENV_BUDGETS, ENV_RULES
+
+
+def rule_order(summary: pd.DataFrame) -> list[str]:
+    """Rules in the order the job logged them (draft first), across runs."""
+    return list(dict.fromkeys(summary["rule"]))
+
+
+def select_rules(summary: pd.DataFrame, wanted: Sequence[str] = ()) -> list[str]:
+    """Rules to plot: `wanted` (checked against the logged rules), else every rule but draft."""
+    logged = rule_order(summary)
+    unknown = [r for r in wanted if r not in logged]
+    if unknown:
+        raise ValueError(f"{ENV_RULES}: rules {unknown} were not logged; logged rules: {logged}")
+    return list(wanted) if wanted else [r for r in logged if r != "draft"]
+
+
+def headline_budgets(summary: pd.DataFrame, wanted: Sequence[int] = ()) -> list[int]:
+    """Budgets of the side-by-side tables: `wanted` (checked), else the SPEC's default
+    budgets that were logged (B=8 and B=59), else every logged budget."""
+    logged = sorted(int(b) for b in summary["budget"].unique())
+    unknown = [b for b in wanted if b not in logged]
+    if unknown:
+        raise ValueError(f"{ENV_BUDGETS}: budgets {unknown} were not logged; logged: {logged}")
+    if wanted:
+        return sorted(set(wanted))
+    return [b for b in logged if b in DEFAULT_BUDGETS] or logged
+
+
+def law_order(summary: pd.DataFrame) -> list[str]:
+    """Decoding laws in logged order (greedy before sampling)."""
+    return list(dict.fromkeys(summary["law"]))
+
+
+def format_interval(estimate: float, low: float, high: float, percent: bool = True) -> str:
+    """`+12.3% [+8.1, +16.0]`; empty for an undefined value (e.g. a share with no advantage)."""
+    if not np.isfinite(estimate):
+        return ""
+    s = 100.0 if percent else 1.0
+    unit = "%" if percent else ""
+    return f"{s * estimate:+.1f}{unit} [{s * low:+.1f}, {s * high:+.1f}]"
+
+
+def side_by_side(
+    summary: pd.DataFrame,
+    value: str = "gain",
+    weighting: str = "round",
+    budgets: Sequence[int] | None = None,
+) -> pd.DataFrame:
+    """`value` with its 95% interval per rule, runs side by side: index (law, rule), columns (budget, run).
+
+    `value` is a column with `_lo`/`_hi` partners in `tables/summary.csv`:
+    gain, emitted_gain, share_root or share_oracle.
+    """
+    for col in (value, f"{value}_lo", f"{value}_hi"):
+        if col not in summary.columns:
+            raise KeyError(
+                f"value={value!r}: summary has no column {col!r}; columns: {list(summary.columns)}"
+            )
+    sub = summary[summary["weighting"] == weighting]
+    if sub.empty:
+        raise ValueError(
+            f"weighting={weighting!r}: no such rows; found {sorted(summary['weighting'].unique())}"
+        )
+    if budgets is not None:
+        sub = sub[sub["budget"].isin(list(budgets))]
+    text = [
+        format_interval(v, lo, hi)
+        for v, lo, hi in zip(sub[value], sub[f"{value}_lo"], sub[f"{value}_hi"], strict=True)
+    ]
+    sub = sub.assign(
+        text=text,
+        law=pd.Categorical(sub["law"], law_order(summary), ordered=True),
+        rule=pd.Categorical(sub["rule"], rule_order(summary), ordered=True),
+    )
+    table = sub.pivot_table(
+        index=["law", "rule"],
+        columns=["budget", "run"],
+        values="text",
+        aggfunc="first",
+        observed=True,
+    )
+    return table.fillna("")
+
+
+def breakdown_gains(breakdowns: pd.DataFrame) -> pd.DataFrame:
+    """Long table of logged breakdown means with the gain over draft selection in each group.
+
+    Columns: [run,] law, by, group, rounds, rule, budget, accepted, gain
+    (gain = rule / draft - 1 within the group, as in the summary's point estimate).
+    """
+    keys = [c for c in ("run", "law", "by", "group", "rounds") if c in breakdowns.columns]
+    long = breakdowns.melt(id_vars=keys, var_name="column", value_name="accepted")
+    long = long.dropna(subset=["accepted"])
+    split = long["column"].str.rsplit("@B", n=1, expand=True)
+    long = long.assign(rule=split[0], budget=split[1].astype(int)).drop(columns="column")
+    draft = long[long["rule"] == "draft"].rename(columns={"accepted": "draft"})
+    draft = draft.drop(columns=["rule", "rounds"])
+    on = [c for c in ("run", "law", "by", "group", "budget") if c in long.columns]
+    if draft.empty:
+        raise KeyError(
+            "breakdowns have no `draft@B<b>` columns: gains are relative to draft selection"
+        )
+    long = long.merge(draft, on=on, how="left", validate="many_to_one")
+    long["gain"] = long["accepted"] / long["draft"] - 1.0
+    return long.drop(columns="draft")

@@ -1,0 +1,45 @@
+"""The layer contracts of pyproject.toml hold, and a broken one names its import chain."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from specrank.paths import PROJECT_ROOT
+
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache", *args],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_every_layer_contract_is_kept():
+    res = _lint()
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "0 broken" in res.stdout
+
+
+def test_a_broken_contract_names_the_import_chain(tmp_path):
+    # decode.run does import rerank (it is an entry point); forbid it to see the report.
+    config = tmp_path / "contracts.toml"
+    config.write_text(
+        "[tool.importlinter]\n"
+        'root_packages = ["decode", "rerank", "features", "specrank", "calibrate"]\n'
+        "[[tool.importlinter.contracts]]\n"
+        'name = "probe"\n'
+        'type = "forbidden"\n'
+        'source_modules = ["decode.run"]\n'
+        'forbidden_modules = ["rerank.online"]\n'
+    )
+    res = _lint("--config", str(config))
+    assert res.returncode == 1
+    assert "probe BROKEN" in res.stdout
+    assert "decode.run -> rerank.online" in res.stdout
