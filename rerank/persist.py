@@ -149,6 +149,8 @@ def load_reranker(
     Everything is checked before the model file is parsed; all differences
     are reported together (`RerankerLoadError.differences`).
     """
+    # One piece: the checks run in a fixed order (sidecar, hash, format, features,
+    # fingerprint) and report every difference together; nothing loads before them.
     path = Path(path)
     meta = read_sidecar(path)
     diffs: list[str] = []

@@ -199,6 +199,8 @@ def summarise(
     which draft selection reaches the rule's value. Both are found again in
     every resample, under each weighting.
     """
+    # One piece: every rule, budget and derived figure (matched PEARL, node budgets) of a
+    # weighting must come from the same resample weights; issue 14 reworks this table.
     out = []
     for temperature, part in frame.groupby("temperature"):
         cols = value_columns(part)

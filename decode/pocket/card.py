@@ -17,6 +17,7 @@ def _two_samples(samples: list[dict]) -> list[dict]:
 
 
 def render_card(facts: dict) -> str:
+    # One piece: the card is one Markdown document; its sections read top to bottom here.
     c, t, d, e = facts["corpus"], facts["target_train"], facts["drafter_train"], facts["eval"]
     cfg = facts["config"]
     tn, dn = cfg["target"], cfg["drafter"]

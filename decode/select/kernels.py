@@ -218,6 +218,8 @@ def draw_curves(
     Returns ok=False when a draft score rises along an edge (the precondition
     fails) or a parent does not precede its child.
     """
+    # One piece: the best-first search keeps its heap in the body of one prange loop; a
+    # call per step from the compiled loop would cost more than the step itself.
     n_rounds, width = draft.shape
     out = np.zeros((n_rounds, 4, n_ranks), dtype=path_prob.dtype)
     bad = np.zeros(n_rounds, dtype=np.bool_)

@@ -78,6 +78,8 @@ def _noisy(rng: np.random.Generator, root_logp: np.ndarray, sigma: float, n: int
 def retained_features(
     rng: np.random.Generator, rounds: SynthRounds, n_prompts: int, synth: SynthConfig
 ) -> Retained:
+    # One piece: each retained row's noise draw depends on the previous rounds' rows in
+    # order; split, the generator's stream (and every synthetic store) would change.
     token, in_tree, scored = rounds.pool.token, rounds.in_tree, rounds.scored
     n_rounds_total, vocab = rounds.root_logp.shape
     n_per = n_rounds_total // n_prompts
