@@ -50,3 +50,44 @@ def test_run_dirs_never_collide(hydra_conf):
         dirs.add(OmegaConf.to_container(cfg.hydra.run, resolve=True)["dir"])
     assert len(dirs) == 5
     assert all(d.startswith("outputs/") for d in dirs)
+
+
+# The paper's settings, from SPEC §2-9 (not from conf/): what experiment=paper must compose to.
+PAPER = {
+    "pool.top_k": 10,
+    "pool.steps": 7,
+    "pool.expand": 10,
+    "select.rule": "draft",
+    "select.budget": 59,
+    "select.top_m": 160,
+    "rerank.model.kind": "hgb",
+    "rerank.halves": "even_odd",
+    "rerank.budgets": [8, 59],
+    "rerank.feature_sets": ["base", "rows"],
+    "rerank.calibrators": ["iso_q1", "per_depth"],
+    "rerank.substitutions": ["cache", "same", "prev"],
+    "rerank.mixture_weights": [0.25, 0.5, 0.75],
+    "rerank.n_resamples": 2000,
+    "rerank.top_m": 0,
+}
+
+
+def _leaves(node, prefix=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    else:
+        yield prefix[:-1], node
+
+
+def test_experiment_paper_is_the_papers_settings(hydra_conf):
+    cfg = OmegaConf.to_container(compose("train", overrides=["experiment=paper"]))
+    got = dict(_leaves(cfg))
+    assert {k: got[k] for k in PAPER} == PAPER
+
+
+def test_experiment_paper_states_only_deltas(hydra_conf):
+    paper = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / "paper.yaml"))
+    default = dict(_leaves(OmegaConf.to_container(compose("train"))))
+    same = [k for k, v in _leaves(paper) if k != "defaults" and default.get(k) == v]
+    assert not same, f"conf/experiment/paper.yaml repeats defaults: {same}"

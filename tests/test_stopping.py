@@ -89,6 +89,12 @@ def _random_rounds(seed: int, temperature: float = 1.0, n_rounds: int = 24):
     return pool, tree, scored
 
 
+def _simulate(edge, pool, tree, scored, rule, n, seed, cap):
+    """The Monte Carlo reference on numpy copies of one batch of rounds."""
+    args = (edge.numpy(), pool.parent.numpy(), tree.numpy(), scored.numpy())
+    return simulate(*args, rule, n, np.random.default_rng(seed), cap)
+
+
 @pytest.mark.parametrize(
     ("rule", "cap"), [("exhaustive", None), ("cap", 1), ("cap", 2), ("sampled_leaf", None)]
 )
@@ -97,16 +103,7 @@ def test_exact_matches_monte_carlo_on_random_pools(rule, cap):
     edge = pool.target_prob.double()
     acc, cov = expected_outcome(edge, pool.parent, tree, scored, rule, cap)
     n = 4000
-    sim_acc, sim_cov = simulate(
-        edge.numpy(),
-        pool.parent.numpy(),
-        tree.numpy(),
-        scored.numpy(),
-        rule,
-        n,
-        np.random.default_rng(4),
-        cap,
-    )
+    sim_acc, sim_cov = _simulate(edge, pool, tree, scored, rule, n, 4, cap)
     # Pooled over rounds (trials are independent): the mean over R * N trials has
     # standard error sd / sqrt(R * N). 5 SE keeps the false-alarm rate ~6e-7 while
     # a wrong acceptable set (e.g. cap off by one) moves the mean by > 0.1 >> 5 SE ~ 0.02.
@@ -123,16 +120,7 @@ def test_greedy_law_is_deterministic_and_exact():
     edge = pool.law_edge_prob().double()  # one-hot on the argmax edges
     for rule, cap in (("exhaustive", None), ("cap", 2), ("sampled_leaf", None)):
         acc, cov = expected_outcome(edge, pool.parent, tree, scored, rule, cap)
-        sim_acc, sim_cov = simulate(
-            edge.numpy(),
-            pool.parent.numpy(),
-            tree.numpy(),
-            scored.numpy(),
-            rule,
-            3,
-            np.random.default_rng(6),
-            cap,
-        )
+        sim_acc, sim_cov = _simulate(edge, pool, tree, scored, rule, 3, 6, cap)
         assert (sim_acc == acc.numpy()[:, None]).all()
         assert (sim_cov == cov.numpy()[:, None].astype(bool)).all()
 
