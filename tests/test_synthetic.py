@@ -340,7 +340,7 @@ def test_bad_settings_are_refused(kwargs, message):
 
 
 def test_growth_scores_equal_select_draft_scores_bitwise():
-    # synth_rounds ranks with grow_pool's cumulative sums; they must be select's scores exactly
+    # synth_rounds ranks with synth_pool's cumulative sums; they must be select's scores exactly
     rounds = synth_rounds(np.random.default_rng(5), 16, 1.0, POOL, SELECT, SYNTH)
     g = rounds.pool
     want = draft_scores(torch.from_numpy(g.draft_logprob), torch.from_numpy(g.parent)).numpy()

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunReport:
-    rounds: pd.DataFrame  # one row per round (run_metrics.round_table [+ expected])
+    rounds: pd.DataFrame  # one row per round (decode.online.metrics.round_table [+ expected])
     prompts: pd.DataFrame  # one row per prompt (both decoders)
     groups: pd.DataFrame  # all / task / entropy-half metrics
     values: dict[str, float]  # realized vs expected (score=pool), else empty

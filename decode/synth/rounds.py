@@ -164,7 +164,7 @@ class GrownPool:
     draft_score: np.ndarray  # float32 cumulative draft log-prob (= select.draft_scores)
 
 
-def grow_pool(layout: PoolLayout, draft_logq: np.ndarray) -> GrownPool:
+def synth_pool(layout: PoolLayout, draft_logq: np.ndarray) -> GrownPool:
     """Grow the pool of SPEC §2 from each row slot's draft row ([R, S, V])."""
     n_rounds = draft_logq.shape[0]
     # top-k tokens of every row, most probable first (argpartition + a sort of
@@ -285,14 +285,14 @@ def synth_rounds(
     check_synth(synth, select, pool, temperature)
     layout = pool_layout(pool)
     rows = toy_rows(rng, n_rounds, layout.n_slots, synth, temperature)
-    grown = grow_pool(layout, rows.draft_logq)
+    grown = synth_pool(layout, rows.draft_logq)
     # target edge probability from the parent's row: p(token_i | prefix of parent_i)
     parent_logp = rows.target_logp[
         np.arange(n_rounds)[:, None], layout.parent_slot[None, :], grown.token
     ]
     target_prob = np.exp(parent_logp)  # [R, P] float32
     # The draft rule's tree and the top-M scored set, ranked by select's tie-break.
-    # grow_pool's cumulative sums equal select.draft_scores bit for bit (tested),
+    # synth_pool's cumulative sums equal select.draft_scores bit for bit (tested),
     # so one ranking serves both: top_b(score, n) == (rank < n).
     rank = rank_candidates(torch.from_numpy(grown.draft_score)).numpy()  # [R, P]
     in_tree = rank < select.budget
