@@ -22,6 +22,7 @@ from decode.run import expand_short_overrides, run_online
 from decode.trace_schema import trace_store
 from features.extract import extract
 from rerank.config import MlflowConfig
+from specrank.shard_store import SchemaError
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 
@@ -128,3 +129,22 @@ def test_cli(tmp_path):
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=250)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "speedup" in out.stdout and "MLflow run" in out.stdout
+
+
+def test_recorded_online_run_resumes_into_its_store(tmp_path):
+    """decode.run writes traces through the one shard loop: a rerun keeps finished shards,
+    and a store of another config is refused by name."""
+    model_cfg = tiny_model_config(tmp_path / "models", "llama")
+    out = tmp_path / "traces"
+    run = RunConfig(rule="draft", score="pool", record_traces=True, traces_out=str(out),
+                    warmup_prompts=0, baseline=False, progress=False)  # fmt: skip
+    s = settings("draft", score="pool", record=True, max_new_tokens=8)
+    config = {"decode": {"max_new_tokens": 8}}
+    with one_thread():
+        run_online(model_cfg, _data(tmp_path, 2), s, run, None, config, tmp_path / "o1")
+        marker = next(out.glob("shard-*.done")).read_text()
+        run_online(model_cfg, _data(tmp_path, 2), s, run, None, config, tmp_path / "o2")
+        assert next(out.glob("shard-*.done")).read_text() == marker  # kept, not rewritten
+        other = {"decode": {"max_new_tokens": 9}}
+        with pytest.raises(SchemaError, match=r"different config or models.*decode"):
+            run_online(model_cfg, _data(tmp_path, 2), s, run, None, other, tmp_path / "o3")
