@@ -31,6 +31,7 @@ from decode.online.round import STAGES, OnlineSettings
 from decode.online.stream import DecodeSettings
 from decode.prompts import Prompt, encode_prompt, load_prompts
 from decode.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.checks import check_int
 from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
@@ -96,10 +97,7 @@ def record_traces(
     """
     online = recording_settings(settings, record=write)
     online.check()
-    if prompts_per_shard < 1:
-        raise ValueError(
-            f"The 'trace.prompts_per_shard' must be an int >= 1. Got {prompts_per_shard} instead."
-        )
+    check_int("trace.prompts_per_shard", prompts_per_shard, 1)
     shards = {
         shard_id(settings.decode.temperature, settings.select.budget, k): prompts[
             i : i + prompts_per_shard
@@ -145,6 +143,15 @@ def record_traces(
     return report
 
 
+def check_prompts(prompts: list[Prompt], data: DataConfig) -> None:
+    """Refuse an empty prompt list by name (it would record an empty store and fail in train)."""
+    if not prompts:
+        sources = [src.path or src.kind for src in data.sources]
+        raise ValueError(
+            f"data={data.name}: the prompt sources {sources} hold no prompts; expected at least one"
+        )
+
+
 def resolve_inputs(model: ModelConfig, data: DataConfig) -> tuple[ModelConfig, list]:
     """Model folders and prompt files resolved against the project root; prompts loaded."""
     model = dataclasses.replace(
@@ -164,8 +171,14 @@ def run_record(
     trace: TraceConfig,
     manifest_config: dict,
 ) -> RecordReport:
-    """Load the models and prompts named by the configs, then record (or resume) the traces."""
+    """Load the models and prompts named by the configs, then record (or resume) the traces.
+
+    Every setting and the prompt list are checked before the models load.
+    """
+    recording_settings(settings).check()
+    check_int("trace.prompts_per_shard", trace.prompts_per_shard, 1)
     model, prompts = resolve_inputs(model, data)
+    check_prompts(prompts, data)
     pair = load_model_pair(model)
     out = project_path(trace.out_dir)
     report = record_traces(

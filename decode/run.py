@@ -40,26 +40,49 @@ from decode.online.session import (
     write_traces,
 )
 from decode.online.stream import DecodeSettings
-from decode.record import resolve_inputs
+from decode.record import check_prompts, resolve_inputs
 from rerank.config import MlflowConfig
-from rerank.online import OnlinePredictor, load_online_reranker, unseen_prompts
+from rerank.online import (
+    PREDICTORS,
+    SEEN_PROMPTS,
+    OnlinePredictor,
+    load_online_reranker,
+    unseen_prompts,
+)
+from specrank.checks import check_choice, check_int
 from specrank.cli import expand_short_overrides as _expand
 from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
 
 
+def check_run(s: OnlineSettings, run: RunConfig, prompts_per_shard: int) -> None:
+    """Every setting of an online run (decode, select, pool, run, trace), scikit-learn style."""
+    s.check()
+    check_choice("run.predictor", run.predictor, PREDICTORS)
+    check_choice("run.seen_prompts", run.seen_prompts, SEEN_PROMPTS)
+    check_int("run.warmup_prompts", run.warmup_prompts, 0)
+    check_int("run.bootstrap_resamples", run.bootstrap_resamples, 1)
+    if run.torch_threads is not None:
+        check_int("run.torch_threads", run.torch_threads, 1)
+    check_int("trace.prompts_per_shard", prompts_per_shard, 1)
+    if s.rule == "reranker" and not run.reranker:
+        raise ValueError("run.rule=reranker needs run.reranker=<folder or MLflow URI>; got none")
+
+
 def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: RunConfig,
                tracking: MlflowConfig | None, config: dict, out_dir: Path, seed: int = 0,
                prompts_per_shard: int = 8) -> RunReport:  # fmt: skip
     """Load models, prompts and the reranker named by the configs; decode; report; log."""
+    check_run(s, run, prompts_per_shard)  # every setting, before anything loads
     if run.torch_threads is not None:
         torch.set_num_threads(run.torch_threads)
     model, prompts = resolve_inputs(model, data)
-    s.check()
+    check_prompts(prompts, data)
     predictor = None
     if s.rule == "reranker":
-        uri = tracking.tracking_uri if tracking else "sqlite:///mlflow.db"
+        # An MLflow URI resolves against the run's tracking store; a folder needs none.
+        uri = (tracking or MlflowConfig()).tracking_uri
         fitted = load_online_reranker(run.reranker, s.base.decode.temperature, uri)
         prompts = unseen_prompts(fitted, prompts, run.seen_prompts)
     pair = load_model_pair(model)

@@ -53,6 +53,11 @@ def extract(traces: Path, out: Path, log: Callable[[str], None] = print) -> Extr
         files = source.dataset().files  # checks the trace table name and schema version
     except SchemaError as err:
         raise SchemaError(f"features.extract: the trace store cannot be read: {err}") from err
+    if not files:
+        raise ValueError(
+            f"features.extract: the trace store {traces} holds no finished shards; "
+            f"record traces first (python -m decode.record)"
+        )
     manifest = source.manifest()
     target = candidate_store(out)
     target.open_for_writing(

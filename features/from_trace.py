@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from decode.select.pool_batch import check_draft_logprobs
 from features.first_level import first_level_features, first_level_index, first_level_labels
 from features.rounds import PAD_DEPTH, RoundArrays
 from features.schema import CANDIDATE_SCHEMA
@@ -54,6 +55,7 @@ POOL_LISTS = {  # pool list column -> (numpy dtype, padding value)
 
 def round_arrays(trace: pa.Table) -> RoundArrays:
     """The pre-verification arrays of every round in `trace` (any row order)."""
+    check_draft_logprobs(trace.column("cand_draft_logprob"))
     pool = _pool_matrices(trace)
     n1 = (pool["cand_depth"] == 1).sum(axis=1)  # [R]
     return RoundArrays(

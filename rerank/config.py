@@ -9,6 +9,7 @@ from specrank.bootstrap import DEFAULT_RESAMPLES
 # SPEC §6: the default budgets and the sweep reported on request.
 DEFAULT_BUDGETS = [8, 59]
 SWEEP_BUDGETS = [2, 4, 8, 12, 16, 24, 32, 48, 59, 80, 100, 150, 200]
+CALIBRATORS = ("iso_q1", "per_depth")  # SPEC §8 calibration controls
 
 
 @dataclass

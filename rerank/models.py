@@ -236,7 +236,12 @@ def fit_estimator(
             X = X.copy()
             X[:, empty] = 0.0
         with threadpool_limits(limits=n_threads, user_api="openmp"):
-            return est.fit(X, y.astype(np.int64) if law == "greedy" else y)
+            est.fit(X, y.astype(np.int64) if law == "greedy" else y)
+        # The column order travels inside the model file (as LightGBM's own feature names
+        # do), so loading checks the sidecar against the model itself. Not
+        # `feature_names_in_`: scikit-learn would then warn on every numpy predict.
+        est.specrank_features_ = list(features)
+        return est
     params = {
         "objective": "binary" if law == "greedy" else "regression",
         "learning_rate": capacity.learning_rate,

@@ -136,7 +136,16 @@ def read_sidecar(path: str | Path) -> dict[str, Any]:
     file = Path(path) / SIDECAR
     if not file.exists():
         raise FileNotFoundError(f"{path}: no {SIDECAR} (not a folder written by save_reranker)")
-    return json.loads(file.read_text())
+    try:
+        meta = json.loads(file.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RerankerLoadError(
+            Path(path),
+            [f"{SIDECAR} is not valid JSON ({err}): truncated or corrupt; refit or re-save"],
+        ) from err
+    if not isinstance(meta, dict):
+        raise RerankerLoadError(Path(path), [f"{SIDECAR} must hold a JSON object"])
+    return meta
 
 
 def load_reranker(
@@ -205,8 +214,17 @@ def load_reranker(
         raise RerankerLoadError(
             path, [f"the model has {n_model} inputs; the sidecar lists {len(features)} features"]
         )
-    if kind == "lgbm" and estimator.feature_name() != features:
-        raise RerankerLoadError(path, _list_diff(features, estimator.feature_name()))
+    # The feature order stored in the model itself (LightGBM: its feature names; HGB: the
+    # list fit_estimator attached) must be the sidecar's: a swap would silently move columns.
+    in_model = (
+        estimator.feature_name()
+        if kind == "lgbm"
+        else getattr(estimator, "specrank_features_", None)
+    )
+    if in_model is None:
+        raise RerankerLoadError(path, ["the model file stores no feature names to check"])
+    if list(in_model) != features:
+        raise RerankerLoadError(path, _list_diff(features, list(in_model)))
     return FittedReranker(
         kind=kind,
         law=meta["law"],

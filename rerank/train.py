@@ -28,9 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from decode.trace_schema import trace_store
 from features.schema import candidate_store
-from rerank.config import SWEEP_BUDGETS, MlflowConfig, RerankConfig
-from rerank.evaluate import ROUND_KEYS, EvalPlan, PromptCurves, evaluate_traces
-from rerank.models import LABEL_OF_LAW
+from rerank.config import CALIBRATORS, SWEEP_BUDGETS, MlflowConfig, RerankConfig
+from rerank.crossfit import SCHEMES
+from rerank.evaluate import RETAINED_ROWS, ROUND_KEYS, EvalPlan, PromptCurves, evaluate_traces
+from rerank.models import FEATURE_SETS, KINDS, LABEL_OF_LAW
 from rerank.persist import save_reranker
 from rerank.plots import gain_vs_budget, reliability
 from rerank.predict import (
@@ -43,6 +44,7 @@ from rerank.predict import (
 )
 from rerank.summary import breakdowns, choose_mixture_weights, results_table, summarise
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
+from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
 from specrank.laws import law_kind, law_name
 from specrank.memory import retain_freed_heap
 from specrank.paths import project_path
@@ -222,6 +224,29 @@ def log_run(
         return run.info.run_id
 
 
+def check_settings(rerank: RerankConfig) -> None:
+    """Every `rerank` setting, before anything is read or fitted (specrank.checks messages)."""
+    check_choice("rerank.model.kind", rerank.model.kind, KINDS)
+    if rerank.model.n_threads is not None:
+        check_int("rerank.model.n_threads", rerank.model.n_threads, 1)
+    check_subset("rerank.feature_sets", rerank.feature_sets, list(FEATURE_SETS))
+    check_subset("rerank.calibrators", rerank.calibrators, CALIBRATORS)
+    check_subset("rerank.substitutions", rerank.substitutions, list(RETAINED_ROWS))
+    if rerank.substitutions and not rerank.mixture_weights:
+        raise ValueError(
+            "The 'rerank.mixture_weights' must be a non-empty list when rerank.substitutions "
+            f"is not empty. Got {list(rerank.mixture_weights)!r} instead."
+        )
+    for w in rerank.mixture_weights:
+        check_real("rerank.mixture_weights", w, 0.0, 1.0, low_open=True)
+    check_choice("rerank.halves", rerank.halves, SCHEMES)
+    check_ints("rerank.budgets", rerank.budgets, 1)
+    check_int("rerank.top_m", rerank.top_m, 0)
+    check_int("rerank.n_resamples", rerank.n_resamples, 1)
+    check_int("rerank.calibration_edges", rerank.calibration_edges, 1)
+    check_int("rerank.chunk_rounds", rerank.chunk_rounds, 1)
+
+
 def train_and_evaluate(
     rerank: RerankConfig, tracking: MlflowConfig, resolved_config: dict, seed: int, out_dir: Path
 ) -> TrainResult:
@@ -229,6 +254,7 @@ def train_and_evaluate(
 
     `resolved_config` is only logged (MLflow params and artifact), never read.
     """
+    check_settings(rerank)
     fingerprint = _check_same_traces(project_path(rerank.features), project_path(rerank.traces))
     t0 = time.perf_counter()
     fitted = fit(rerank, seed)

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 MANIFEST = "manifest.json"
 _SHARD_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class SchemaError(ValueError):
@@ -88,6 +89,19 @@ def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's bytes (streamed)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _read_json(path: Path, what: str, remedy: str) -> dict[str, Any]:
+    """A JSON object from `path`; a corrupt file is refused naming it, `what` it is and the remedy."""
+    try:
+        obj = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SchemaError(f"{path}: {what} is not valid JSON ({err}); {remedy}") from err
+    if not isinstance(obj, dict):
+        raise SchemaError(
+            f"{path}: {what} must be a JSON object, found {type(obj).__name__}; {remedy}"
+        )
+    return obj
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -156,12 +170,27 @@ class ShardStore:
         )
 
     def manifest(self) -> dict[str, Any]:
+        """The store's manifest, refused when it does not match its own fingerprint."""
         path = self.root / MANIFEST
         if not path.exists():
             raise FileNotFoundError(
                 f"{self.spec.name} store: no {MANIFEST} in {self.root} (expected a folder written by specrank)"
             )
-        return json.loads(path.read_text())
+        remedy = (
+            f"restore {MANIFEST} from a copy, or delete the folder and rerun the writer "
+            f"(deleting only {MANIFEST} and rerunning the same command keeps the finished shards)"
+        )
+        manifest = _read_json(path, f"the manifest of the {self.spec.name} store", remedy)
+        want = manifest.get("config_fingerprint")
+        got = fingerprint_json(
+            {"config": manifest.get("config", {}), "models": manifest.get("models", {})}
+        )
+        if want != got:
+            raise SchemaError(
+                f"{path}: the manifest's config and models do not match its recorded "
+                f"fingerprint {str(want)[:12]} (found {got[:12]}): corrupt or edited; {remedy}"
+            )
+        return manifest
 
     def _check_version(self, manifest: Mapping[str, Any]) -> None:
         name, version = manifest.get("table"), manifest.get("schema_version")
@@ -237,28 +266,70 @@ class ShardStore:
         """Content fingerprint: sha256 over the completed shards' ids and file hashes."""
         entries = []
         for sid in self.done_shards():
-            entries.append((sid, json.loads(self._paths(sid)[1].read_text())["sha256"]))
+            entries.append((sid, self.marker(sid)["sha256"]))
         return fingerprint_json(entries)
 
-    def dataset(self, verify_hashes: bool = False) -> ds.Dataset:
-        """A `pyarrow.dataset` over completed shards, checked against the declared schema."""
+    def marker(self, shard_id: str) -> dict[str, Any]:
+        """A finished shard's completion marker: its row count and the file's sha256."""
+        done_path = self._paths(shard_id)[1]
+        marker = _read_json(done_path, f"the completion marker of shard '{shard_id}'",
+                            self._remedy(shard_id))  # fmt: skip
+        if not isinstance(marker.get("rows"), int) or not _SHA256.match(str(marker.get("sha256"))):
+            raise SchemaError(
+                f"{done_path}: expected a marker with an int 'rows' and a hex 'sha256', "
+                f"found {marker!r}; {self._remedy(shard_id)}"
+            )
+        return marker
+
+    def _remedy(self, shard_id: str) -> str:
+        data_path, done_path = self._paths(shard_id)
+        return (
+            f"delete {data_path.name} and {done_path.name} from {self.root} and rerun the "
+            f"writer: it redoes just this shard"
+        )
+
+    def dataset(self) -> ds.Dataset:
+        """A `pyarrow.dataset` over completed shards, checked against the declared schema.
+
+        Each shard's bytes are checked against the sha256 its marker recorded (a
+        flipped byte would otherwise be read as a changed value; hashing costs a
+        fraction of parsing, see bench/bench_store.py), then its row count, table
+        name and version. Every refusal names the shard, the store and the remedy.
+        """
         self._check_version(self.manifest())
         files = []
         for sid in self.done_shards():
             data_path, done_path = self._paths(sid)
             if not data_path.exists():
                 raise SchemaError(
-                    f"{done_path} marks shard '{sid}' done but {data_path.name} is missing"
+                    f"{done_path} marks shard '{sid}' done but {data_path.name} is missing; "
+                    f"{self._remedy(sid)}"
                 )
-            if verify_hashes:
-                want = json.loads(done_path.read_text())["sha256"]
-                got = sha256_file(data_path)
-                if got != want:
-                    raise SchemaError(
-                        f"{data_path}: content hash {got[:12]} != recorded {want[:12]} (corrupt shard)"
-                    )
-            found = pq.read_schema(data_path)
-            check_columns(self.spec, found.names)
+            marker = self.marker(sid)
+            got = sha256_file(data_path)
+            if got != marker["sha256"]:
+                raise SchemaError(
+                    f"{data_path}: shard '{sid}' of the {self.spec.name} store {self.root} is "
+                    f"corrupt (content sha256 {got[:12]} != recorded {marker['sha256'][:12]}); "
+                    f"{self._remedy(sid)}"
+                )
+            try:
+                meta_file = pq.read_metadata(data_path)
+            except (pa.ArrowInvalid, OSError) as err:
+                raise SchemaError(
+                    f"{data_path}: shard '{sid}' of the {self.spec.name} store {self.root} cannot "
+                    f"be read as Parquet ({err}); {self._remedy(sid)}"
+                ) from err
+            if meta_file.num_rows != marker["rows"]:
+                raise SchemaError(
+                    f"{data_path}: shard '{sid}' holds {meta_file.num_rows} rows, its marker "
+                    f"recorded {marker['rows']}; {self._remedy(sid)}"
+                )
+            found = meta_file.schema.to_arrow_schema()
+            try:
+                check_columns(self.spec, found.names)
+            except SchemaError as err:
+                raise SchemaError(f"{data_path}: {err}") from err
             meta = found.metadata or {}
             version = meta.get(b"specrank.version", b"?").decode()
             if version != str(self.spec.version):

@@ -7,6 +7,7 @@ current directory happens to be). Any tracking URI works by config.
 
 from __future__ import annotations
 
+import logging
 import subprocess
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -16,6 +17,8 @@ from typing import Any
 import mlflow
 
 from specrank.paths import PROJECT_ROOT
+
+log = logging.getLogger(__name__)
 
 
 def resolve_tracking_uri(uri: str) -> str:
@@ -56,8 +59,27 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         if isinstance(value, Mapping):
             out |= flatten(value, name + ".")
         else:
-            out[name] = str(value)[:6000]  # MLflow's param value limit
+            out[name] = str(value)
     return out
+
+
+PARAM_LIMIT = 6000  # MLflow's limit on one param value (characters)
+
+
+def loggable_params(config: Mapping[str, Any]) -> dict[str, str]:
+    """`flatten(config)` with values past MLflow's limit cut, each cut one logged by name.
+
+    The full values stay in the run's `config/resolved_config.json` artifact.
+    """
+    params = flatten(config)
+    long = sorted(k for k, v in params.items() if len(v) > PARAM_LIMIT)
+    if long:
+        log.warning(
+            "MLflow params cut to %d characters: %s (full values in config/resolved_config.json)",
+            PARAM_LIMIT,
+            long,
+        )
+    return {k: v[:PARAM_LIMIT] for k, v in params.items()}
 
 
 @contextmanager
@@ -78,7 +100,7 @@ def parent_run(
         mlflow.create_experiment(experiment, artifact_location=artifacts)
     mlflow.set_experiment(experiment)
     with mlflow.start_run(run_name=run_name) as run:
-        mlflow.log_params(flatten(config))
+        mlflow.log_params(loggable_params(config))
         mlflow.log_dict(dict(config), "config/resolved_config.json")
         mlflow.set_tags({"git_sha": git_sha(), **tags})
         yield run

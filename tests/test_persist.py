@@ -140,3 +140,24 @@ def test_saving_over_a_non_empty_folder_is_refused(tmp_path) -> None:
         save_reranker(model, path)
     save_reranker(model, path, overwrite=True)
     load_reranker(path)
+
+
+def test_a_truncated_sidecar_is_refused_naming_the_folder(tmp_path):
+    _, model, _ = crossfit("hgb", "greedy")
+    path = save_reranker(model, tmp_path / "m")
+    text = (path / SIDECAR).read_text()
+    (path / SIDECAR).write_text(text[: len(text) // 2])
+    with pytest.raises(RerankerLoadError, match=rf"{path}(.|\n)*{SIDECAR} is not valid JSON"):
+        load_reranker(path)
+
+
+@pytest.mark.parametrize("kind", ["hgb", "lgbm"])
+def test_swapped_features_with_a_fresh_sidecar_hash_are_refused(tmp_path, kind):
+    """The feature order is checked against the model file itself, not only the sidecar."""
+    _, model, _ = crossfit(kind, "greedy")
+    path = save_reranker(model, tmp_path / "m")
+    features = list(model.features)
+    features[0], features[1] = features[1], features[0]
+    _rewrite_sidecar(path, features=features)
+    with pytest.raises(RerankerLoadError, match="feature order differs"):
+        load_reranker(path)  # no expected list passed: the model's own names catch it

@@ -146,6 +146,11 @@ def test_iter_sharegpt_recovers_records_before_the_cut(tmp_path):
     assert [r["id"] for r in corpus.iter_sharegpt(tmp_path / "cut.json")] == ["x0_0", "x1_0"]
     (tmp_path / "whole.json").write_text(text)
     assert len(list(corpus.iter_sharegpt(tmp_path / "whole.json"))) == 3
+    # a broken record with whole records after it is corruption, not the cut: refused
+    broken = text.replace('"hello"', '"hello', 1)
+    (tmp_path / "broken.json").write_text(broken)
+    with pytest.raises(ValueError, match=r"invalid JSON at byte \d+ .* more records after it"):
+        list(corpus.iter_sharegpt(tmp_path / "broken.json"))
 
 
 def test_chat_format_trains_on_assistant_replies_only():

@@ -8,6 +8,8 @@ to float32 rounding.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -15,12 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from decode.select.ranking import (
+    draft_scores,
     first_level_ancestor,
     path_product,
     path_sum,
     pool_levels,
     rank_order,
     restrict_to_top_m,
+    top_b,
     torch_route,
 )
 from decode.select.values import RULES, evaluate_pools
@@ -113,7 +117,7 @@ def test_draw_rules_refuse_draft_scores_that_rise_along_a_path():
     rng = np.random.default_rng(9)
     pool = random_pool_batch(rng, 4, [3, 5, 5])
     pool.draft_logprob[1, 4] = 0.5  # a log-probability above 0: the child outranks its parent
-    with pytest.raises(ValueError, match="never rise along a path"):
+    with pytest.raises(ValueError, match="rise along a path"):
         evaluate_pools(pool, [4], rules=["root_draw"])
 
 
@@ -123,3 +127,22 @@ def test_nan_scores_are_refused_on_both_routes():
         rank_order(score, k=1)
     with torch_route(), pytest.raises(ValueError, match="NaN"):
         rank_order(score, k=1)
+
+
+@pytest.mark.parametrize("route", ["compiled", "torch"])
+def test_infinite_and_positive_scores_are_refused_on_both_routes(route):
+    """+inf ties and positive log q would make top-B trees that are not ancestor-closed."""
+    ctx = torch_route() if route == "torch" else contextlib.nullcontext()
+    parent = torch.tensor([[-1, 0, -1]])
+    with ctx:
+        with pytest.raises(ValueError, match=r"NaN or \+inf"):
+            top_b(torch.tensor([[-1.0, float("inf"), -2.0]]), 2)
+        with pytest.raises(ValueError, match=r"NaN or \+inf"):
+            rank_order(torch.tensor([[float("inf"), -1.0, -2.0]]))
+        with pytest.raises(ValueError, match="must be <= 0"):
+            draft_scores(torch.tensor([[-1.0, 0.5, -2.0]]), parent)
+        with pytest.raises(ValueError, match="must be <= 0"):
+            draft_scores(torch.tensor([[-1.0, float("inf"), -2.0]]), parent)
+        # -inf is a valid score (zero probability): ranked last, the tree stays closed
+        keep = top_b(draft_scores(torch.tensor([[-1.0, -float("inf"), -2.0]]), parent), 2)
+        assert keep.tolist() == [[True, False, True]]

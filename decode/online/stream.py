@@ -18,10 +18,11 @@ from transformers import DynamicCache, PreTrainedModel
 from decode.config import DecodeConfig, PoolConfig, SelectConfig
 from decode.tree import retained as R
 from decode.tree.attention import forward_chain, new_cache
-from decode.tree.pool import level_sizes
+from decode.tree.pool import level_sizes, pool_size
 from decode.tree.verify import (
     VERIFIERS,
 )
+from specrank.checks import check_choice, check_int, check_real
 
 
 @dataclass(frozen=True)
@@ -33,23 +34,14 @@ class DecodeSettings:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def check(self) -> None:
-        level_sizes(self.pool)  # validates the pool settings
-        if self.decode.temperature < 0:
-            raise ValueError(
-                f"The 'decode.temperature' must be >= 0. Got {self.decode.temperature} instead."
-            )
-        if self.decode.verifier not in VERIFIERS:
-            raise ValueError(
-                f"The 'decode.verifier' must be one of {list(VERIFIERS)}. Got {self.decode.verifier!r} instead."
-            )
-        if self.select.budget < 1:
-            raise ValueError(
-                f"The 'select.budget' must be an int >= 1. Got {self.select.budget} instead."
-            )
-        if self.decode.max_new_tokens < 1:
-            raise ValueError(
-                f"The 'decode.max_new_tokens' must be >= 1. Got {self.decode.max_new_tokens} instead."
-            )
+        """Every decode setting, before any model loads (specrank.checks messages)."""
+        n_pool = pool_size(self.pool)  # validates the pool settings
+        check_real("decode.temperature", self.decode.temperature, 0.0)
+        check_choice("decode.verifier", self.decode.verifier, VERIFIERS)
+        check_int("select.budget", self.select.budget, 1, n_pool)
+        check_int("select.top_m", self.select.top_m, 0)  # M past the pool: all of it
+        check_int("decode.max_new_tokens", self.decode.max_new_tokens, 1)
+        check_int("decode.seed", self.decode.seed)
 
 
 def prompt_seed(seed: int, prompt_id: str) -> int:
@@ -141,7 +133,12 @@ def check_positions(
     )  # the last round may overshoot by the tree depth
     for name, m in (("target", target), ("drafter", drafter)):
         limit = getattr(m.config, "max_position_embeddings", None)
-        if limit is not None and need > limit:
+        if limit is None:  # nothing to check against: refuse rather than run past the range
+            raise ValueError(
+                f"model.{name}: its config has no max_position_embeddings, so a "
+                f"{need}-position run cannot be checked against its trained range"
+            )
+        if need > limit:
             raise ValueError(
                 f"model.{name}: a {n_prompt}-token prompt + decode.max_new_tokens="
                 f"{s.decode.max_new_tokens} + depth {depth} needs {need} positions, "

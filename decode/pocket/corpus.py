@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import re
 import sysconfig
@@ -41,6 +42,9 @@ _SPEAKER = {
     "assistant": "assistant",
 }
 _SKIP_DIRS = {"site-packages", "test", "tests", "idle_test", "encodings", "__pycache__"}
+
+
+log = logging.getLogger(__name__)
 
 
 def project_root() -> Path:
@@ -70,6 +74,10 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
         raise ValueError(f"ShareGPT file: expected a JSON array, found {text[:40]!r}")
     decoder = json.JSONDecoder()
     gap = re.compile(r"[\s,]*")
+    # A conversation record opens with its "id" (turns inside it do not): one after the
+    # failing position means the error is mid-file, not the cut at the end.
+    record_start = re.compile(r'\{\s*"id"\s*:')
+    n_read = 0
     i = start + 1
     while True:
         i = gap.match(text, i).end()
@@ -77,9 +85,23 @@ def iter_sharegpt(path: Path | None = None) -> Iterator[dict]:
             return
         try:
             obj, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return  # the record the file was cut in
+        except json.JSONDecodeError as err:
+            # The packaged file is cut inside its last record; an error anywhere before
+            # that record is a corrupt file, not the cut, and is refused.
+            if record_start.search(text, i + 1):
+                raise ValueError(
+                    f"ShareGPT file: invalid JSON at byte {err.pos} of {len(text)} with more "
+                    f"records after it ({n_read} read so far): {err.msg}"
+                ) from err
+            log.info(
+                "ShareGPT file: %d records read; the last %d bytes (one record cut by the "
+                "file's end) skipped",
+                n_read,
+                len(text) - i,
+            )
+            return
         if isinstance(obj, dict):
+            n_read += 1
             yield obj
 
 

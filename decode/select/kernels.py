@@ -159,7 +159,7 @@ def rank_order(
     """The first k pool indices best-first by the SPEC tie-break. [R, k] int64.
 
     Small k scans the pool once with a k-entry min-heap of keys (O(P log k));
-    large k sorts every key. Returns ok=False if a score is NaN (the caller raises).
+    large k sorts every key. Returns ok=False if a score is NaN or +inf (the caller raises).
     """
     n_rounds, width = score.shape
     out = np.empty((n_rounds, k), dtype=np.int64)
@@ -170,7 +170,7 @@ def rank_order(
             keys = np.empty(width, dtype=np.int64)
             for i in range(width):
                 s = np.float32(score[r, i])
-                nan[r] |= np.isnan(s)
+                nan[r] |= not (s < np.inf)  # NaN or +inf
                 keys[i] = _key(s, i, width, valid[r, i] if has_valid else True)
             keys = np.sort(keys)
             for j in range(k):
@@ -179,7 +179,7 @@ def rank_order(
         heap = np.empty(k, dtype=np.int64)
         for i in range(width):
             s = np.float32(score[r, i])
-            nan[r] |= np.isnan(s)
+            nan[r] |= not (s < np.inf)  # NaN or +inf
             key = _key(s, i, width, valid[r, i] if has_valid else True)
             if i < k:
                 heap[i] = key

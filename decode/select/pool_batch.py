@@ -84,8 +84,25 @@ def _list_matrix(col: pa.ChunkedArray | pa.Array, fill, dtype) -> tuple[np.ndarr
     return out, mask
 
 
+def check_draft_logprobs(col: pa.ChunkedArray | pa.Array) -> None:
+    """Refuse NaN, +inf or positive draft log-probabilities (`cand_draft_logprob`).
+
+    The selector's precondition is a score non-increasing along every path; a
+    positive or +inf log q breaks it, and top-B trees would not be ancestor-closed.
+    """
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    values = arr.flatten()
+    bad = pc.sum(pc.invert(pc.less_equal(values, 0.0))).as_py() or 0
+    if bad:
+        raise ValueError(
+            f"cand_draft_logprob: {bad} value(s) are NaN, +inf or positive (largest "
+            f"{pc.max(values).as_py()}); a draft log-probability must be <= 0 or -inf"
+        )
+
+
 def pool_batch_from_table(table: pa.Table) -> PoolBatch:
-    """Dense pools of every round of a trace table (CPU tensors)."""
+    """Dense pools of every round of a trace table (CPU tensors); invalid draft scores refused."""
+    check_draft_logprobs(table["cand_draft_logprob"])
     parent, valid = _list_matrix(table["cand_parent"], -1, np.int64)
     depth, _ = _list_matrix(table["cand_depth"], 0, np.int64)
     token, _ = _list_matrix(table["cand_token"], -1, np.int64)

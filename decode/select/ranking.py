@@ -32,6 +32,7 @@ order and rank by the same unique keys, so selections are identical
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -194,7 +195,10 @@ def first_level_ancestor(parent: Tensor, levels: Levels | None = None) -> Tensor
 
 
 _INT32_MIN = -(2**31)
-_NAN_SCORES = "candidate scores contain NaN; a score must be a number or -inf"
+_NAN_SCORES = (
+    "candidate scores contain NaN or +inf; a score must be a finite number or -inf "
+    "(+inf ties would break the ancestor-closed top-B tree)"
+)
 # Keys are assembled by viewing [low, high] int32 pairs as one int64, which is
 # exact only on little-endian hosts (x86, ARM, CUDA); elsewhere use shifts.
 _LITTLE_ENDIAN = sys.byteorder == "little"
@@ -209,7 +213,7 @@ def ranking_keys(score: Tensor, valid: Tensor | None = None) -> Tensor:
     Invalid candidates get the lowest score key and rank after -inf. Unique
     keys let us use fast unstable sorts and top-k with a deterministic result.
     """
-    if torch.isnan(score).any():
+    if not bool((score < math.inf).all()):  # NaN and +inf both fail `< inf`
         raise ValueError(_NAN_SCORES)
     bits = (score.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
     key32 = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # monotone float -> int map (IEEE-754)
@@ -280,7 +284,15 @@ def top_b(score: Tensor, budget: int, valid: Tensor | None = None) -> Tensor:
 
 
 def draft_scores(draft_logprob: Tensor, parent: Tensor, levels: Levels | None = None) -> Tensor:
-    """Cumulative draft log-probability of every candidate (the draft rule). [R, P]."""
+    """Cumulative draft log-probability of every candidate (the draft rule). [R, P].
+
+    Refuses NaN, +inf or positive log q: scores must not rise along a path.
+    """
+    if not bool((draft_logprob <= 0).all()):
+        raise ValueError(
+            "draft log-probabilities must be <= 0 or -inf (scores may not rise along a "
+            f"path); found NaN, +inf or positive values (largest {draft_logprob.max().item()})"
+        )
     return path_sum(draft_logprob, parent, levels)
 
 
