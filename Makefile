@@ -51,6 +51,7 @@ test-gpu: $(STAMP)  ## run the gpu tests (needs CUDA)
 bench: $(STAMP)  ## run the benchmarks (prints figures; paper-scale synthetic data cached in bench/.cache)
 	$(PY) -m bench.select_values
 	$(PY) -m bench.bench_extract
+	$(PY) -m bench.bench_store
 	$(PY) -m bench.bench_rerankers
 	$(PY) -m bench.bench_record
 	$(PY) -m bench.bench_online
