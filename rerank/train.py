@@ -40,8 +40,8 @@ from rerank.predict import (
     fold_map,
     per_depth_scores,
     predict_first_factors,
-    prediction_quality,
 )
+from rerank.quality import prediction_quality
 from rerank.summary import breakdowns, choose_mixture_weights, results_table, summarise
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
