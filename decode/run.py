@@ -5,6 +5,7 @@
     python -m decode.run rule=reranker reranker=runs:/<id>/rerankers/rows_T0_fold0
     python -m decode.run rule=root_draw decode.temperature=1 select.budget=8
     python -m decode.run rule=pearl run.score=pool run.record_traces=true   # + traces, offline values
+    python -m decode.run rule=draft select.budget=8 run.budgets=[16]         # + budget elasticity
 
 `rule=` and `reranker=` are short for `run.rule=` and `run.reranker=`. Every
 prompt is decoded twice in the same run, speculatively and target-only (the
@@ -12,14 +13,17 @@ speedup baseline), in an order alternating with the prompt's position, after
 `run.warmup_prompts` untimed decodes. Results: tables in the Hydra run folder
 and one MLflow run (metrics `online/...`; with run.score=pool also the rule's
 offline expected value `accepted/<T>/B<b>/<rule>` beside the realized one
-`realized/<T>/B<b>/<rule>`, as `rerank.train` names them).
+`realized/<T>/B<b>/<rule>`, as `rerank.train` names them). With `run.budgets`
+every prompt is also decoded at those budgets (`online/B<b>/...`) and seed 003's
+budget elasticity d ln TPS = d ln tau + d ln eta between consecutive budgets is
+logged under `online/elasticity/B<b1>_B<b2>/...` with paired prompt-bootstrap
+intervals. Printed after the groups table: per-stage medians beside means, the
+elasticity, and the entropy split (from the target-only baseline).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 from pathlib import Path
 
 import hydra
@@ -35,12 +39,14 @@ from decode.online.session import (
     RunReport,
     decode_all,
     log_to_mlflow,
+    print_report,
     rule_label,
     summarize,
     write_traces,
 )
 from decode.online.stream import DecodeSettings
 from decode.record import check_prompts, resolve_inputs
+from decode.tree.pool import pool_size
 from rerank.config import MlflowConfig
 from rerank.online import (
     PREDICTORS,
@@ -51,6 +57,7 @@ from rerank.online import (
 )
 from specrank.checks import check_choice, check_int
 from specrank.cli import expand_short_overrides as _expand
+from specrank.cli import run_entry_point
 from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
@@ -66,6 +73,9 @@ def check_run(s: OnlineSettings, run: RunConfig, prompts_per_shard: int) -> None
     if run.torch_threads is not None:
         check_int("run.torch_threads", run.torch_threads, 1)
     check_int("trace.prompts_per_shard", prompts_per_shard, 1)
+    n_pool = pool_size(s.base.pool)
+    for i, b in enumerate(run.budgets):
+        check_int(f"run.budgets[{i}]", b, 1, n_pool)
     if s.rule == "reranker" and not run.reranker:
         raise ValueError("run.rule=reranker needs run.reranker=<folder or MLflow URI>; got none")
 
@@ -95,8 +105,9 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
     if run.record_traces:
         manifest = {k: config.get(k) for k in ("model", "data", "pool", "select", "decode", "run")}
         n = write_traces(
-            project_path(run.traces_out), timings, s, manifest, pair.ids, prompts_per_shard
-        )
+            project_path(run.traces_out), timings[s.base.select.budget], s, manifest, pair.ids,
+            prompts_per_shard,
+        )  # fmt: skip
         log.info("%d trace rows written to %s", n, project_path(run.traces_out))
     if tracking is not None:
         tags = {"rule": label, "score": s.score, "device": str(pair.device)}
@@ -131,13 +142,9 @@ def main(cfg: DictConfig) -> None:
         OmegaConf.to_object(cfg.mlflow), OmegaConf.to_container(cfg, resolve=True),
         Path(HydraConfig.get().runtime.output_dir), cfg.seed, cfg.trace.prompts_per_shard,
     )  # fmt: skip
-    cols = ["group", "prompts", "rounds", "tau", "tokens_per_s", "baseline_tokens_per_s", "speedup"]
-    print(report.groups[[c for c in cols if c in report.groups]].to_string(index=False))
-    if report.values:
-        print(json.dumps(report.values, indent=1))
+    print_report(report)
     print(f"MLflow run {report.run_id}")
 
 
 if __name__ == "__main__":
-    sys.argv = [sys.argv[0], *expand_short_overrides(sys.argv[1:])]
-    main()
+    run_entry_point(main, _SHORT_OVERRIDES)

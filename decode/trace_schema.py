@@ -1,8 +1,13 @@
-"""Trace schema v1: one Arrow row per decoding round.
+"""Trace schema v2: one Arrow row per decoding round.
 
 This is the contract between the decoder (`decode.record`, `decode.synth`) and
 everything downstream (`features.extract`, `rerank.train`). Change a column and
 you must bump `SCHEMA_VERSION`; readers refuse other versions.
+
+Versions: v2 adds `category`, the prompt's fine category (Spec-Bench's category,
+"humaneval", a JSONL record's own label; `decode.prompts`) beside `task`, which is
+now the prompt source's mapped task (the paper's seven, SPEC §9). v1 stores hold
+no category and are refused: record them again.
 
 Pool layout (SPEC §2). The `cand_*` list columns have one entry per pool
 candidate (P = 710 by default), in *pool order*: depths are non-decreasing and
@@ -29,7 +34,7 @@ import pyarrow as pa
 
 from specrank.shard_store import ShardStore, TableSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _f32 = pa.float32()
 _i32 = pa.int32()
@@ -38,7 +43,8 @@ TRACE_SCHEMA = pa.schema(
     [
         # -- round identity and context ------------------------------------------
         pa.field("prompt_id", pa.string(), nullable=False),
-        pa.field("task", pa.string(), nullable=False),
+        pa.field("task", pa.string(), nullable=False),  # what weighting/resampling group by
+        pa.field("category", pa.string(), nullable=False),  # finer label, for breakdowns
         pa.field("round_index", _i32, nullable=False),  # 0-based within the prompt
         pa.field("tokens_before", _i32, nullable=False),  # tokens emitted before this round
         pa.field("prompt_length", _i32, nullable=False),  # in tokens

@@ -11,7 +11,6 @@ mixing two sources in one table.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,7 @@ from decode.trace_schema import SCHEMA_VERSION, trace_store
 from features.config import FeaturesConfig
 from features.from_trace import TRACE_COLUMNS, candidate_table
 from features.schema import candidate_store
-from specrank.cli import expand_short_overrides
+from specrank.cli import expand_short_overrides, run_entry_point
 from specrank.config import register_configs
 from specrank.paths import project_path
 from specrank.shard_store import SchemaError
@@ -143,5 +142,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    sys.argv = [sys.argv[0], *_expand_short_overrides(sys.argv[1:])]
-    main()
+    run_entry_point(main, _SHORT_OVERRIDES)

@@ -10,6 +10,16 @@ from specrank.bootstrap import DEFAULT_RESAMPLES
 DEFAULT_BUDGETS = [8, 59]
 SWEEP_BUDGETS = [2, 4, 8, 12, 16, 24, 32, 48, 59, 80, 100, 150, 200]
 CALIBRATORS = ("iso_q1", "per_depth")  # SPEC §8 calibration controls
+# The paper's claims between two rules (rule_a:rule_b; base/rows name the run's rerankers).
+DEFAULT_COMPARISONS = [
+    "rows:base",
+    "rows:draft",
+    "base:draft",
+    "root:draft",
+    "root_draw:pearl",
+    "root_draw:pearl_matched",
+    "pearl:pearl_commit",
+]
 
 
 @dataclass
@@ -29,10 +39,20 @@ class RerankConfig:
     calibrators: list[str] = field(default_factory=lambda: ["iso_q1", "per_depth"])
     substitutions: list[str] = field(default_factory=lambda: ["cache", "same", "prev"])
     mixture_weights: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
-    halves: str = "even_odd"  # even_odd (the paper's prompt numbers) | seeded
+    # Cross-fitting halves (rerank.crossfit.prompt_halves): seeded = a seeded split
+    # stratified by task (works for any ids); even_odd = the paper's prompt numbers,
+    # refused unless every task's halves are balanced (|n0 - n1| <= max(1, n // 10)).
+    halves: str = "seeded"
     budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
+    # Paired gains of rule_a over rule_b with their own intervals (rerank.comparisons), as
+    # "rule_a:rule_b". None: the paper's claims (DEFAULT_COMPARISONS) among this run's rules;
+    # a list given is checked strictly (every rule must be evaluated by the run).
+    comparisons: list[str] | None = None
     sweep: bool = False  # evaluate the SPEC budget sweep too
     top_m: int = 0  # restrict every rule to the M highest-ranked candidates (0: whole pool)
+    # Report tables beside the rule values (rerank.reports): retained-row agreement, coverage of
+    # scored sets, draw-rule tree sizes. One more chunked pass over the traces.
+    reports: bool = True
     n_resamples: int = DEFAULT_RESAMPLES  # paired prompt-bootstrap resamples
     calibration_edges: int = 2_000_000  # pool edges sampled per half to fit per-depth maps
     chunk_rounds: int = 8192  # rounds per evaluation batch (bounds memory)

@@ -10,28 +10,126 @@ of one prompt share context, so a row-level split would leak).
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from calibrate.isotonic import DEFAULT_BINS, EqualCountIsotonic, PerDepthIsotonic
+from specrank.checks import check_choice
 
 SCHEMES = ("even_odd", "seeded")
 _TRAILING_INT = re.compile(r"(\d+)$")
+# Even/odd halves are used only when, in every task, |n0 - n1| <= max(1, n // 10) for
+# the task's n prompts (n0, n1 in halves 0, 1): 10% leaves room for a task with an odd
+# count or a few gaps in its numbering, and no more, since a lopsided task would be
+# fitted on few prompts and then predict many.
+BALANCE_SHARE = 10  # n // BALANCE_SHARE is 10% of a task's prompts
 
 
-def prompt_halves(prompt_ids: np.ndarray, scheme: str = "even_odd", seed: int = 0) -> np.ndarray:
+def balance_tolerance(n_prompts: int) -> int:
+    """Largest |n0 - n1| allowed between the halves of a task with `n_prompts` prompts."""
+    return max(1, n_prompts // BALANCE_SHARE)
+
+
+def _prompt_tasks(ids: np.ndarray, tasks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct prompts and the one task of each ("" for all when `tasks` is None)."""
+    uniq, first = np.unique(ids, return_index=True)
+    if tasks is None:
+        return uniq, np.full(uniq.size, "", dtype=object)
+    tasks = np.asarray(tasks).astype(str)
+    if tasks.shape != ids.shape:
+        raise ValueError(f"prompt_ids shape {ids.shape} != tasks shape {tasks.shape}")
+    per_prompt = tasks[first]
+    _, inverse = np.unique(ids, return_inverse=True)
+    mixed = uniq[
+        np.bincount(inverse, weights=tasks != per_prompt[inverse], minlength=uniq.size) > 0
+    ]
+    if mixed.size:
+        raise ValueError(
+            f"{mixed.size} prompt(s) carry more than one task, e.g. {mixed[:5].tolist()}; "
+            f"a prompt's rows must share its task"
+        )
+    return uniq, per_prompt
+
+
+def _even_odd(uniq: np.ndarray, tasks: np.ndarray) -> np.ndarray:
+    per_prompt = np.empty(uniq.size, dtype=np.int8)
+    bad = []
+    for i, pid in enumerate(uniq):
+        m = _TRAILING_INT.search(pid)
+        if m is None:
+            bad.append(pid)
+        else:
+            # The last digit alone decides parity (no overflow on long ids).
+            per_prompt[i] = int(m.group(1)[-1]) % 2
+    if bad:
+        raise ValueError(
+            f"scheme='even_odd' needs prompt ids ending in an integer (e.g. 'spec_bench-81'); "
+            f"{len(bad)} of {uniq.size} prompts do not, e.g. {bad[:5]}. "
+            f"Use scheme='seeded' for such ids."
+        )
+    counts, lopsided = [], []
+    for task in np.unique(tasks):
+        n0, n1 = (int(c) for c in np.bincount(per_prompt[tasks == task], minlength=2))
+        name = str(task) or "(all prompts)"
+        counts.append(f"{name} {n0}/{n1}")
+        if abs(n0 - n1) > balance_tolerance(n0 + n1):
+            lopsided.append(name)
+    if lopsided:
+        raise ValueError(
+            f"scheme='even_odd' must give every task balanced halves, "
+            f"|n0 - n1| <= max(1, n // {BALANCE_SHARE}) for a task of n prompts; "
+            f"prompts per task in halves 0/1 (even/odd): {', '.join(counts)}; "
+            f"unbalanced: {lopsided}. Use scheme='seeded' (stratified by task) instead."
+        )
+    return per_prompt
+
+
+def _seeded(uniq: np.ndarray, tasks: np.ndarray, seed: int) -> np.ndarray:
+    per_prompt = np.ones(uniq.size, dtype=np.int8)
+    sizes = np.zeros(2, dtype=np.int64)
+    for task in np.unique(tasks):
+        members = np.flatnonzero(tasks == task)  # sorted ids: independent of row order
+        # One stream per (seed, task): a task's shuffle does not move when another
+        # task gains or loses prompts (at most which half gets its odd prompt does).
+        rng = np.random.default_rng([seed, zlib.crc32(task.encode("utf-8"))])
+        order = members[rng.permutation(members.size)]
+        half = members.size // 2
+        # An odd task's extra prompt goes to the half that is smaller so far (a coin
+        # on a tie), so the halves stay balanced overall too, not only per task.
+        extra = int(rng.integers(2)) if sizes[0] == sizes[1] else int(np.argmin(sizes))
+        n0 = half + (members.size % 2 if extra == 0 else 0)
+        per_prompt[order[:n0]] = 0
+        sizes += (n0, members.size - n0)
+    return per_prompt
+
+
+def prompt_halves(
+    prompt_ids: np.ndarray,
+    scheme: str = "even_odd",
+    seed: int = 0,
+    tasks: np.ndarray | None = None,
+) -> np.ndarray:
     """Fold id (int8, 0/1) per row, the same for every row of a prompt.
+
+    ``tasks`` (one label per row, constant within a prompt; None = one task)
+    is what the halves are balanced over.
 
     ``even_odd`` (the paper): the trailing integer of the prompt id decides,
     even -> 0, odd -> 1 ("spec_bench-81" -> 1, "HumanEval/3" -> 1,
     "synth-000012" -> 0). Ids without a trailing number are refused: guessing a
     number for them would silently make the split depend on string details.
+    So are halves that come out lopsided in some task (beyond
+    `balance_tolerance`), with the counts per task and half in the message.
 
-    ``seeded``: a random half of the distinct prompts (sorted first, so the
-    split depends only on the set of prompts and ``seed``, not on row order)
-    gets fold 0 (ceil(n/2) prompts), the rest fold 1.
+    ``seeded``: stratified by task: within each task, a seeded random half of
+    its distinct prompts (sorted first, so the split depends only on the set
+    of prompts, their tasks and ``seed``, not on row order) gets fold 0, so
+    every task's halves differ by at most one prompt; an odd task's extra
+    prompt goes to the half that is smaller so far, so the totals differ by at
+    most one as well.
 
     Raises ValueError when either half would be empty: nothing could be
     trained for the other half.
@@ -41,30 +139,12 @@ def prompt_halves(prompt_ids: np.ndarray, scheme: str = "even_odd", seed: int = 
         raise ValueError(f"prompt_ids must be 1-D; got shape {ids.shape}")
     if ids.size == 0:
         raise ValueError("prompt_ids is empty: nothing to split")
-    uniq, inverse = np.unique(ids, return_inverse=True)
-    if scheme == "even_odd":
-        per_prompt = np.empty(uniq.size, dtype=np.int8)
-        bad = []
-        for i, pid in enumerate(uniq):
-            m = _TRAILING_INT.search(pid)
-            if m is None:
-                bad.append(pid)
-            else:
-                # The last digit alone decides parity (no overflow on long ids).
-                per_prompt[i] = int(m.group(1)[-1]) % 2
-        if bad:
-            raise ValueError(
-                f"scheme='even_odd' needs prompt ids ending in an integer (e.g. 'spec_bench-81'); "
-                f"{len(bad)} of {uniq.size} prompts do not, e.g. {bad[:5]}. "
-                f"Use scheme='seeded' for such ids."
-            )
-    elif scheme == "seeded":
-        rng = np.random.default_rng(seed)
-        order = rng.permutation(uniq.size)
-        per_prompt = np.ones(uniq.size, dtype=np.int8)
-        per_prompt[order[: (uniq.size + 1) // 2]] = 0
-    else:
-        raise ValueError(f"scheme must be one of {SCHEMES}; got {scheme!r}")
+    check_choice("rerank.halves", scheme, SCHEMES)
+    uniq, per_task = _prompt_tasks(ids, tasks)
+    _, inverse = np.unique(ids, return_inverse=True)
+    per_prompt = (
+        _even_odd(uniq, per_task) if scheme == "even_odd" else _seeded(uniq, per_task, seed)
+    )
     counts = np.bincount(per_prompt, minlength=2)
     if counts.min() == 0:
         raise ValueError(

@@ -78,6 +78,7 @@ class EvalPlan:
     substitutions: list[str] = field(default_factory=lambda: list(RETAINED_ROWS))
     mixture_weights: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
     top_m: int = 0
+    curve_rules: list[str] = field(default_factory=list)  # value curves (rule budgets)
 
 
 def first_level_matrix(values: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
@@ -227,6 +228,7 @@ def evaluate_traces(
             plan.top_m,
             extra_scores=scores,
             curves=curves is not None,
+            curve_rules=plan.curve_rules,
         )
         if curves is not None:
             names = [n for n in values if n.startswith("curve/")]

@@ -29,10 +29,47 @@ from specrank.laws import law_kind
 log = logging.getLogger(__name__)
 
 
-def fold_map(prompt_ids: np.ndarray, scheme: str, seed: int) -> dict[str, int]:
-    """prompt id -> fold (0/1), computed once over ALL prompts so chunks agree."""
-    unique = np.unique(prompt_ids)
-    return dict(zip(unique.tolist(), prompt_halves(unique, scheme, seed).tolist(), strict=True))
+def fold_map(
+    prompt_ids: np.ndarray, scheme: str, seed: int, tasks: np.ndarray | None = None
+) -> dict[str, int]:
+    """prompt id -> fold (0/1), computed once over ALL prompts so chunks agree.
+
+    ``tasks`` (aligned with ``prompt_ids``) balances the halves within each task
+    (`rerank.crossfit.prompt_halves`); without it all prompts count as one task.
+    """
+    if tasks is None:
+        unique = np.unique(prompt_ids)
+        return dict(zip(unique.tolist(), prompt_halves(unique, scheme, seed).tolist(), strict=True))
+    # One row per (prompt, task) pair: the split works on prompts, not on millions of rows;
+    # a prompt with two tasks survives as two rows and is refused by prompt_halves.
+    pairs = pd.DataFrame({"prompt_id": prompt_ids, "task": tasks}).drop_duplicates()
+    pids = pairs["prompt_id"].to_numpy().astype(str)
+    folds = prompt_halves(pids, scheme, seed, tasks=pairs["task"].to_numpy().astype(str))
+    return dict(zip(pids.tolist(), folds.tolist(), strict=True))
+
+
+def halves_table(frame: pd.DataFrame, folds: dict[str, int]) -> pd.DataFrame:
+    """Prompts and rounds per task and half (plus an `all` row), to print and log the split.
+
+    ``frame`` has `prompt_id`, `task` and the round keys (candidate or round rows,
+    any multiplicity); columns `prompts_0`, `prompts_1`, `rounds_0`, `rounds_1`
+    count prompts and distinct rounds (all laws together) in halves 0 and 1.
+    """
+    keys = [k for k in ROUND_KEYS if k in frame.columns]
+    rounds = frame[["task", *keys]].drop_duplicates()
+    rounds = rounds.assign(half=rounds["prompt_id"].map(folds))
+    if rounds["half"].isna().any():
+        raise ValueError("rows with prompts outside the fold map")
+    grouped = rounds.groupby(["task", "half"])
+    table = pd.concat(
+        {"prompts": grouped["prompt_id"].nunique(), "rounds": grouped.size()}, axis=1
+    ).unstack("half", fill_value=0)
+    table = table.reindex(columns=pd.MultiIndex.from_product([["prompts", "rounds"], [0, 1]]),
+                          fill_value=0)  # fmt: skip
+    table.columns = [f"{what}_{int(half)}" for what, half in table.columns]
+    table.loc["all"] = table.sum()
+    table.index.name = "task"
+    return table.astype(np.int64)
 
 
 @dataclass

@@ -11,28 +11,50 @@ from rerank.predict import FirstFactorPredictions
 from specrank.laws import law_kind
 
 
+def _mean(x: np.ndarray) -> float:
+    """Mean, NaN for no values (a fold without rounds of a law)."""
+    return float(np.mean(x)) if np.size(x) else float("nan")
+
+
+def _round_firsts(key: np.ndarray, round_id: np.ndarray) -> np.ndarray:
+    """Row index of the highest `key` in each round (first row on ties). [n_rounds]."""
+    order = np.lexsort((-key, round_id))
+    return order[np.r_[True, round_id[order][1:] != round_id[order][:-1]]]
+
+
 def prediction_quality(candidates: pd.DataFrame, preds: FirstFactorPredictions) -> pd.DataFrame:
-    """Held-out squared error and top-1 agreement of first-level predictions vs draft probs."""
+    """Held-out squared error and top-1 agreement of first-level predictions vs draft probs.
+
+    Top-1 agreement as the paper defines it: the round's top-ranked first-level
+    candidate is the target's most probable first-level candidate. Under greedy
+    decoding only rounds whose first level holds the target's token count
+    (`top1_rounds` says how many rounds each figure averages).
+    """
     frame = candidates.merge(preds.frame, on=[*ROUND_KEYS, "cand_index"], how="inner")
     rows = []
     for temperature, part in frame.groupby("temperature"):
         label = part[LABEL_OF_LAW[law_kind(float(temperature))]].to_numpy(np.float64)
         round_id = part.groupby(["prompt_id", "round_index"]).ngroup().to_numpy()
+        best = _round_firsts(label, round_id)  # the target's most probable first-level candidate
+        # greedy: the first level must hold the argmax token (label 1) for the round to count
+        eligible = label[best] > 0 if law_kind(float(temperature)) == "greedy" else None
+        fold_of_round = part["fold"].to_numpy()[best]
         for name in ["draft_prob", *preds.rules]:
             pred = part[name].to_numpy(np.float64)
-            # top-1: the round's highest predicted candidate is the target's argmax
-            order = np.lexsort((-pred, round_id))
-            first = order[np.r_[True, round_id[order][1:] != round_id[order][:-1]]]
+            hit = _round_firsts(pred, round_id) == best  # [n_rounds]
             for fold in (None, 0, 1):
                 m = slice(None) if fold is None else (part["fold"].to_numpy() == fold)
-                sel = first if fold is None else first[part["fold"].to_numpy()[first] == fold]
+                keep = np.ones(hit.shape, bool) if fold is None else fold_of_round == fold
+                if eligible is not None:
+                    keep &= eligible
                 rows.append(
                     {
                         "temperature": float(temperature),
                         "predictor": name,
                         "fold": "all" if fold is None else fold,
-                        "squared_error": float(np.mean((pred[m] - label[m]) ** 2)),
-                        "top1_agreement": float(part["label_is_argmax"].to_numpy()[sel].mean()),
+                        "squared_error": _mean((pred[m] - label[m]) ** 2),
+                        "top1_agreement": _mean(hit[keep]),
+                        "top1_rounds": int(keep.sum()),
                         "candidates": int(np.size(pred[m])),
                     }
                 )

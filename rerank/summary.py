@@ -12,7 +12,9 @@ prompts, per budget, before anything is summarised.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -91,7 +93,7 @@ def _with_interval(rec: dict, key: str, point: float, draws: np.ndarray) -> None
     rec |= {key: iv.estimate, f"{key}_lo": iv.low, f"{key}_hi": iv.high}
 
 
-def _budget_rows(
+def budget_rows(
     point: np.ndarray, draws: np.ndarray, cols: list[str], budget: int
 ) -> list[dict[str, float | str]]:
     """Values, gains and shares of every rule at one budget (one law, one weighting)."""
@@ -168,6 +170,7 @@ def node_equivalent_budget(draft_curve: np.ndarray, value: np.ndarray) -> np.nda
 def _mean_curves(
     curves: PromptCurves,
     name: str,
+    *,
     temperature: float,
     stats: PromptSums,
     weighting: str,
@@ -184,43 +187,81 @@ def _mean_curves(
     )
 
 
-def summarise(
+@dataclass
+class LawDraws:
+    """One law under one weighting: point and resampled means of every `<rule>@B<b>`.
+
+    Everything reported for the law and weighting (gains, shares, matched PEARL,
+    node-equivalent budgets, paired comparisons) is computed from these, so all of
+    it comes from the same resamples.
+    """
+
+    temperature: float
+    weighting: str
+    names: list[str]  # "<rule>@B<b>"
+    point: np.ndarray  # [n_names]
+    draws: np.ndarray  # [n_resamples, n_names]
+    rounds: int
+    prompts: int
+    extra: dict[str, dict[str, float]]  # per name: matched_budget, node budgets
+
+    @property
+    def budgets(self) -> list[int]:
+        return sorted({int(n.split("@B")[1]) for n in self.names})
+
+    def column(self, rule: str, budget: int) -> tuple[float, np.ndarray] | None:
+        name = f"{rule}@B{budget}"
+        if name not in self.names:
+            return None
+        i = self.names.index(name)
+        return float(self.point[i]), self.draws[:, i]
+
+
+def _node_budgets(curve_p: np.ndarray, curve_d: np.ndarray, point: float,
+                  draws: np.ndarray, key: str) -> dict[str, float]:  # fmt: skip
+    """`key`, `key_lo`, `key_hi`: the budget at which a mean curve reaches a value, with interval."""
+    iv = percentile_interval(
+        node_equivalent_budget(curve_p, np.asarray([point]))[0],
+        node_equivalent_budget(curve_d, draws),
+    )
+    return {key: iv.estimate, f"{key}_lo": iv.low, f"{key}_hi": iv.high}
+
+
+def law_draws(
     frame: pd.DataFrame,
     n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     weightings: tuple[str, ...] = WEIGHTINGS,
     curves: PromptCurves | None = None,
-) -> pd.DataFrame:
-    """One row per (law, budget, weighting, rule) with values, gains, shares and 95% intervals.
+) -> list[LawDraws]:
+    """Point and bootstrap means of every rule, per law and weighting (one weight matrix each).
 
-    With `curves`, a `pearl_matched` rule is added: PEARL with its pre-draw
-    budget raised until its mean tree size equals root-draw's; and every rule
-    gets its node-equivalent budget (`node_budget`): the smallest budget at
-    which draft selection reaches the rule's value. Both are found again in
-    every resample, under each weighting.
+    With `curves`: `pearl_matched@B<b>` (PEARL with its pre-draw budget raised until
+    its mean tree size equals root-draw's), every rule's `node_budget` (the smallest
+    budget at which draft selection reaches the rule's value) and, for each rule
+    with a curve of its own (root, learned rules), `rule_budget` (the smallest budget
+    at which that rule reaches draft selection's value at B; paper Table 13). All
+    are found again in every resample, under each weighting.
     """
-    # One piece: every rule, budget and derived figure (matched PEARL, node budgets) of a
-    # weighting must come from the same resample weights; issue 14 reworks this table.
+    # One piece: every derived figure of a weighting must use that weighting's resamples.
     out = []
     for temperature, part in frame.groupby("temperature"):
         cols = value_columns(part)
         budgets = sorted({int(c.split("@B")[1]) for c in cols})
         sizes = [f"size/root_draw@B{b}" for b in budgets]
         match = curves is not None and "pearl" in curves.sums and all(c in part for c in sizes)
-        node = curves is not None and "draft" in curves.sums
         stats = PromptSums.from_rounds(part, cols + (sizes if match else []))
         for weighting in weightings:
             weights = bootstrap_weights(stats, weighting, n_resamples, seed)
             point = weighted_means(stats, weighting, None)[0]
             draws = weighted_means(stats, weighting, weights)
-            names = list(cols)
-            matched_budgets = {}
+            names, extra = list(cols), {}
+            mean_curve = functools.partial(
+                _mean_curves, curves, temperature=temperature, stats=stats,
+                weighting=weighting, weights=weights,
+            )  # fmt: skip
             if match:
-                args = (temperature, stats, weighting, weights)
-                (value_p, value_d), (size_p, size_d) = (
-                    _mean_curves(curves, "pearl", *args),
-                    _mean_curves(curves, "size/pearl", *args),
-                )
+                (value_p, value_d), (size_p, size_d) = mean_curve("pearl"), mean_curve("size/pearl")
                 extra_p, extra_d = [], []
                 for b in budgets:
                     i = stats.columns.index(f"size/root_draw@B{b}")
@@ -229,61 +270,49 @@ def summarise(
                     extra_p.append(vp[0])
                     extra_d.append(vd)
                     names.append(f"pearl_matched@B{b}")
-                    matched_budgets[b] = float(bp[0])
+                    extra[f"pearl_matched@B{b}"] = {"matched_budget": float(bp[0])}
                 point = np.concatenate([point[: len(cols)], extra_p])
                 draws = np.concatenate([draws[:, : len(cols)], np.stack(extra_d, axis=1)], axis=1)
-            node_budgets = {}
-            if node:
-                curve_p, curve_d = _mean_curves(
-                    curves, "draft", temperature, stats, weighting, weights
-                )
+            if curves is not None and "draft" in curves.sums:
+                draft_p, draft_d = mean_curve("draft")
                 for i, name in enumerate(names):
-                    iv = percentile_interval(
-                        node_equivalent_budget(curve_p, point[i : i + 1])[0],
-                        node_equivalent_budget(curve_d, draws[:, i]),
+                    extra.setdefault(name, {}).update(
+                        _node_budgets(draft_p, draft_d, point[i], draws[:, i], "node_budget")
                     )
-                    node_budgets[name] = {
-                        "node_budget": iv.estimate,
-                        "node_budget_lo": iv.low,
-                        "node_budget_hi": iv.high,
-                    }
-            for b in budgets:
-                for rec in _budget_rows(point, draws, names, b):
-                    if rec["rule"] == "pearl_matched":
-                        rec["matched_budget"] = matched_budgets[b]
-                    rec |= node_budgets.get(f"{rec['rule']}@B{b}", {})
-                    out.append(
-                        {
-                            "law": law_name(temperature),
-                            "budget": b,
-                            "weighting": weighting,
-                            "rounds": int(stats.rounds.sum()),
-                            "prompts": len(stats.prompts),
-                        }
-                        | rec
-                    )
+                for rule in (r for r in curves.sums if r not in ("draft", "pearl", "size/pearl")):
+                    rule_p, rule_d = mean_curve(rule)
+                    for b in budgets:
+                        i = names.index(f"draft@B{b}")
+                        extra.setdefault(f"{rule}@B{b}", {}).update(
+                            _node_budgets(rule_p, rule_d, point[i], draws[:, i], "rule_budget")
+                        )
+            out.append(LawDraws(float(temperature), weighting, names, point, draws,
+                                int(stats.rounds.sum()), len(stats.prompts), extra))  # fmt: skip
+    return out
+
+
+def summarise_draws(draws: list[LawDraws]) -> pd.DataFrame:
+    """One row per (law, budget, weighting, rule): values, gains, shares, 95% intervals."""
+    out = []
+    for d in draws:
+        for b in d.budgets:
+            for rec in budget_rows(d.point, d.draws, d.names, b):
+                rec |= d.extra.get(f"{rec['rule']}@B{b}", {})
+                head = {"law": law_name(d.temperature), "budget": b, "weighting": d.weighting,
+                        "rounds": d.rounds, "prompts": d.prompts}  # fmt: skip
+                out.append(head | rec)
     return pd.DataFrame(out)
 
 
-def breakdowns(frame: pd.DataFrame) -> pd.DataFrame:
-    """Mean values by task, root-row entropy quintile and drafter/target first-token match."""
-    cols = value_columns(frame)
-    parts = []
-    for temperature, part in frame.groupby("temperature"):
-        part = part.copy()
-        part["entropy_quintile"] = (
-            pd.qcut(part["root_entropy"].rank(method="first"), 5, labels=False) + 1
-        )
-        for by in ("task", "entropy_quintile", "draft_top_is_argmax"):
-            g = part.groupby(by)
-            table = g[cols].mean()
-            table.insert(0, "rounds", g.size())
-            table = table.reset_index().rename(columns={by: "group"})
-            table.insert(0, "by", by)
-            table.insert(0, "law", law_name(temperature))
-            table["group"] = table["group"].astype(str)
-            parts.append(table)
-    return pd.concat(parts, ignore_index=True)
+def summarise(
+    frame: pd.DataFrame,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    weightings: tuple[str, ...] = WEIGHTINGS,
+    curves: PromptCurves | None = None,
+) -> pd.DataFrame:
+    """`summarise_draws(law_draws(...))`: the summary table from the per-round values."""
+    return summarise_draws(law_draws(frame, n_resamples, seed, weightings, curves))
 
 
 def results_table(summary: pd.DataFrame, weighting: str = "round") -> str:

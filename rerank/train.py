@@ -26,9 +26,19 @@ import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from decode.select.values import RULES
 from decode.trace_schema import trace_store
 from features.schema import candidate_store
-from rerank.config import CALIBRATORS, SWEEP_BUDGETS, MlflowConfig, RerankConfig
+from rerank.breakdowns import breakdown_gains, breakdowns
+from rerank.comparisons import check_comparisons, compare, comparisons_table, parse_comparisons
+from rerank.config import (
+    CALIBRATORS,
+    DEFAULT_COMPARISONS,
+    SWEEP_BUDGETS,
+    MlflowConfig,
+    RerankConfig,
+)
+from rerank.coverage import RootIfCovered
 from rerank.crossfit import SCHEMES
 from rerank.evaluate import RETAINED_ROWS, ROUND_KEYS, EvalPlan, PromptCurves, evaluate_traces
 from rerank.models import FEATURE_SETS, KINDS, LABEL_OF_LAW
@@ -38,13 +48,21 @@ from rerank.predict import (
     FirstFactorPredictions,
     fit_per_depth_maps,
     fold_map,
+    halves_table,
     per_depth_scores,
     predict_first_factors,
 )
 from rerank.quality import prediction_quality
-from rerank.summary import breakdowns, choose_mixture_weights, results_table, summarise
+from rerank.reports import report_tables
+from rerank.summary import (
+    choose_mixture_weights,
+    law_draws,
+    results_table,
+    summarise_draws,
+)
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
+from specrank.cli import run_entry_point
 from specrank.laws import law_kind, law_name
 from specrank.memory import retain_freed_heap
 from specrank.paths import project_path
@@ -62,6 +80,7 @@ class TrainResult:
     quality: pd.DataFrame
     table: str
     run_id: str
+    comparisons: pd.DataFrame  # paired gains between two rules
 
 
 def _check_same_traces(features_dir: Path, traces_dir: Path) -> str:
@@ -93,16 +112,22 @@ class Fitted:
 class Evaluation:
     per_round: pd.DataFrame
     summary: pd.DataFrame
-    breakdowns: pd.DataFrame
+    comparisons: pd.DataFrame  # paired gains between two rules (rerank.comparisons)
+    breakdowns: pd.DataFrame  # mean values per group
+    breakdown_gains: pd.DataFrame  # gains over draft per group, with intervals
     mixture_weights: pd.DataFrame
-    table: str
+    table: str  # the results table, then the paired comparisons
+    reports: dict[str, pd.DataFrame]  # rerank.reports tables and the halves split, by file name
 
 
 def fit(rerank: RerankConfig, seed: int) -> Fitted:
     """Cross-fit the rerankers and the q1 calibration on the candidate table (SPEC §8)."""
     t0 = time.perf_counter()
     candidates = candidate_store(project_path(rerank.features)).read().to_pandas()
-    folds = fold_map(candidates["prompt_id"].to_numpy(), rerank.halves, seed)
+    folds = fold_map(
+        candidates["prompt_id"].to_numpy(), rerank.halves, seed, candidates["task"].to_numpy()
+    )
+    log.info("halves=%s:\n%s", rerank.halves, halves_table(candidates, folds).to_string())
     preds = predict_first_factors(
         candidates,
         folds,
@@ -120,28 +145,47 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int) -> Evaluation:
     """Every rule on the recorded pools, out of fold, with paired bootstrap intervals (SPEC §9)."""
     folds, preds = fitted.folds, fitted.preds
     dataset = trace_store(project_path(rerank.traces)).dataset()
-    extra = None
+    # Rules given as whole candidate scores: root selection after covered rounds only
+    # (a decoder without a root pass, App. D.10) and the per-depth calibration.
+    extras = [RootIfCovered.from_dataset(dataset)]
     if "per_depth" in rerank.calibrators:
         maps = fit_per_depth_maps(
             dataset, folds, rerank.calibration_edges, seed, rerank.chunk_rounds
         )
 
-        def extra(pool, table):
+        def per_depth(pool, table):
             ids = table["prompt_id"].to_numpy(zero_copy_only=False)
             return {"per_depth": per_depth_scores(pool, ids, folds, maps)}
 
+        extras.append(per_depth)
+
+    def extra(pool, table):
+        return {name: score for f in extras for name, score in f(pool, table).items()}
+
     budgets = sorted(set(rerank.budgets) | (set(SWEEP_BUDGETS) if rerank.sweep else set()))
+    rerankers = [f"{fs}_{rerank.model.kind}" for fs in rerank.feature_sets]
     plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
-                    mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m)  # fmt: skip
+                    mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m,
+                    curve_rules=["root", *rerankers])  # fmt: skip
     curves = PromptCurves()  # per-prompt curves: matched-size PEARL, node-equivalent budgets
     per_round = evaluate_traces(
         dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves
     )
     per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
     per_round, mix_weights = choose_mixture_weights(per_round)
-    summary = summarise(per_round, rerank.n_resamples, seed, curves=curves)
+    draws = law_draws(per_round, rerank.n_resamples, seed, curves=curves)  # one set of resamples
+    summary = summarise_draws(draws)
+    comparisons = compare(draws, comparison_pairs(rerank))
+    table = results_table(summary) + "\n" + comparisons_table(comparisons)
+    groups = breakdown_gains(per_round, rerank.n_resamples, seed)
+    reports = {}
+    if rerank.reports:  # retained rows, coverage, draw-rule sizes (one more pass over the traces)
+        reports = report_tables(
+            dataset, per_round, budgets, rerank.n_resamples, seed, rerank.chunk_rounds
+        )
+    reports["halves"] = halves_table(fitted.candidates, folds)
     return Evaluation(
-        per_round, summary, breakdowns(per_round), mix_weights, results_table(summary)
+        per_round, summary, comparisons, breakdowns(per_round), groups, mix_weights, table, reports
     )
 
 
@@ -149,7 +193,11 @@ def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> list[Path]:
     """Tables, plots and saved rerankers of the run under `out_dir`; returns the plots."""
     out_dir.mkdir(parents=True, exist_ok=True)
     ev.summary.to_csv(out_dir / "summary.csv", index=False)
+    ev.comparisons.to_csv(out_dir / "comparisons.csv", index=False)
     ev.breakdowns.to_csv(out_dir / "breakdowns.csv", index=False)
+    ev.breakdown_gains.to_csv(out_dir / "breakdown_gains.csv", index=False)
+    for name, frame in ev.reports.items():
+        frame.to_csv(out_dir / f"{name}.csv", index=False)
     fitted.quality.to_csv(out_dir / "prediction_quality.csv", index=False)
     ev.mixture_weights.to_csv(out_dir / "mixture_weights.csv", index=False)
     ev.per_round.to_parquet(out_dir / "per_round_values.parquet", index=False)
@@ -205,6 +253,11 @@ def log_run(
             for name in ("accepted", "gain", "gain_lo", "gain_hi", "node_budget"):
                 if hasattr(r, name):  # node_budget: the draft budget reaching the rule's value
                     metrics[metric_key(name, r.law, f"B{r.budget}", r.rule)] = getattr(r, name)
+        for r in ev.comparisons[ev.comparisons["weighting"] == "round"].itertuples():
+            pair = f"{r.a}__{r.b}"
+            metrics[metric_key("compare", r.law, f"B{r.budget}", pair)] = r.gain
+            metrics[metric_key("compare_lo", r.law, f"B{r.budget}", pair)] = r.gain_lo
+            metrics[metric_key("compare_hi", r.law, f"B{r.budget}", pair)] = r.gain_hi
         metrics |= _quality_metrics(fitted.quality, "all")
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if np.isfinite(v)})
         for path in [*out_dir.glob("*.csv"), *out_dir.glob("*.parquet"), out_dir / "results.txt"]:
@@ -245,6 +298,27 @@ def check_settings(rerank: RerankConfig) -> None:
     check_int("rerank.n_resamples", rerank.n_resamples, 1)
     check_int("rerank.calibration_edges", rerank.calibration_edges, 1)
     check_int("rerank.chunk_rounds", rerank.chunk_rounds, 1)
+    comparison_pairs(rerank)  # parsed and checked against the run's rules
+
+
+def comparison_pairs(rerank: RerankConfig) -> list[tuple[str, str]]:
+    """The run's paired comparisons: the configured ones, or the paper's among its rules."""
+    rules = run_rules(rerank)
+    if rerank.comparisons is None:
+        pairs = parse_comparisons(DEFAULT_COMPARISONS, rerank.model.kind)
+        return [p for p in pairs if set(p) <= rules]
+    pairs = parse_comparisons(rerank.comparisons, rerank.model.kind)
+    check_comparisons(pairs, rules)
+    return pairs
+
+
+def run_rules(rerank: RerankConfig) -> set[str]:
+    """Every rule the job reports, known from the settings before anything is fitted."""
+    learned = {f"{fs}_{rerank.model.kind}" for fs in rerank.feature_sets}
+    rows = {f"{kind}_{row}" for kind in ("sub", "mix") for row in rerank.substitutions}
+    return (
+        set(RULES) | learned | set(rerank.calibrators) | rows | {"pearl_matched", "root_if_covered"}
+    )
 
 
 def train_and_evaluate(
@@ -263,7 +337,9 @@ def train_and_evaluate(
     plots = write_tables(out_dir, fitted, ev)
     tags = {"trace_fingerprint": fingerprint, "rerank_model": rerank.model.kind}
     run_id = log_run(tracking, resolved_config, tags, fitted, ev, out_dir, plots, total)
-    return TrainResult(ev.summary, ev.breakdowns, ev.per_round, fitted.quality, ev.table, run_id)
+    return TrainResult(
+        ev.summary, ev.breakdowns, ev.per_round, fitted.quality, ev.table, run_id, ev.comparisons
+    )
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
@@ -280,4 +356,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry_point(main)

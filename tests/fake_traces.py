@@ -68,6 +68,7 @@ def random_round(
     return {
         "prompt_id": prompt_id,
         "task": ["writing", "coding"][hash(prompt_id) % 2],
+        "category": "fake",  # trace schema v2: the prompt's finer label
         "round_index": round_index,
         "tokens_before": tokens_before,
         "prompt_length": 17,

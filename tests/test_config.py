@@ -91,3 +91,29 @@ def test_experiment_paper_states_only_deltas(hydra_conf):
     default = dict(_leaves(OmegaConf.to_container(compose("train"))))
     same = [k for k, v in _leaves(paper) if k != "defaults" and default.get(k) == v]
     assert not same, f"conf/experiment/paper.yaml repeats defaults: {same}"
+
+
+def test_a_typo_gets_the_closest_valid_keys():
+    from specrank.cli import unknown_key_message
+    from specrank.config import schema
+
+    s = schema()
+    msg = unknown_key_message(["select.budge=8"], s)
+    assert (
+        msg.startswith("Key 'budge' is not in 'select'") and "Did you mean 'select.budget'" in msg
+    )
+    assert "'rerank.model.kind'" in unknown_key_message(["rerank.model.knd=lgbm"], s)
+    for fine in (["select.budget=8"], ["model=pocket"], ["model.target=/x"], ["+a.b=1"]):
+        assert unknown_key_message(fine, s) is None, fine
+
+
+def test_entry_points_refuse_a_typo_before_hydra_runs():
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-m", "rerank.train", "rerank.budgest=[8]"],
+        capture_output=True, text=True, timeout=120, cwd=CONF.parent,
+    )  # fmt: skip
+    assert res.returncode == 1
+    assert "Did you mean 'rerank.budgets'" in res.stderr

@@ -17,7 +17,7 @@ from decode.config import DataConfig, DecodeConfig, PromptSource, SelectConfig, 
 from decode.online.stream import DecodeSettings
 from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import write_synthetic_traces
-from decode.trace_schema import TRACE_SPEC, trace_store
+from decode.trace_schema import SCHEMA_VERSION, TRACE_SPEC, trace_store
 from features.extract import extract
 from rerank.config import MlflowConfig, RerankConfig
 from rerank.train import train_and_evaluate
@@ -105,14 +105,17 @@ def test_byte_flips_in_a_manifest_or_marker_are_refused_or_harmless(store, name)
 
 def test_a_shard_of_another_schema_version_is_refused(store):
     table = store.read()
+    other = SCHEMA_VERSION + 1
     foreign = table.replace_schema_metadata(
-        {b"specrank.table": b"trace", b"specrank.version": b"2"}
+        {b"specrank.table": b"trace", b"specrank.version": str(other).encode()}
     )
     path = store.root / "shard-99999.parquet"
     pq.write_table(foreign, path)
     marker = {"rows": foreign.num_rows, "sha256": sha256_file(path)}
     (store.root / "shard-99999.done").write_text(json.dumps(marker))
-    with pytest.raises(SchemaError, match="expected trace schema version 1, found 2"):
+    with pytest.raises(
+        SchemaError, match=f"expected trace schema version {SCHEMA_VERSION}, found {other}"
+    ):
         store.read()
 
 

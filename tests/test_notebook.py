@@ -88,7 +88,7 @@ def logged(tmp_path_factory) -> tuple[str, list[TrainResult]]:
         chunk_rounds=256,
     )
     # the second run logs fewer rules and other halves: the notebook must line them up
-    second = replace(first, halves="seeded", calibrators=[], substitutions=["cache"])
+    second = replace(first, halves="even_odd", calibrators=[], substitutions=["cache"])
     previous_uri = mlflow.get_tracking_uri()
     results = []
     try:

@@ -73,6 +73,16 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
     d = result.summary[result.summary["rule"] == "draft"]
     assert (d[["gain", "gain_lo", "gain_hi"]].to_numpy() == 0).all()
     assert "gain vs draft" in result.table and "draft B" in result.table
+    # the paper's paired claims, every law, budget and weighting, printed after the table
+    pairs = set(zip(result.comparisons["a"], result.comparisons["b"], strict=True))
+    assert pairs == {("rows_lgbm", "base_lgbm"), ("rows_lgbm", "draft"), ("base_lgbm", "draft"),
+                     ("root", "draft"), ("root_draw", "pearl"), ("root_draw", "pearl_matched"),
+                     ("pearl", "pearl_commit")}  # fmt: skip
+    assert len(result.comparisons) == len(pairs) * 2 * 2 * 3  # laws x budgets x weightings
+    assert "paired comparisons" in result.table
+    # the other direction of node budgets: root and the rerankers reach draft's value at B
+    for rule in ("root", "base_lgbm", "rows_lgbm"):
+        assert result.summary.loc[result.summary["rule"] == rule, "rule_budget"].notna().all()
     # node-equivalent budgets (every weighting): the draft budget reaching each rule's value
     rw = result.summary.set_index(["weighting", "law", "budget", "rule"])
     assert rw.index.is_unique and rw["node_budget"].notna().any()

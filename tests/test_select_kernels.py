@@ -9,6 +9,9 @@ to float32 rounding.
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -28,6 +31,7 @@ from decode.select.ranking import (
     torch_route,
 )
 from decode.select.values import RULES, evaluate_pools
+from specrank.paths import PROJECT_ROOT
 from tests.random_pools import random_pool_batch, random_tree
 
 
@@ -146,3 +150,26 @@ def test_infinite_and_positive_scores_are_refused_on_both_routes(route):
         # -inf is a valid score (zero probability): ranked last, the tree stays closed
         keep = top_b(draft_scores(torch.tensor([[-1.0, -float("inf"), -2.0]]), parent), 2)
         assert keep.tolist() == [[True, False, True]]
+
+
+def test_compiled_route_keeps_torchs_thread_count():
+    """numba's first launch of its OpenMP pool must not change torch's intra-op threads.
+
+    Both share one libgomp: numba's launch calls omp_set_num_threads(NUMBA_NUM_THREADS),
+    which silently undid `decode.record`'s torch.set_num_threads(1) after a process's
+    first round, so a prompt's trace bits depended on what the process ran before it.
+    A fresh interpreter: the pool launches once per process.
+    """
+    code = (
+        "import torch; torch.set_num_threads(1)\n"
+        "from decode.select.ranking import compiled_route\n"
+        "assert compiled_route(torch.zeros(3))\n"
+        "print(torch.get_num_threads())\n"
+    )
+    env = {**os.environ, "NUMBA_NUM_THREADS": "2"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True,
+        timeout=120, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1"]

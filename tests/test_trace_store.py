@@ -47,7 +47,9 @@ def test_round_trip(store, table):
 
 
 def test_writer_refuses_missing_and_extra_columns(store, table):
-    with pytest.raises(SchemaError, match=r"trace v1: missing column\(s\) \['covered'\]"):
+    with pytest.raises(
+        SchemaError, match=rf"trace v{SCHEMA_VERSION}: missing column\(s\) \['covered'\]"
+    ):
         store.write_shard("a", table.drop_columns(["covered"]))
     with pytest.raises(SchemaError, match=r"extra column\(s\) \['surprise'\]"):
         store.write_shard("a", table.append_column("surprise", pa.array([0] * table.num_rows)))

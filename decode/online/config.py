@@ -8,7 +8,7 @@ temperature, verifier, output limit and seed come from the shared `pool`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Rules the online decoder runs (SPEC §6). `covering` is the comparison decoder of
 # the paper's App. D.10 (leaf draws emitted as the continuation; one pass per round).
@@ -39,6 +39,12 @@ class RunConfig:
     record_traces: bool = False  # write the run's rounds as traces (needs score=pool)
     traces_out: str = "data_out/online_traces/${run.rule}"  # trace store of record_traces
     baseline: bool = True  # target-only decoding of every prompt in the same run (speedup)
+    # Budgets decoded beside select.budget in the same run (seed 003's budget elasticity):
+    # every prompt at select.budget and each of these, in turn, with one baseline decode;
+    # metrics online/B<b>/..., and the elasticity between consecutive budgets under
+    # online/elasticity/B<b1>_B<b2>/.... Empty: select.budget alone. Traces and offline
+    # values (run.score=pool) are of select.budget's decode.
+    budgets: list[int] = field(default_factory=list)
     warmup_prompts: int = 1  # untimed decodes (both decoders) before measuring
     # torch intra-op threads. 1 by default: batch-1 decoding of small models gains little
     # from more, and on shared cores multi-threaded torch stalls (a 2-thread run of the

@@ -52,8 +52,12 @@ def decode_prompt(
     task: str = "",
     predictor: OnlinePredictor | None = None,
     keep_features: bool = False,
+    category: str | None = None,
 ) -> PromptRun:
-    """Decode one prompt until EOS or the length limit (after that round)."""
+    """Decode one prompt until EOS or the length limit (after that round).
+
+    `task` and `category` (default: the task) label the prompt's trace rows.
+    """
     s.check()
     if s.rule == "reranker" and predictor is None:
         raise ValueError("run.rule=reranker needs a loaded reranker (run.reranker)")
@@ -78,7 +82,7 @@ def decode_prompt(
                            prev_accepted=st.prev_accepted)  # fmt: skip
         r = decode_round(st, target, drafter, s, levels, ctx, predictor, rows_needed, keep_features)
         if r.fields is not None:
-            r.fields = _trace_row(r, ctx, prompt_id, task, s)
+            r.fields = _trace_row(r, ctx, prompt_id, task, category or task, s)
         output.extend(r.emitted)
         rounds.append(r)
         if output_is_done(output, r.emitted, eos_ids, dec.max_new_tokens):
@@ -88,13 +92,15 @@ def decode_prompt(
 
 
 def _trace_row(
-    r: RoundRecord, ctx: RoundContext, prompt_id: str, task: str, s: OnlineSettings
-) -> dict:
+    r: RoundRecord, ctx: RoundContext, prompt_id: str, task: str, category: str,
+    s: OnlineSettings,
+) -> dict:  # fmt: skip
     """A full trace row (TRACE_SCHEMA): identity, the round's fields, stage times."""
     ms = dict(zip(STAGES, r.stage_ms, strict=True))
     return {
         "prompt_id": prompt_id,
         "task": task,
+        "category": category,
         "round_index": ctx.round_index,
         "tokens_before": ctx.tokens_before,
         "prompt_length": ctx.prompt_length,

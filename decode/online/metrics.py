@@ -6,9 +6,13 @@ EOS and the time from the start of the target prefill to the last commit, for
 the speculative decoder and for target-only decoding of the same prompt in the
 same run. A group's speed divides summed tokens by summed time; speedup =
 speculative speed / target-only speed, with a paired prompt-bootstrap interval.
-Groups: all prompts, each task, and the low/high-entropy halves of the tasks
-(tasks ordered by the mean root-row entropy of their rounds; the lower half,
-rounded down, is "low").
+Per-stage ms per round are reported as means and as medians (`ms_per_round_median/`).
+Groups: all prompts, each task, and the low/high-entropy halves of the tasks. The
+split is one per target and run: tasks ordered by the mean entropy of the target's
+row at each token of the target-only baseline decode (token-weighted, up to the
+first EOS; `decode.online.baseline.row_entropies`), the lower half, rounded down,
+"low"; every decoder and budget of the run shares it. Without a baseline the
+split falls back to the mean root-row entropy of the run's own rounds.
 
 Realized vs expected: on the run's own recorded rounds, `decode.select.values.
 evaluate_pools` gives each round's expected value of the rule that chose its
@@ -53,6 +57,7 @@ class PromptTiming:
     baseline_tokens: int  # target-only tokens up to the first EOS (0 without a baseline)
     baseline_ms: float
     greedy_match: bool | None = None  # T=0: both outputs agree on their common length
+    baseline_entropy: np.ndarray | None = None  # nats per baseline token up to the first EOS
 
 
 def tokens_to_eos(output: Sequence[int], eos_ids: frozenset[int]) -> int:
@@ -95,18 +100,38 @@ def prompt_table(timings: list[PromptTiming], eos_ids: frozenset[int]) -> pd.Dat
                 "ms": p.run.total_ms,
                 "prefill_ms": p.run.prefill_ms,
                 "rounds": len(p.run.rounds),
+                "emitted": sum(len(r.emitted) for r in p.run.rounds),
                 "passes": sum(r.passes for r in p.run.rounds),
                 "baseline_tokens": p.baseline_tokens,
                 "baseline_ms": p.baseline_ms,
+                "baseline_entropy_sum": _sum_or_zero(p.baseline_entropy),
+                "baseline_entropy_tokens": _len_or_zero(p.baseline_entropy),
             }
             for p in timings
         ]
     )
 
 
-def entropy_halves(rounds: pd.DataFrame) -> dict[str, str]:
-    """task -> "low" | "high" by the mean root-row entropy of its rounds."""
-    means = rounds.groupby("task")["root_entropy"].mean().sort_values(kind="stable")
+def _sum_or_zero(x: np.ndarray | None) -> float:
+    return 0.0 if x is None else float(np.sum(x))
+
+
+def _len_or_zero(x: np.ndarray | None) -> int:
+    return 0 if x is None else len(x)
+
+
+def task_entropy(rounds: pd.DataFrame, prompts: pd.DataFrame) -> tuple[pd.Series, str]:
+    """Mean target entropy per task and its source: "baseline" (token-weighted over the
+    target-only decode's tokens) when the run has one, else "rounds" (root rows)."""
+    if "baseline_entropy_tokens" in prompts and prompts["baseline_entropy_tokens"].sum() > 0:
+        by_task = prompts.groupby("task")[["baseline_entropy_sum", "baseline_entropy_tokens"]].sum()
+        return by_task["baseline_entropy_sum"] / by_task["baseline_entropy_tokens"], "baseline"
+    return rounds.groupby("task")["root_entropy"].mean(), "rounds"
+
+
+def entropy_halves(task_means: pd.Series) -> dict[str, str]:
+    """task -> "low" | "high": tasks ordered by mean entropy, the lower half (rounded down) low."""
+    means = task_means.sort_values(kind="stable")
     n_low = len(means) // 2
     return {t: ("low" if i < n_low else "high") for i, t in enumerate(means.index)}
 
@@ -135,8 +160,12 @@ def group_metrics(rounds: pd.DataFrame, prompts: pd.DataFrame, n_resamples: int,
     }
     for s in STAGES:
         out[f"ms_per_round/{s}"] = float(rounds[f"ms_{s}"].mean())
+        out[f"ms_per_round_median/{s}"] = float(rounds[f"ms_{s}"].median())
     round_ms = sum(out[f"ms_per_round/{s}"] for s in STAGES)
     out["ms_per_round/total"] = round_ms
+    out["ms_per_round_median/total"] = float(
+        rounds[[f"ms_{s}" for s in STAGES]].sum(axis=1).median()
+    )
     out["features_share_of_round"] = out["ms_per_round/features"] / round_ms
     out["features_over_draft"] = out["ms_per_round/features"] / out["ms_per_round/draft"]
     if prompts["baseline_ms"].sum() > 0:
@@ -151,10 +180,16 @@ def group_metrics(rounds: pd.DataFrame, prompts: pd.DataFrame, n_resamples: int,
 
 
 def run_groups(
-    rounds: pd.DataFrame, prompts: pd.DataFrame, n_resamples: int, seed: int
-) -> pd.DataFrame:
-    """Metrics of all prompts, of each task and of the low/high-entropy task halves."""
-    halves = entropy_halves(rounds)
+    rounds: pd.DataFrame, prompts: pd.DataFrame, n_resamples: int, seed: int,
+    halves: dict[str, str] | None = None,
+) -> pd.DataFrame:  # fmt: skip
+    """Metrics of all prompts, of each task and of the low/high-entropy task halves.
+
+    halves: the run's entropy split (task -> low/high), shared by all its decoders;
+    by default `entropy_halves(task_entropy(rounds, prompts)[0])`.
+    """
+    if halves is None:
+        halves = entropy_halves(task_entropy(rounds, prompts)[0])
     groups = [("all", np.ones(len(prompts), bool))]
     groups += [(f"task/{t}", (prompts["task"] == t).to_numpy()) for t in sorted(halves)]
     groups += [

@@ -4,9 +4,12 @@
     root pass -> root-pass rules only: the root row from a one-token target pass
     features  -> rule=reranker only: first-level features -> log phat           (host)
     select    -> the verified tree T and the scored set Q (T, or T + expanded + top-M)
-    verify    -> one target pass over Q (the root too, unless already known);
-                 outcome at every row; accepted path; continuation (SPEC §3)
+    verify    -> one target pass over Q (the root too, unless already known; a draw
+                 rule's X1 alone when X1 is off the pool); outcome at every row;
+                 accepted path; continuation (SPEC §3)
     commit    -> caches keep root + accepted path; retained rows; trace fields
+
+Select and verify live in `decode.online.tree_pass` (with the X1-alone pass).
 
 Recording (`decode.record`) is this round with rule=draft, score=pool and
 record=True; online runs (`decode.run`) choose the rule and what a pass scores.
@@ -16,75 +19,30 @@ adds one for the features), one after verification.
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from decode.online.config import RUN_RULES, SCORE_MODES
 from decode.online.reranker import reranker_first_factor
-from decode.online.stream import DecodeSettings, StageClock, Stream
+from decode.online.settings import OnlineSettings, levels_of
+from decode.online.stream import StageClock, Stream
+from decode.online.tree_pass import Planned, Verified, select_step, verify_step
 from decode.select.ranking import Levels
 from decode.tree import retained as R
 from decode.tree import root_pass as RP
 from decode.tree.attention import compact_cache
-from decode.tree.pool import Pool, grow_pool, level_sizes
+from decode.tree.pool import Pool, grow_pool
 from decode.tree.round_record import HostPool, retain_rows, round_rows, round_trace_fields
-from decode.tree.verify import (
-    Selection,
-    accepted_mask,
-    law_temperature,
-    outcome_eagle3,
-    outcome_exhaustive,
-    outcome_greedy,
-    parent_rows,
-    row_logprobs,
-    verification_pass,
-)
+from decode.tree.verify import law_temperature
 from features.online import RoundContext
 from rerank.online import OnlinePredictor
 
+__all__ = ["STAGES", "OnlineSettings", "OnlineStream", "RoundRecord", "decode_round", "levels_of"]
+
 STAGES = ("draft", "root_pass", "features", "select", "verify", "bookkeeping")
-
-
-@dataclass(frozen=True)
-class OnlineSettings:
-    """A decoding run: the shared decode settings plus the rule and what each pass scores."""
-
-    base: DecodeSettings = field(default_factory=DecodeSettings)
-    rule: str = "draft"
-    score: str = "tree"  # tree | pool (see decode.online.config)
-    record: bool = False  # build trace rows (TRACE_SCHEMA) for every round
-
-    def check(self) -> None:
-        self.base.check()
-        if self.rule not in RUN_RULES:
-            raise ValueError(
-                f"The 'run.rule' must be one of {list(RUN_RULES)}. Got {self.rule!r} instead."
-            )
-        if self.score not in SCORE_MODES:
-            raise ValueError(
-                f"The 'run.score' must be one of {list(SCORE_MODES)}. Got {self.score!r} instead."
-            )
-        if self.record and self.score != "pool":
-            raise ValueError(
-                "run.record_traces=true needs run.score=pool: a trace row holds the target "
-                "probability of every pool edge, which only a pass over the expanded nodes gives"
-            )
-        if self.record and self.rule == "covering":
-            raise ValueError(
-                "run.record_traces=true is not supported for run.rule=covering (its rounds "
-                "emit a tree leaf as the continuation, which the trace schema cannot express)"
-            )
-
-
-def levels_of(s: DecodeSettings) -> Levels:
-    """Pool-order index ranges of depths 1, 2, ...: fixed by the pool config (no device sync)."""
-    bounds = [0, *itertools.accumulate(n for n, _ in level_sizes(s.pool))]
-    return list(itertools.pairwise(bounds))
 
 
 @dataclass
@@ -92,9 +50,9 @@ class RoundRecord:
     """What one round did, in host terms."""
 
     emitted: list[int]  # accepted tokens + continuation
-    n_accepted: int  # pool nodes accepted (a draw rule's X1 included)
-    value: int  # realized value in the offline sense (draw rules count the draw)
-    tree_size: int  # nodes of the verified tree
+    n_accepted: int  # tokens accepted: pool nodes, and a draw rule's X1 (on the pool or alone)
+    value: int  # realized value in the offline sense (= n_accepted; draw rules count the draw)
+    tree_size: int  # nodes of the verified tree (X1 alone: 1)
     passes: int  # target passes this round
     covered: bool  # covering decoder: the next root row came from this pass
     root_entropy: float  # nats, root row at the law temperature (T=1 at T=0)
@@ -102,6 +60,7 @@ class RoundRecord:
     first_logprob: np.ndarray | None = None  # rule=reranker: log phat of the first level
     features: dict | None = None  # rule=reranker with keep_features: the round's features
     fields: dict | None = None  # trace columns when recording
+    x1_alone: bool = False  # draw rules: X1 was off the pool's first level, verified alone
 
 
 @dataclass
@@ -124,148 +83,42 @@ def root_row(st: OnlineStream, target: PreTrainedModel, rule: str) -> Tensor | N
     return None
 
 
-def rank_and_tree(
-    rule: str,
-    pool: Pool,
-    budget: int,
-    levels: Levels,
-    first_logprob: Tensor | None,
-    draw: Tensor | None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(rank, in_tree, draft_rank), each [P]: the rule's ranking and verified tree."""
-    draft_rank = RP.rank_of(pool.score)
-    if rule in ("reranker", "root"):
-        rank = RP.rank_of(RP.factor_scores(pool, first_logprob, levels))
-        return rank, rank < budget, draft_rank
-    if draw is not None and rule != "root":  # draw rules; covering after a covered round
-        draw_rule = "root_draw" if rule == "covering" else rule
-        tree = RP.draw_tree(pool, draw_rule, draw, pool.score, draft_rank, budget, levels)
-        return draft_rank, tree, draft_rank
-    return draft_rank, draft_rank < budget, draft_rank  # draft; covering otherwise
+def commit_caches(stream: Stream, host: HostPool, path: np.ndarray, rows: list[int],
+                  pending: list[int]) -> None:  # fmt: skip
+    """Both caches keep the root and the accepted path; the target also `rows` (batch rows).
 
-
-def scored_set(
-    s: OnlineSettings, pool: Pool, in_tree: Tensor, draft_rank: Tensor, draw: Tensor | None
-) -> Tensor:
-    """Q: the prefixes the tree pass scores. [P] bool.
-
-    pool mode: the recorder's set, tree + expanded + the draft top-M (every pool edge's
-    target probability). tree mode: the tree alone, and nothing when the draw X1 labels
-    no first-level tree node (the tree is then of no use: X1 is the continuation).
+    rows: an emitted leaf's (covering: the next root is cached) or X1 alone's, after
+    the path's, ascending. pending: tokens the drafter has not cached after this round.
     """
-    if s.score == "pool":
-        return in_tree | pool.expanded | (draft_rank < s.base.select.top_m)
-    if draw is None:
-        return in_tree
-    n1 = pool.n_first
-    return in_tree & (in_tree[:n1] & (pool.token[:n1] == draw)).any()
-
-
-def select_step(
-    s: OnlineSettings, pool: Pool, levels: Levels, first: Tensor | None, draw: Tensor | None
-) -> tuple[Selection, int, int]:
-    """The verified tree and the scored set, with |Q| and |T| on the host (host sync 1)."""
-    rank, in_tree, draft_rank = rank_and_tree(
-        s.rule, pool, s.base.select.budget, levels, first, draw
-    )
-    scored = scored_set(s, pool, in_tree, draft_rank, draw)
-    batch_row = torch.where(scored, scored.long().cumsum(0), -1)  # root is row 0
-    n_scored, n_tree = torch.stack([scored.sum(), in_tree.sum()]).tolist()
-    if n_scored == 0:  # nothing to verify: X1 is the continuation, the round's tree is empty
-        in_tree, n_tree = torch.zeros_like(in_tree), 0
-    return Selection(rank, in_tree, scored, batch_row), n_scored, n_tree
-
-
-def target_logits(
-    target: PreTrainedModel, stream: Stream, pool: Pool, scored: Tensor, n_scored: int,
-    root_logits: Tensor | None,
-) -> Tensor:  # fmt: skip
-    """Rows [1 + |Q|, V]: the root's, then each scored prefix's (pool order).
-
-    The root row comes from the batch (draft/reranker/covering without a held row)
-    or is known already (root pass, held row); with nothing scored, no pass runs.
-    """
-    if n_scored == 0:
-        return root_logits
     root_pos = len(stream.tokens) - 1
-    scored_idx = torch.nonzero_static(scored, size=n_scored)[:, 0]  # [|Q|]
-    if root_logits is None:
-        root_t = torch.tensor([stream.tokens[-1]], device=target.device)
-        return verification_pass(target, stream.target_cache, root_t, root_pos, pool, scored_idx)
-    tree = RP.cached_root_tree_pass(target, stream.target_cache, root_pos, pool, scored_idx)
-    return torch.cat([root_logits, tree])
-
-
-def outcomes(
-    logits: Tensor, row_logp: Tensor, pool: Pool, in_tree: Tensor, n_tree: int, prow: Tensor,
-    s: DecodeSettings, gen: torch.Generator | None,
-) -> Tensor:  # fmt: skip
-    """The verifier's outcome token at every batch row. [1 + |Q|]."""
-    if s.decode.temperature == 0:
-        return outcome_greedy(logits)
-    if s.decode.verifier == "exhaustive":
-        return outcome_exhaustive(row_logp, gen)
-    # Exactly n_tree nodes, known on the host, so a static-size nonzero needs no sync.
-    tree_idx = torch.nonzero_static(in_tree, size=n_tree)[:, 0]  # [n_tree] pool order
-    return outcome_eagle3(row_logp, pool.token[tree_idx], prow[tree_idx], gen)
-
-
-@dataclass
-class Verified:
-    """The verification pass and its traversal, on the device."""
-
-    logits: Tensor  # [1 + |Q|, V] model dtype
-    row_logp: Tensor  # [1 + |Q|, V] float32 at the law temperature
-    prow: Tensor  # [P] batch row of each candidate's parent
-    outcome: Tensor  # [1 + |Q|] outcome token per row
-    accepted: Tensor  # [P] bool, the accepted path
-
-
-def verify_step(
-    target: PreTrainedModel, stream: Stream, s: DecodeSettings, pool: Pool, sel: Selection,
-    n_scored: int, n_tree: int, root_logits: Tensor | None, draw: Tensor | None,
-) -> Verified:  # fmt: skip
-    """One target pass over Q (none when Q is empty), the outcome at every row, the path."""
-    logits = target_logits(target, stream, pool, sel.scored, n_scored, root_logits)
-    row_logp = row_logprobs(logits, s.decode.temperature)
-    prow = parent_rows(pool, sel)
-    if n_scored == 0:
-        return Verified(logits, row_logp, prow, draw, torch.zeros_like(sel.in_tree))
-    outcome = outcomes(logits, row_logp, pool, sel.in_tree, n_tree, prow, s, stream.generator)
-    if draw is not None:
-        outcome[0] = draw[0]  # the first draw was made from the root row already
-    return Verified(
-        logits, row_logp, prow, outcome, accepted_mask(pool, sel.in_tree, prow, outcome)
-    )
-
-
-def commit_caches(stream: Stream, host: HostPool, path: np.ndarray, leaf: int | None) -> None:
-    """Both caches keep the root and the accepted path (target: and an emitted leaf)."""
-    root_pos = len(stream.tokens) - 1
-    keep = [root_pos + int(host.batch_row[a]) for a in path]
-    if leaf is not None:
-        keep.append(root_pos + int(host.batch_row[leaf]))  # its KV: the next root is cached
+    keep = [root_pos + int(host.batch_row[a]) for a in path] + [root_pos + r for r in rows]
     compact_cache(stream.target_cache, root_pos + 1, keep)
     # Accepted nodes the drafter cached (expanded ones: a prefix of the path); the rest are pending.
     in_drafter = path[host.expanded[path]]
     compact_cache(stream.drafter_cache, root_pos + 1, host.drafter_pos[in_drafter].tolist())
-    stream.drafter_pending = host.token[path[~host.expanded[path]]].tolist()
+    stream.drafter_pending = host.token[path[~host.expanded[path]]].tolist() + pending
 
 
 @dataclass
 class Committed:
     emitted: list[int]  # accepted tokens + continuation
     path: np.ndarray  # pool indices of the accepted path
-    leaf: int | None  # covering: the emitted leaf (the next root's row is in this pass)
+    x1_alone: list[int]  # draw rules, X1 verified alone: [X1], accepted outside the pool
+    covered: bool  # covering: the next root's row is in this pass (a leaf or X1 alone)
     fields: dict | None  # trace columns when recording
 
 
 def commit_step(
-    st: OnlineStream, s: OnlineSettings, pool: Pool, sel: Selection, v: Verified,
+    st: OnlineStream, s: OnlineSettings, pool: Pool, plan: Planned, v: Verified,
     stats: R.RetainedStats | None, round_index: int, rows_needed: bool,
 ) -> Committed:  # fmt: skip
-    """Host sync 2, then caches, retained rows and trace fields; the stream advances."""
-    stream, root = st.stream, st.stream.tokens[-1]
+    """Host sync 2, then caches, retained rows and trace fields; the stream advances.
+
+    X1 alone (`decode.online.tree_pass`): root-draw / PEARL accept X1 and emit its row's
+    outcome as the continuation; covering emits X1 as the continuation (a leaf) and holds
+    its row. X1's KV is kept either way; the drafter has not seen X1.
+    """
+    stream, root, sel = st.stream, st.stream.tokens[-1], plan.sel
     leaves = RP.tree_leaves(pool, sel.in_tree) if s.rule == "covering" else sel.in_tree  # [P]
     small = torch.stack([v.accepted, leaves]).cpu().numpy()
     outcome_np = v.outcome.cpu().numpy()
@@ -273,26 +126,42 @@ def commit_step(
     path = np.flatnonzero(small[0])  # pool order = depth order along a path
     last_row = int(host.batch_row[path[-1]]) if path.size else 0
     cont = int(outcome_np[last_row])
-    leaf = None
-    if s.rule == "covering" and path.size and small[1][path[-1]]:
+    held, rows, x1, pending = None, [], [], []
+    if plan.alone:
+        rows = [plan.alone_row]
+        if s.rule == "covering":  # X1 labels the one-node tree's leaf: it is the continuation
+            held = plan.alone_row
+        else:  # X1 (row 0's outcome: the draw) accepted; its row's outcome continues
+            x1 = pending = [int(outcome_np[0])]
+            cont = int(outcome_np[plan.alone_row])
+    elif s.rule == "covering" and path.size and small[1][path[-1]]:
         leaf, path = int(path[-1]), path[:-1]  # sampled-leaf: the leaf is the continuation
-        cont = int(host.token[leaf])
-    emitted = [*host.token[path].tolist(), cont]
+        cont, held = int(host.token[leaf]), int(host.batch_row[leaf])
+        rows = [held]
+    emitted = [*host.token[path].tolist(), *x1, cont]
 
-    commit_caches(stream, host, path, leaf)
-    st.held_row = None if leaf is None else v.logits[int(host.batch_row[leaf])].clone()
+    commit_caches(stream, host, path, rows, pending)
+    st.held_row = None if held is None else v.logits[held].clone()
     fields = None
     if s.record:
+        # In the pool's terms: X1 alone is the traversal's exit at the root (path empty).
         fields, stream.prev = round_trace_fields(
-            root, stream.row_cache, pool, sel, host, v.logits, v.row_logp, v.prow, path, cont,
-            stats, round_index,
+            root, stream.row_cache, pool, sel, host, v.logits, v.row_logp, v.prow, path,
+            x1[0] if x1 else cont, stats, round_index,
         )  # fmt: skip
     elif rows_needed:
         rr = round_rows(root, host, path, cont)
         stream.prev = retain_rows(rr, v.logits, stream.row_cache, round_index)
+    if x1 and stream.prev is not None:
+        # The next root's address (X1, continuation) lies outside the pool and its retained
+        # rows cannot be named in the pool's terms; X1's own row is kept under X1.
+        stream.prev = None
+        if x1[0] != root:  # the root's row wins over a verified prefix's (SPEC §5)
+            rows_t = v.logits[plan.alone_row : plan.alone_row + 1]
+            stream.row_cache.store(np.asarray(x1), rows_t, round_index)
     stream.tokens.extend(emitted)
-    st.prev_accepted = int(path.size)
-    return Committed(emitted, path, leaf, fields)
+    st.prev_accepted = int(path.size)  # pool nodes, as the trace's accepted_path
+    return Committed(emitted, path, x1, held is not None, fields)
 
 
 # -- one round ------------------------------------------------------------------------------------
@@ -333,11 +202,11 @@ def decode_round(
     clock.mark()  # features
 
     draw = None if root_logits is None else RP.draw_root(root_logits, temp, stream.generator)
-    sel, n_scored, n_tree = select_step(s, pool, levels, first, draw)
+    plan = select_step(s, pool, levels, first, draw)
     clock.mark()  # select
 
-    v = verify_step(target, stream, s.base, pool, sel, n_scored, n_tree, root_logits, draw)
-    passes += int(n_scored > 0)
+    v = verify_step(target, stream, s.base, pool, plan, root_logits, draw)
+    passes += plan.tree_passes
     clock.mark()  # verify
 
     stats = None
@@ -347,21 +216,21 @@ def decode_round(
             pool.token[: pool.n_first], law_temperature(temp), ctx.round_index,
         )  # fmt: skip
     entropy = -(v.row_logp[0].exp() * v.row_logp[0]).nan_to_num(0.0, 0.0, 0.0).sum()
-    c = commit_step(st, s, pool, sel, v, stats, ctx.round_index, rows_needed)
+    c = commit_step(st, s, pool, plan, v, stats, ctx.round_index, rows_needed)
     clock.mark()  # bookkeeping
 
-    in_first = draw is not None and c.path.size > 0
-    value = int(c.path.size) + int(s.rule in RP.DRAW_RULES and not in_first)  # the draw counts
+    n_accepted = int(c.path.size) + len(c.x1_alone)
     return RoundRecord(
         emitted=c.emitted,
-        n_accepted=int(c.path.size),
-        value=value,
-        tree_size=n_tree,
+        n_accepted=n_accepted,
+        value=n_accepted,  # draw rules: X1 is accepted (on the pool or alone), so it counts
+        tree_size=plan.tree_size,
         passes=passes,
-        covered=c.leaf is not None,
+        covered=c.covered,
         root_entropy=float(entropy),
         stage_ms=clock.durations_ms(),
         first_logprob=None if s.rule != "reranker" else first.float().cpu().numpy(),
         features=feats if keep_features else None,
         fields=c.fields,
+        x1_alone=plan.alone,
     )

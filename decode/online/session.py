@@ -1,15 +1,19 @@
 """An online run over a prompt list: both decoders per prompt, metrics, traces, MLflow.
 
-Every prompt is decoded speculatively (`decode.online.loop`) and target-only
-(the speedup baseline), in an order alternating with the prompt's position,
-after untimed warm-up decodes. `decode.run` is the thin entry point over this.
+Every prompt is decoded speculatively (`decode.online.loop`), at select.budget and
+each of run.budgets, and target-only (the speedup baseline, once), in an order
+alternating with the prompt's position, after untimed warm-up decodes. The
+baseline's output also gives the target's row entropy per token (untimed), which
+sets the run's one low/high entropy split of the tasks. `decode.run` is the thin
+entry point over this.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlflow
@@ -19,19 +23,23 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from decode.models import ModelPair
+from decode.online.baseline import row_entropies
 from decode.online.config import RunConfig
+from decode.online.elasticity import budget_elasticity
 from decode.online.loop import decode_prompt
 from decode.online.metrics import (
     PromptTiming,
+    entropy_halves,
     expected_values,
     prompt_table,
     realized_vs_expected,
     round_table,
     run_groups,
+    task_entropy,
     timed_baseline,
     tokens_to_eos,
 )
-from decode.online.round import OnlineSettings
+from decode.online.round import STAGES, OnlineSettings
 from decode.prompts import Prompt, encode_prompt
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from rerank.config import MlflowConfig
@@ -44,12 +52,24 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RunReport:
-    rounds: pd.DataFrame  # one row per round (decode.online.metrics.round_table [+ expected])
-    prompts: pd.DataFrame  # one row per prompt (both decoders)
-    groups: pd.DataFrame  # all / task / entropy-half metrics
-    values: dict[str, float]  # realized vs expected (score=pool), else empty
+    rounds: pd.DataFrame  # one row per round and budget (round_table [+ expected], + budget)
+    prompts: pd.DataFrame  # one row per prompt and budget (both decoders, + budget)
+    groups: pd.DataFrame  # all / task / entropy-half metrics per budget (+ budget)
+    values: dict[str, float]  # realized vs expected at select.budget (score=pool), else empty
     metrics: dict[str, float]  # what went to MLflow
     run_id: str | None
+    elasticity: pd.DataFrame = field(default_factory=pd.DataFrame)  # consecutive budget pairs
+    entropy: pd.DataFrame = field(default_factory=pd.DataFrame)  # task, entropy, half, source
+
+
+def run_budgets(s: OnlineSettings, run: RunConfig) -> list[int]:
+    """select.budget first, then run.budgets' others in their order (each once)."""
+    return list(dict.fromkeys([s.base.select.budget, *run.budgets]))
+
+
+def at_budget(s: OnlineSettings, budget: int) -> OnlineSettings:
+    sel = dataclasses.replace(s.base.select, budget=budget)
+    return dataclasses.replace(s, base=dataclasses.replace(s.base, select=sel))
 
 
 def rule_label(rule: str, predictor: OnlinePredictor | None) -> str:
@@ -65,16 +85,23 @@ def decode_all(
     s: OnlineSettings,
     run: RunConfig,
     predictor: OnlinePredictor | None,
-) -> list[PromptTiming]:
-    """Both decoders on every prompt (alternating order), after untimed warm-up decodes."""
+) -> dict[int, list[PromptTiming]]:
+    """Every budget's decode and the baseline of every prompt, after untimed warm-ups.
+
+    Prompt by prompt: the baseline before (odd positions) or after (even) the speculative
+    decodes, whose budget order also reverses on odd positions. Returns budget -> timings.
+    """
     dec = s.base.decode
+    budgets = run_budgets(s, run)
+    by_budget = {b: at_budget(s, b) for b in budgets}
     encoded = [encode_prompt(pair.tokenizer, p.text) for p in prompts]
 
-    def spec(i: int):
+    def spec(i: int, b: int):
         p = prompts[i]
         return decode_prompt(
-            pair.target, pair.drafter, encoded[i], s, pair.eos_ids, p.id, p.task, predictor
-        )
+            pair.target, pair.drafter, encoded[i], by_budget[b], pair.eos_ids, p.id, p.task,
+            predictor, category=p.category,
+        )  # fmt: skip
 
     def base(i: int):
         return timed_baseline(
@@ -83,25 +110,32 @@ def decode_all(
         )  # fmt: skip
 
     for i in range(min(run.warmup_prompts, len(prompts))):
-        spec(i)
+        for b in budgets:
+            spec(i, b)
         if run.baseline:
             base(i)
-    out = []
+    out: dict[int, list[PromptTiming]] = {b: [] for b in budgets}
     for i in tqdm(
         range(len(prompts)), desc=f"run {s.rule}", unit="prompt", disable=not run.progress
     ):
         if run.baseline and i % 2 == 1:
             b_out, b_ms = base(i)
-        r = spec(i)
+        runs = {b: spec(i, b) for b in (budgets if i % 2 == 0 else budgets[::-1])}
         if run.baseline and i % 2 == 0:
             b_out, b_ms = base(i)
-        timing = PromptTiming(prompts[i].id, prompts[i].task, r, 0, 0.0)
-        if run.baseline:
-            timing.baseline_tokens, timing.baseline_ms = tokens_to_eos(b_out, pair.eos_ids), b_ms
-            if dec.temperature == 0:  # an online check of losslessness (bf16 may flip argmaxes)
-                n = min(len(r.output), len(b_out))
-                timing.greedy_match = r.output[:n] == b_out[:n]
-        out.append(timing)
+        if run.baseline:  # untimed: the target's row entropy at each baseline token
+            n_eos = tokens_to_eos(b_out, pair.eos_ids)
+            entropy = row_entropies(pair.target, encoded[i], b_out[:n_eos], dec.temperature)
+        for b in budgets:
+            r = runs[b]
+            timing = PromptTiming(prompts[i].id, prompts[i].task, r, 0, 0.0)
+            if run.baseline:
+                timing.baseline_tokens, timing.baseline_ms = n_eos, b_ms
+                timing.baseline_entropy = entropy
+                if dec.temperature == 0:  # an online check of losslessness (bf16 may flip argmaxes)
+                    n = min(len(r.output), len(b_out))
+                    timing.greedy_match = r.output[:n] == b_out[:n]
+            out[b].append(timing)
     return out
 
 
@@ -129,23 +163,56 @@ def write_traces(out: Path, timings: list[PromptTiming], s: OnlineSettings, mani
     return run.rows
 
 
-def summarize(timings: list[PromptTiming], s: OnlineSettings, run: RunConfig, pair: ModelPair,
-              label: str, seed: int) -> RunReport:  # fmt: skip
-    rounds = round_table(timings)
-    prompts = prompt_table(timings, pair.eos_ids)
-    groups = run_groups(rounds, prompts, run.bootstrap_resamples, seed)
+def _group_metrics(groups: pd.DataFrame, prefix: str) -> dict[str, float]:
+    out = {}
+    for g in groups.to_dict("records"):
+        p = prefix if g["group"] == "all" else f"{prefix}/{g['group']}"
+        out |= {metric_key(p, k): v for k, v in g.items() if k not in ("group", "budget")}
+    return out
+
+
+def summarize(timings: dict[int, list[PromptTiming]], s: OnlineSettings, run: RunConfig,
+              pair: ModelPair, label: str, seed: int) -> RunReport:  # fmt: skip
+    """Tables and metrics of every budget; the entropy split; the budget elasticity.
+
+    The primary budget (select.budget) keeps the plain `online/...` keys; with several
+    budgets each also gets `online/B<b>/...`. The entropy split comes from the baseline
+    (else from the primary budget's rounds) and is the same for every budget.
+    """
+    primary = s.base.select.budget
+    rounds = {b: round_table(t) for b, t in timings.items()}
+    prompts = {b: prompt_table(t, pair.eos_ids) for b, t in timings.items()}
+    means, source = task_entropy(rounds[primary], prompts[primary])
+    halves = entropy_halves(means)
+    entropy = pd.DataFrame(
+        {"task": means.index, "entropy": means.to_numpy(), "source": source}
+    ).assign(half=lambda f: f["task"].map(halves))
+    groups = {
+        b: run_groups(rounds[b], prompts[b], run.bootstrap_resamples, seed, halves) for b in timings
+    }
     values: dict[str, float] = {}
     if s.score == "pool" and s.rule != "covering":
-        rows = [r.fields for p in timings for r in p.run.rounds]
-        firsts = [r.first_logprob for p in timings for r in p.run.rounds]
-        rounds["expected"] = expected_values(rows, s.rule, s.base.select.budget, firsts)
-        values = realized_vs_expected(rounds, run.bootstrap_resamples, seed)
+        rows = [r.fields for p in timings[primary] for r in p.run.rounds]
+        firsts = [r.first_logprob for p in timings[primary] for r in p.run.rounds]
+        rounds[primary]["expected"] = expected_values(rows, s.rule, primary, firsts)
+        values = realized_vs_expected(rounds[primary], run.bootstrap_resamples, seed)
     dec = s.base
-    law, b = law_name(dec.decode.temperature), f"B{dec.select.budget}"
-    metrics: dict[str, float] = {}
-    for g in groups.to_dict("records"):
-        prefix = "online" if g["group"] == "all" else f"online/{g['group']}"
-        metrics |= {metric_key(prefix, k): v for k, v in g.items() if k != "group"}
+    law, b = law_name(dec.decode.temperature), f"B{primary}"
+    metrics = _group_metrics(groups[primary], "online")
+    if len(timings) > 1:
+        for bud, g in groups.items():
+            metrics |= _group_metrics(g, f"online/B{bud}")
+    elasticity = budget_elasticity(prompts, run.bootstrap_resamples, seed)
+    for e in elasticity.to_dict("records"):
+        pair_key = f"online/elasticity/B{e['from_budget']}_B{e['to_budget']}"
+        metrics |= {
+            metric_key(pair_key, k): v
+            for k, v in e.items()
+            if k not in ("from_budget", "to_budget")
+        }
+    for e in entropy.to_dict("records"):
+        metrics[metric_key("online/task", e["task"], "split_entropy")] = e["entropy"]
+    metrics["online/entropy_split_from_baseline"] = float(source == "baseline")
     if values:
         metrics[metric_key("accepted", law, b, label)] = values["expected"]
         metrics[metric_key("realized", law, b, label)] = values["realized"]
@@ -157,10 +224,15 @@ def summarize(timings: list[PromptTiming], s: OnlineSettings, run: RunConfig, pa
         ):
             metrics[metric_key("online", k)] = values[k]
     if dec.decode.temperature == 0 and run.baseline:
-        matches = [bool(p.greedy_match) for p in timings]
+        matches = [bool(p.greedy_match) for t in timings.values() for p in t]
         metrics["online/greedy_output_matches_baseline"] = float(np.mean(matches))
     metrics = {k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)}
-    return RunReport(rounds, prompts, groups, values, metrics, None)
+
+    def stacked(tables: dict[int, pd.DataFrame]) -> pd.DataFrame:
+        return pd.concat([t.assign(budget=bud) for bud, t in tables.items()], ignore_index=True)
+
+    return RunReport(stacked(rounds), stacked(prompts), stacked(groups), values, metrics, None,
+                     elasticity, entropy)  # fmt: skip
 
 
 def log_to_mlflow(report: RunReport, tracking: MlflowConfig, config: dict, tags: dict,
@@ -169,6 +241,8 @@ def log_to_mlflow(report: RunReport, tracking: MlflowConfig, config: dict, tags:
     report.rounds.to_parquet(out_dir / "online_rounds.parquet", index=False)
     report.prompts.to_csv(out_dir / "online_prompts.csv", index=False)
     report.groups.to_csv(out_dir / "online_groups.csv", index=False)
+    report.elasticity.to_csv(out_dir / "online_elasticity.csv", index=False)
+    report.entropy.to_csv(out_dir / "online_entropy_split.csv", index=False)
     (out_dir / "online_summary.json").write_text(
         json.dumps(report.metrics, indent=1, sort_keys=True)
     )
@@ -180,7 +254,36 @@ def log_to_mlflow(report: RunReport, tracking: MlflowConfig, config: dict, tags:
             "online_rounds.parquet",
             "online_prompts.csv",
             "online_groups.csv",
+            "online_elasticity.csv",
+            "online_entropy_split.csv",
             "online_summary.json",
         ):
             mlflow.log_artifact(str(out_dir / name), "tables")
         return r.info.run_id
+
+
+def print_report(report: RunReport) -> None:
+    """The groups table, then per-stage medians and means, the elasticity, the entropy split."""
+    cols = ["budget", "group", "prompts", "rounds", "tau", "tokens_per_s",
+            "baseline_tokens_per_s", "speedup"]  # fmt: skip
+    print(report.groups[[c for c in cols if c in report.groups]].to_string(index=False))
+    every = report.groups[report.groups["group"] == "all"]
+    stages = [*STAGES, "total"]
+    rows = []
+    for _, g in every.iterrows():
+        for stat, key in (("median", "ms_per_round_median"), ("mean", "ms_per_round")):
+            rows.append({"budget": g["budget"], "ms per round": stat,
+                         **{st: g[f"{key}/{st}"] for st in stages}})  # fmt: skip
+    ms = pd.DataFrame(rows)
+    print(ms.to_string(index=False, float_format="%.3f"))
+    if not report.elasticity.empty:
+        cols = ["from_budget", "to_budget"] + [
+            f"d_ln_{q}{x}" for q in ("tps", "tau", "eta") for x in ("", "_lo", "_hi")
+        ]
+        print("budget elasticity: d ln TPS = d ln tau + d ln eta (eta = TPS / tau)")
+        print(report.elasticity[cols].to_string(index=False, float_format="%.4f"))
+    if not report.entropy.empty:
+        print(f"entropy split (from the {report.entropy['source'].iloc[0]}):")
+        print(report.entropy[["task", "entropy", "half"]].to_string(index=False))
+    if report.values:
+        print(json.dumps(report.values, indent=1))

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 import specrank.config  # noqa: F401  (registers the root schema)
 from decode.pocket.config import PocketConfig
 from decode.pocket.recipe import run
+from specrank.cli import run_entry_point
 
 log = logging.getLogger("decode.pocket")
 
@@ -26,4 +27,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry_point(main)

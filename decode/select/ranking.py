@@ -73,7 +73,15 @@ def compiled_route(t: Tensor) -> bool:
     """
     if t.device.type != "cpu" or _torch_only or t.dtype not in _KERNEL_DTYPES or t.requires_grad:
         return False
-    select_kernels.use_threads(torch.get_num_threads())
+    n_threads = torch.get_num_threads()
+    select_kernels.use_threads(n_threads)
+    # numba's OpenMP threading layer starts its pool on first use with
+    # omp_set_num_threads(NUMBA_NUM_THREADS), which is torch's intra-op pool too
+    # (one libgomp): restore torch's count, or every later forward runs on another
+    # number of threads (other float32 bits, so a prompt's trace would depend on what
+    # the process decoded before it; and on a busy machine far slower).
+    if torch.get_num_threads() != n_threads:
+        torch.set_num_threads(n_threads)
     return True
 
 

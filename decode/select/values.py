@@ -278,6 +278,7 @@ def evaluate_pools(
     top_m: int = 0,
     extra_scores: dict[str, Tensor] | None = None,
     curves: bool = False,
+    curve_rules: Sequence[str] = (),
 ) -> dict[str, Tensor]:
     """Value of every rule at every budget for each round: {rule: [R, n_budgets]}.
 
@@ -290,7 +291,8 @@ def evaluate_pools(
     budget, from which the matched-size variant is found (`matched_budget`);
     and `curve/draft`, draft selection's value, from which node-equivalent
     budgets are found (SPEC §9: the smallest budget at which draft selection
-    reaches a rule's value).
+    reaches a rule's value); with `curve_rules`, `curve/<rule>` for each of those
+    rules too (the budget at which the rule reaches draft's value, paper Table 13).
     """
     unknown = [r for r in rules if r not in RULES]
     if unknown:
@@ -305,12 +307,19 @@ def evaluate_pools(
     out: dict[str, Tensor] = {}
     scores = {r: None for r in rules if r in FACTOR_RULES} | dict(extra_scores or {})
     for name, score in scores.items():
+        full = curves and name in curve_rules  # its whole order: a value at every budget
         order = (
             draft_order
             if name == "draft"
-            else rank_order(rule_scores(ctx, name) if score is None else score, ctx.restrict, k=k)
+            else rank_order(
+                rule_scores(ctx, name) if score is None else score,
+                ctx.restrict,
+                k=None if full else k,
+            )
         )
         out[name] = values_at_budgets(order, ctx.path_prob, budgets)
+        if full and name != "draft":
+            out[f"curve/{name}"] = torch.cumsum(torch.gather(ctx.path_prob, -1, order), dim=-1)
     if curves:
         out["curve/draft"] = torch.cumsum(torch.gather(ctx.path_prob, -1, draft_order), dim=-1)
     if "pearl" in rules or curves:

@@ -8,7 +8,9 @@ the same content fingerprint as an uninterrupted one.
 
 Shard s is decoded at temperature `temperatures[s % len(temperatures)]`, and
 prompt i has task `tasks[(i // 2) % len(tasks)]` so both halves of the even/odd
-prompt split (SPEC §8) see every task and temperature.
+prompt split (SPEC §8) see every task and temperature, and each task's halves
+stay balanced (`rerank.crossfit` refuses lopsided even/odd halves). The toy
+prompts have no finer label: their category is their task.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.retained import Retained, retained_features
 from decode.synth.rounds import SynthRounds, synth_rounds
 from decode.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.cli import run_entry_point
 from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
-GENERATOR = "decode.synthetic/1"  # bump when the generator's output changes for a fixed config
+GENERATOR = "decode.synthetic/2"  # bump when the generator's output changes for a fixed config
 
 
 def n_shards(job: SynthJobConfig) -> int:
@@ -138,6 +141,7 @@ def rounds_to_table(
     cols = {
         "prompt_id": pa.array(ident["prompt_id"], pa.string()),
         "task": pa.array(ident["task"], pa.string()),
+        "category": pa.array(ident.get("category", ident["task"]), pa.string()),
         "round_index": pa.array(ident["round_index"], i32),
         "tokens_before": pa.array(ident["tokens_before"], i32),
         "prompt_length": pa.array(ident["prompt_length"], i32),
@@ -251,4 +255,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_entry_point(main)

@@ -15,14 +15,18 @@ Rules, given the pool, the draft ranking and the root row:
                 descendants. Value counts the draw: 1 + accepted descendants.
     PEARL     : keep the part of draft selection's B-tree below g (g alone if the tree
                 lacks it).
-    draw rules: when X1 is not a first-level candidate, X1 is the continuation and the
-                tree pass is skipped (the next round's root pass scores it; as App. D.14).
+    draw rules: when X1 is not a first-level candidate, the tree is X1 alone: the tree
+                pass scores X1 (one batch row outside the pool, at depth 1) and the round
+                emits X1 and its continuation (App. D.3).
 
 The covering decoder runs one pass per round: draft selection's tree with the
 root in the batch, except that after a covered round (the traversal's exit
 draw labelled a *leaf* of the tree: that leaf is emitted as the continuation,
 not accepted, and its row from the same pass is the next root row) the next
-round draws X1 from that row and keeps root-draw selection's tree.
+round draws X1 from that row and keeps root-draw selection's tree (X1 alone when the
+first level lacks X1: X1 then labels the tree's only leaf, so it is emitted as the
+continuation and its row, from this round's pass, is held in turn). Every emitted token
+comes from a pass.
 
 Every draw is from the exact target row of its address, so each decoder emits
 the target's law (greedy: the target's greedy output), token for token.
@@ -95,7 +99,10 @@ def draw_tree(
     budget: int,
     levels: Levels,
 ) -> Tensor:
-    """The tree a draw rule keeps once X1 = `draw` is known. [P] bool (empty if X1 is off the first level).
+    """The pool nodes a draw rule keeps once X1 = `draw` is known. [P] bool.
+
+    Empty when X1 is off the first level: the tree is then X1 alone, outside the pool
+    (`decode.online.tree_pass`).
 
     root_draw: g and its budget-1 best draft-ranked descendants (ties as SPEC §2).
     pearl    : draft selection's B-tree restricted to g's subtree (g alone if absent).
@@ -115,17 +122,32 @@ def draw_tree(
 
 @torch.inference_mode()
 def cached_root_tree_pass(
-    target: PreTrainedModel, cache: DynamicCache, root_position: int, pool: Pool, scored_idx: Tensor
+    target: PreTrainedModel,
+    cache: DynamicCache,
+    root_position: int,
+    pool: Pool,
+    scored_idx: Tensor,
+    alone: Tensor | None = None,
 ) -> Tensor:
-    """Target logits at every scored prefix when the root's KV is already cached. [|Q|, V].
+    """Target logits at every scored prefix when the root's KV is already cached. [|Q| (+1), V].
 
     The cache holds the context and the root (root_position + 1 tokens); each
     node sees all of them and its own ancestors, at position root_position + depth.
+    `alone` ([1], a token off the pool's first level: the draw X1 verified alone) is
+    batched last at depth 1: it sees the context, the root and itself, and no scored
+    prefix sees it; its row is the last one returned.
     """
     anc = pool.anc[scored_idx][:, scored_idx]  # [|Q|, |Q|]
+    tokens, pos = pool.token[scored_idx], root_position + pool.depth[scored_idx]
+    if alone is not None:
+        n = anc.shape[0]
+        grown = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=anc.device)
+        grown[:n, :n] = anc
+        grown[n, n] = True
+        anc, tokens = grown, torch.cat([tokens, alone])
+        pos = torch.cat([pos, pos.new_tensor([root_position + 1])])
     vis = tree_visibility(root_position + 1, anc[:, :0], anc)
-    pos = root_position + pool.depth[scored_idx]
-    return forward_tree(target, pool.token[scored_idx], pos, vis, cache)
+    return forward_tree(target, tokens, pos, vis, cache)
 
 
 def tree_leaves(pool: Pool, in_tree: Tensor) -> Tensor:

@@ -1,0 +1,94 @@
+"""Paired comparisons between two rules (SPEC §9): claims such as "Rows beats Base".
+
+Two overlapping "vs draft" intervals say nothing about the difference between
+two rules; the difference needs its own interval. For each pair `a:b`, law,
+budget and weighting, the relative gain of a over b in expected accepted tokens
+(`V_a / V_b - 1`) and in emitted tokens (`(V_a - V_b) / (V_b + 1)`), with a 95%
+percentile interval over the same paired prompt resamples as every other figure
+of the run (`rerank.summary.LawDraws`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from rerank.models import FEATURE_SETS
+from rerank.summary import LawDraws
+from specrank.bootstrap import emitted_gain, percentile_interval, relative_gain
+from specrank.laws import law_name
+
+
+def parse_comparisons(pairs: list[str], learned_kind: str) -> list[tuple[str, str]]:
+    """`["rows:base", ...]` -> `[("rows_hgb", "base_hgb"), ...]`, each checked for its form.
+
+    A learned feature set (`base`, `rows`) names the run's reranker of that set
+    (`<set>_<model kind>`); every other name is a rule of the summary as it is.
+    """
+    out = []
+    for pair in pairs:
+        a, sep, b = str(pair).partition(":")
+        if not sep or not a or not b or ":" in b:
+            raise ValueError(
+                f"The 'rerank.comparisons' entries must read 'rule_a:rule_b'. Got {pair!r} instead."
+            )
+        out.append(tuple(f"{r}_{learned_kind}" if r in FEATURE_SETS else r for r in (a, b)))
+    return out
+
+
+def check_comparisons(pairs: list[tuple[str, str]], rules: set[str]) -> None:
+    """Refuse a comparison of a rule this run does not evaluate, listing the run's rules."""
+    unknown = sorted({r for pair in pairs for r in pair} - rules)
+    if unknown:
+        raise ValueError(
+            f"The 'rerank.comparisons' name rules this run does not evaluate: {unknown}; "
+            f"its rules are {sorted(rules)}"
+        )
+
+
+def compare(draws: list[LawDraws], pairs: list[tuple[str, str]]) -> pd.DataFrame:
+    """One row per (law, budget, weighting, a, b): gains of a over b with paired intervals."""
+    rows = []
+    for d in draws:
+        for budget in d.budgets:
+            for a, b in pairs:
+                va, vb = d.column(a, budget), d.column(b, budget)
+                if va is None or vb is None:
+                    continue  # e.g. pearl_matched without curves: nothing to compare
+                rec = {"law": law_name(d.temperature), "budget": budget, "weighting": d.weighting,
+                       "a": a, "b": b, "rounds": d.rounds, "prompts": d.prompts,
+                       "accepted_a": va[0], "accepted_b": vb[0]}  # fmt: skip
+                for key, fn in (("gain", relative_gain), ("emitted_gain", emitted_gain)):
+                    iv = percentile_interval(float(fn(va[0], vb[0])), fn(va[1], vb[1]))
+                    rec |= {key: iv.estimate, f"{key}_lo": iv.low, f"{key}_hi": iv.high}
+                rows.append(rec)
+    columns = ["law", "budget", "weighting", "a", "b", "rounds", "prompts", "accepted_a",
+               "accepted_b", "gain", "gain_lo", "gain_hi", "emitted_gain", "emitted_gain_lo",
+               "emitted_gain_hi"]  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
+def comparisons_table(comparisons: pd.DataFrame, weighting: str = "round") -> str:
+    """The paired comparisons, printed after the main results table."""
+    sub = comparisons[comparisons["weighting"] == weighting]
+    lines = []
+    for law, part in sub.groupby("law", sort=False):
+        budgets = sorted(part["budget"].unique())
+        header = f"{'a vs b':<32}" + "".join(f"{'B=' + str(b) + ' gain of a over b [95% CI]':>36}"
+                                             for b in budgets)  # fmt: skip
+        lines += [f"\n== {law}: paired comparisons ({weighting}-weighted) ==", header,
+                  "-" * len(header)]  # fmt: skip
+        for (a, b), pair in part.groupby(["a", "b"], sort=False):
+            line = f"{a + ' vs ' + b:<32}"
+            for budget in budgets:
+                r = pair[pair["budget"] == budget]
+                if r.empty:
+                    line += " " * 36
+                    continue
+                r = r.iloc[0]
+                lo, hi = r["gain_lo"], r["gain_hi"]
+                ci = "" if np.isnan(lo) else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+                cell = f"{100 * r['gain']:+6.1f}%{ci}"
+                line += f"{cell:>36}"
+            lines.append(line)
+    return "\n".join(lines)

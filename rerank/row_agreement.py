@@ -1,0 +1,199 @@
+"""Agreement of retained rows with the next root row (issue 14.6; paper Tables 22, 23, 26).
+
+Round t's pass leaves rows that round t+1 compares with its own root row; the
+trace stores the comparison on round t+1 (`matched_tv`, `token_only_tv`, ...,
+null where the row is absent). Row kinds (SPEC §5):
+
+  matched           the row at round t's emitted address (round t was covered)
+  token_only        other scored rows of round t ending in the continuation
+  token_only_path   those among them on round t's accepted path (the root row,
+                    when the root token is the continuation, counts as on the path:
+                    it too sits at a prefix of the next root's own context)
+  token_only_other  the rest of the token-only rows
+  cache, same, preceding   token-keyed cache, same-token and preceding rows
+
+Which token-only rows lie on the path is rebuilt from round t's pool (the trace
+lists them in pool order: root first when it qualifies, then up to 24 scored
+prefixes ending in the continuation, the emitted address excluded), so round t
+may lie in another chunk: per-round bitmasks are joined by key at the end.
+Rounds whose recorded list length differs from that rebuild (e.g. synthetic
+traces) are left out of the path/other split and counted in `unsplit_rounds`.
+
+Match rates (Table 22), per round t: `token_match_tree` — the root or a
+verified prefix ends in the continuation (a same-token row exists);
+`token_match_scored` — the root or a scored prefix does; `address_match` — the
+emitted address was scored (`covered`: an exact row exists), plus the mean
+numbers of tree / scored prefixes ending in the continuation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import torch
+
+from decode.tree.retained import TOKEN_ONLY_MAX
+from rerank.evaluate import ROUND_KEYS
+from rerank.pool_chunks import PoolChunk, dense_list, iter_pool_chunks
+from specrank.laws import law_name
+
+SCALAR_ROWS = {"matched": "matched", "cache": "cache", "same": "same", "preceding": "prev"}
+ROW_KINDS = ("matched", "token_only", "token_only_path", "token_only_other", "cache", "same",
+             "preceding")  # fmt: skip
+ROW_COLUMNS = [
+    "task", "cand_scored", "cand_in_tree", "accepted_path", "continuation_token", "covered",
+    "token_only_tv", "token_only_argmax_agree",
+    *[f"{r}_{s}" for r in SCALAR_ROWS.values() for s in ("tv", "argmax_agree")],
+]  # fmt: skip
+_LIST = TOKEN_ONLY_MAX + 1  # the root row joins the 24 without counting toward them
+
+
+def next_round_lists(chunk: PoolChunk) -> dict[str, np.ndarray]:
+    """What round t's pool implies for round t+1's token-only list. [R] each.
+
+    `path_bits`: bit i set when list entry i lies on the accepted path; `n_list`:
+    the list's length; `tree_ending` / `scored_ending`: verified / scored prefixes
+    ending in the continuation; `root_is_c`: the root token is the continuation.
+    """
+    t, pool = chunk.table, chunk.pool
+    width = pool.shape[1]
+    c = torch.from_numpy(t["continuation_token"].to_numpy().astype(np.int64))[:, None]
+    scored = chunk.scored
+    in_tree = torch.from_numpy(dense_list(t["cand_in_tree"], width, False, np.bool_))
+    lengths = t["accepted_path"].combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
+    path = torch.from_numpy(
+        dense_list(t["accepted_path"], max(1, int(lengths.max())), -1, np.int64)
+    )
+    n_acc = (path >= 0).sum(-1, keepdim=True)
+    last = torch.gather(path, -1, (n_acc - 1).clamp(min=0)).where(n_acc > 0, -1)
+    # padding writes go to a spare column, so they never overwrite a pool entry
+    on_path = torch.zeros(pool.shape[0], width + 1, dtype=torch.bool)
+    on_path.scatter_(-1, torch.where(path >= 0, path, width), True)
+    on_path = on_path[:, :width]
+    ends_c = (pool.token == c) & pool.valid
+    emitted = ends_c & (pool.parent == last)  # siblings carry distinct tokens: at most one
+    others = ends_c & scored & ~emitted
+    root_is_c = torch.from_numpy(t["root_token"].to_numpy().astype(np.int64))[:, None] == c
+    pos = torch.cumsum(others.long(), -1) - 1 + root_is_c.long()  # position in the next list
+    listed = others & (pos < TOKEN_ONLY_MAX + root_is_c.long())
+    bits = torch.where(listed & on_path, torch.ones_like(pos) << pos.clamp(min=0), 0).sum(-1)
+    return {
+        "path_bits": (bits | root_is_c[:, 0].long()).numpy(),
+        "n_list": (listed.sum(-1) + root_is_c[:, 0].long()).numpy(),
+        "tree_ending": (ends_c & in_tree).sum(-1).numpy(),
+        "scored_ending": (ends_c & scored).sum(-1).numpy(),
+        "root_is_c": root_is_c[:, 0].numpy(),
+    }
+
+
+def _nan_if_null(col: pa.ChunkedArray) -> np.ndarray:
+    return col.cast(pa.float64()).to_numpy(zero_copy_only=False)  # null -> NaN
+
+
+@dataclass
+class RowRounds:
+    """Collects, chunk by chunk, each round's retained-row comparisons and next-list rebuild."""
+
+    frames: list[pd.DataFrame] = field(default_factory=list)
+    tv: list[np.ndarray] = field(default_factory=list)  # [R, 25] token-only TV, NaN past the list
+    agree: list[np.ndarray] = field(default_factory=list)  # [R, 25] 1/0, NaN past the list
+
+    def add(self, chunk: PoolChunk) -> None:
+        t = chunk.table
+        frame = t.select([*ROUND_KEYS, "covered"]).to_pandas()
+        for kind, col in SCALAR_ROWS.items():
+            frame[f"{kind}_tv"] = _nan_if_null(t[f"{col}_tv"])
+            frame[f"{kind}_agree"] = _nan_if_null(t[f"{col}_argmax_agree"])
+        for k, v in next_round_lists(chunk).items():
+            frame[k] = v
+        frame["n_token_only"] = (
+            t["token_only_tv"].combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
+        )
+        self.frames.append(frame)
+        self.tv.append(dense_list(t["token_only_tv"], _LIST, np.nan, np.float64))
+        agree = t["token_only_argmax_agree"].combine_chunks().cast(pa.list_(pa.float64()))
+        self.agree.append(dense_list(agree, _LIST, np.nan, np.float64))
+
+    def _joined(self) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+        """All rounds with their predecessor's rebuild; token-only path mask [R, 25]."""
+        if not self.frames:
+            raise ValueError("the trace store holds no rounds")
+        frame = pd.concat(self.frames, ignore_index=True)
+        tv, agree = np.concatenate(self.tv), np.concatenate(self.agree)
+        index = pd.MultiIndex.from_frame(frame[ROUND_KEYS])
+        prev = frame[ROUND_KEYS].assign(round_index=frame["round_index"] - 1)
+        at = index.get_indexer(pd.MultiIndex.from_frame(prev))
+        split = (at >= 0) & (frame["n_list"].to_numpy()[np.maximum(at, 0)] == frame["n_token_only"])
+        bits = np.where(split, frame["path_bits"].to_numpy()[np.maximum(at, 0)], 0)
+        on_path = ((bits[:, None] >> np.arange(_LIST)) & 1).astype(bool)
+        return frame, tv, agree, np.stack([split, *on_path.T], axis=1)
+
+
+def _kind_row(present: np.ndarray, tv: np.ndarray, agree: np.ndarray, n_rounds: int) -> dict:
+    """Availability over rounds, then TV / argmax agreement over the present rows."""
+    has_row = present.any(axis=1) if present.ndim == 2 else present
+    tv, agree = tv[present], agree[present]
+    return {
+        "rounds": n_rounds,
+        "availability": has_row.sum() / n_rounds,
+        "rows": int(present.sum()),
+        "rows_per_round": present.sum() / n_rounds,
+        "tv_mean": tv.mean() if tv.size else np.nan,
+        "tv_median": np.median(tv) if tv.size else np.nan,
+        "argmax_agree": agree.mean() if agree.size else np.nan,
+    }
+
+
+def agreement_tables(rows: RowRounds) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(row agreement per law and row kind, match rates per law); columns in the module doc."""
+    frame, tv, agree, split_path = rows._joined()
+    split, on_path = split_path[:, 0], split_path[:, 1:]
+    temperature = frame["temperature"].to_numpy()
+    out, rates = [], []
+    for t in np.unique(temperature):
+        m = temperature == t
+        n = int(m.sum())
+        law = law_name(float(t))
+        listed = ~np.isnan(tv[m])
+        kinds = {
+            "token_only": listed,
+            "token_only_path": listed & on_path[m] & split[m, None],
+            "token_only_other": listed & ~on_path[m] & split[m, None],
+        }
+        for kind in ROW_KINDS:
+            if kind in kinds:
+                rec = _kind_row(kinds[kind], tv[m], agree[m], n)
+            else:
+                k_tv = frame[f"{kind}_tv"].to_numpy()[m]
+                rec = _kind_row(~np.isnan(k_tv), k_tv, frame[f"{kind}_agree"].to_numpy()[m], n)
+            out.append({"law": law, "row": kind, **rec})
+        part = frame[m]
+        rates.append(
+            {
+                "law": law,
+                "rounds": n,
+                "token_match_tree": float(((part["tree_ending"] > 0) | part["root_is_c"]).mean()),
+                "token_match_scored": float(
+                    ((part["scored_ending"] > 0) | part["root_is_c"]).mean()
+                ),
+                "address_match": float(part["covered"].mean()),
+                "tree_prefixes_ending": float(part["tree_ending"].mean()),
+                "scored_prefixes_ending": float(part["scored_ending"].mean()),
+                "unsplit_rounds": int((~split[m] & (part["n_token_only"] > 0).to_numpy()).sum()),
+            }
+        )
+    return pd.DataFrame(out), pd.DataFrame(rates)
+
+
+def row_agreement(
+    dataset: ds.Dataset, chunk_rounds: int = 8192
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`agreement_tables` of a trace store, read in chunks."""
+    rows = RowRounds()
+    for chunk in iter_pool_chunks(dataset, chunk_rounds, ROW_COLUMNS):
+        rows.add(chunk)
+    return agreement_tables(rows)
