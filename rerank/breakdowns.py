@@ -1,4 +1,4 @@
-"""Breakdowns of rule values (SPEC §9): by task, root-row entropy quintile, first-token match.
+"""Breakdowns of rule values (SPEC §9): by task, source category, entropy quintile, first-token match.
 
 `breakdowns` gives the round-weighted mean values per group (one wide row per
 group); `breakdown_gains` the gain of every rule over draft selection inside
@@ -15,7 +15,7 @@ from rerank.summary import budget_rows, value_columns
 from specrank.bootstrap import DEFAULT_RESAMPLES, PromptSums, resample_weights, weighted_means
 from specrank.laws import law_name
 
-GROUPINGS = ("task", "entropy_quintile", "draft_top_is_argmax")
+GROUPINGS = ("task", "category", "entropy_quintile", "draft_top_is_argmax")
 
 
 def _grouped(frame: pd.DataFrame):

@@ -35,7 +35,9 @@ from decode.select.values import RULES, evaluate_pools
 
 ROUND_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]
 RETAINED_ROWS = {"cache": "fl_cache_logprob", "same": "fl_same_logprob", "prev": "fl_prev_logprob"}
-TRACE_COLUMNS = sorted(set(POOL_COLUMNS) | set(ROUND_KEYS) | set(RETAINED_ROWS.values()))
+TRACE_COLUMNS = sorted(
+    set(POOL_COLUMNS) | set(ROUND_KEYS) | set(RETAINED_ROWS.values()) | {"category"}
+)
 
 
 @dataclass
@@ -180,7 +182,9 @@ def _scores_for_chunk(
 
 def _round_fields(table: pa.Table, pool: PoolBatch) -> pd.DataFrame:
     """Keys and breakdown fields of each round of the chunk."""
-    frame = table.select([*ROUND_KEYS, "task", "root_entropy", "root_argmax"]).to_pandas()
+    frame = table.select(
+        [*ROUND_KEYS, "task", "category", "root_entropy", "root_argmax"]
+    ).to_pandas()
     # the drafter's top first token (draft rank 0 among depth-1 candidates) vs the target's argmax
     first_draft = torch.where(pool.depth == 1, pool.draft_logprob, -torch.inf)
     top = torch.argmax(first_draft, dim=-1)  # ties -> lowest pool index, the SPEC tie-break

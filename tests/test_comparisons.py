@@ -142,3 +142,23 @@ def test_top1_agreement_is_the_papers():
     assert q.loc[(0.0, "draft_prob"), "top1_agreement"] == 0.0  # draft ranks cand 0 first
     assert q.loc[(1.0, "rows_lgbm"), "top1_agreement"] == 0.0
     assert q.loc[(1.0, "draft_prob"), "top1_agreement"] == 1.0
+
+
+def test_breakdown_gains_are_the_summary_of_each_groups_rounds():
+    """A group's gain and interval = the round-weighted summary of that group's rounds alone."""
+    from rerank.breakdowns import breakdown_gains
+
+    frame = _rounds(4)
+    frame["category"] = frame["task"] + "_x"
+    frame["draft_top_is_argmax"] = True
+    frame["root_entropy"] = np.random.default_rng(0).uniform(size=len(frame))
+    got = breakdown_gains(frame, N_RES, seed=5)
+    for task in ("a", "b"):
+        part = frame[frame["task"] == task]
+        ref = summarise_draws(law_draws(part, N_RES, seed=5, weightings=("round",)))
+        ref = ref.set_index("rule")
+        row = got[(got["by"] == "task") & (got["group"] == task)].set_index("rule")
+        for rule in ("root", "rows_lgbm"):
+            for k in ("accepted", "gain", "gain_lo", "gain_hi"):
+                assert row.loc[rule, k] == pytest.approx(ref.loc[rule, k], rel=1e-12), (task, k)
+    assert set(got["by"]) == {"task", "category", "entropy_quintile", "draft_top_is_argmax"}
