@@ -41,7 +41,7 @@ from decode.online.metrics import (
     timed_baseline,
     tokens_to_eos,
 )
-from decode.online.round import OnlineSettings
+from decode.online.settings import OnlineSettings
 from decode.online.stream import DecodeSettings
 from decode.prompts import Prompt, encode_prompt, load_prompts
 from decode.record import record_traces

@@ -30,7 +30,8 @@ import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema
 from decode.config import DataConfig, ModelConfig, TraceConfig
 from decode.models import ModelPair, load_model_pair
 from decode.online.loop import PromptRun, decode_prompt
-from decode.online.round import STAGES, OnlineSettings
+from decode.online.round import STAGES
+from decode.online.settings import OnlineSettings
 from decode.online.stream import DecodeSettings
 from decode.prompts import Prompt, encode_prompt, load_prompts
 from decode.trace_schema import TRACE_SCHEMA, trace_store

@@ -34,7 +34,6 @@ import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema
 from decode.config import DataConfig, ModelConfig
 from decode.models import load_model_pair
 from decode.online.config import RunConfig
-from decode.online.round import OnlineSettings
 from decode.online.session import (
     RunReport,
     decode_all,
@@ -44,6 +43,7 @@ from decode.online.session import (
     summarize,
     write_traces,
 )
+from decode.online.settings import OnlineSettings
 from decode.online.stream import DecodeSettings
 from decode.record import check_prompts, resolve_inputs
 from decode.tree.pool import pool_size

@@ -149,10 +149,10 @@ def _matched(
     """Matched-size PEARL's budget, sizes and exceed share (NaN where the pool is too small)."""
     keys = ("matched_budget", "size_pearl_matched", "size_pearl_matched_top",
             "size_pearl_matched_other", "exceed_share_pearl_matched")  # fmt: skip
-    try:
-        lo, hi, w = matched_budget(torch.from_numpy(c["pearl_size"] / n), target)
-    except ValueError:  # even the whole pool's PEARL trees are smaller on average
+    curve = torch.from_numpy(c["pearl_size"] / n)
+    if target > curve[-1]:  # even the whole pool's PEARL trees are smaller on average
         return dict.fromkeys(keys, float("nan"))
+    lo, hi, w = matched_budget(curve, target)
 
     def mix(name: str) -> float:
         return float(w * c[name][lo - 1] + (1 - w) * c[name][hi - 1])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from decode.config import DecodeConfig, PoolConfig, SelectConfig
 from decode.models import ModelPair
-from decode.online.round import OnlineSettings
+from decode.online.settings import OnlineSettings
 from decode.online.stream import DecodeSettings
 from decode.prompts import Prompt
 from decode.record import record_traces

@@ -23,7 +23,7 @@ from decode.models import load_causal_lm
 from decode.online.baseline import autoregressive_decode
 from decode.online.config import RUN_RULES
 from decode.online.loop import decode_prompt
-from decode.online.round import OnlineSettings
+from decode.online.settings import OnlineSettings
 from decode.prompts import encode_prompt
 from rerank.models import fit_reranker
 from rerank.online import OnlinePredictor

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 import specrank.config  # noqa: F401  (registers the schema)
 from decode.config import DataConfig, PromptSource
 from decode.online.config import RunConfig
-from decode.online.round import OnlineSettings
+from decode.online.settings import OnlineSettings
 from decode.run import expand_short_overrides, run_online
 from decode.trace_schema import trace_store
 from features.extract import extract

@@ -13,14 +13,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from decode.online.round import (
-    STAGES,
-    OnlineSettings,
-    OnlineStream,
-    RoundRecord,
-    decode_round,
-    levels_of,
-)
+from decode.online.round import STAGES, OnlineStream, RoundRecord, decode_round
+from decode.online.settings import OnlineSettings, levels_of
 from decode.online.stream import check_positions, output_is_done, prefill, prompt_seed
 from features.online import RoundContext
 from rerank.online import OnlinePredictor

@@ -27,7 +27,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from decode.online.reranker import reranker_first_factor
-from decode.online.settings import OnlineSettings, levels_of
+from decode.online.settings import OnlineSettings
 from decode.online.stream import StageClock, Stream
 from decode.online.tree_pass import Planned, Verified, select_step, verify_step
 from decode.select.ranking import Levels
@@ -39,8 +39,6 @@ from decode.tree.round_record import HostPool, retain_rows, round_rows, round_tr
 from decode.tree.verify import law_temperature
 from features.online import RoundContext
 from rerank.online import OnlinePredictor
-
-__all__ = ["STAGES", "OnlineSettings", "OnlineStream", "RoundRecord", "decode_round", "levels_of"]
 
 STAGES = ("draft", "root_pass", "features", "select", "verify", "bookkeeping")
 

@@ -39,7 +39,8 @@ from decode.online.metrics import (
     timed_baseline,
     tokens_to_eos,
 )
-from decode.online.round import STAGES, OnlineSettings
+from decode.online.round import STAGES
+from decode.online.settings import OnlineSettings
 from decode.prompts import Prompt, encode_prompt
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from rerank.config import MlflowConfig
