@@ -1,63 +1,76 @@
-"""PNG figures logged with every run: gain vs budget, calibration reliability."""
+"""PNG figures logged with every run, written beside `summary.csv` (issue 18).
+
+    gain_vs_budget_<law>.png   gain over draft vs budget, one panel per rule family (`plots_gain`)
+    comparisons.png            the paired comparisons as a forest plot, a panel per law
+    reliability_<law>.png      out-of-fold reliability with bin counts (`plots_reliability`)
+
+Every figure is drawn from a table the run also logs (`summary.csv`,
+`comparisons.csv`, `reliability.csv`), so `notebooks/compare_runs.ipynb`
+redraws the same figures from a run's artifacts with the functions below.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; no display on servers or in CI
-import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
+
+from rerank.plot_style import FAMILIES, OTHER, family_of, group_rules, save, styles
+from rerank.plots_gain import comparison_forest, gain_figure
+from rerank.plots_reliability import reliability_figure, reliability_table
+
+__all__ = [
+    "FAMILIES",
+    "OTHER",
+    "comparison_forest",
+    "comparisons_plot",
+    "family_of",
+    "gain_figure",
+    "gain_vs_budget",
+    "group_rules",
+    "reliability_figure",
+    "reliability_plots",
+    "reliability_table",
+    "styles",
+    "write_plots",
+]
 
 
 def gain_vs_budget(summary: pd.DataFrame, out: Path, weighting: str = "round") -> list[Path]:
-    """One figure per law: gain over draft selection vs budget, with 95% intervals."""
+    """`gain_vs_budget_<law>.png` for every law of the summary."""
     paths = []
-    sub = summary[(summary["weighting"] == weighting) & (summary["rule"] != "draft")]
-    for law, part in sub.groupby("law"):
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for rule, r in part.groupby("rule", sort=False):
-            r = r.sort_values("budget")
-            ax.plot(r["budget"], 100 * r["gain"], marker="o", label=rule)
-            ax.fill_between(r["budget"], 100 * r["gain_lo"], 100 * r["gain_hi"], alpha=0.15)
-        ax.axhline(0, color="black", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_xlabel("budget B (verified nodes)")
-        ax.set_ylabel("gain in expected accepted tokens vs draft (%)")
-        ax.set_title(
-            f"{law}: gain over draft selection ({weighting}-weighted, 95% prompt bootstrap)"
-        )
-        ax.legend(fontsize=7, ncol=2)
+    for law in dict.fromkeys(summary["law"]):
         path = out / f"gain_vs_budget_{law}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        save(gain_figure(summary, law, weighting), path)
         paths.append(path)
     return paths
 
 
-def reliability(
-    predictions: dict[str, np.ndarray], label: np.ndarray, title: str, path: Path, n_bins: int = 20
-) -> Path:
-    """Mean label vs mean prediction in equal-count bins, one line per predictor."""
-    fig, ax = plt.subplots(figsize=(5.5, 5.5))
-    ax.plot([0, 1], [0, 1], color="black", lw=0.8, ls="--")
-    for name, pred in predictions.items():
-        order = np.argsort(pred, kind="stable")
-        bins = np.array_split(order, n_bins)
-        ax.plot(
-            [pred[b].mean() for b in bins if b.size],
-            [label[b].mean() for b in bins if b.size],
-            marker=".",
-            label=name,
-        )
-    ax.set_xlabel("mean predicted first-factor probability")
-    ax.set_ylabel("mean label")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+def comparisons_plot(comparisons: pd.DataFrame, out: Path, weighting: str = "round") -> list[Path]:
+    """`comparisons.png`, or nothing when the run compares no pairs."""
+    if comparisons[comparisons["weighting"] == weighting].empty:
+        return []
+    path = out / "comparisons.png"
+    save(comparison_forest(comparisons, weighting), path)
+    return [path]
+
+
+def reliability_plots(table: pd.DataFrame, out: Path) -> list[Path]:
+    """`reliability_<law>.png` for every law of the reliability table."""
+    paths = []
+    for law in dict.fromkeys(table["law"]):
+        path = out / f"reliability_{law}.png"
+        save(reliability_figure(table, law), path)
+        paths.append(path)
+    return paths
+
+
+def write_plots(
+    out: Path, summary: pd.DataFrame, comparisons: pd.DataFrame, reliability: pd.DataFrame
+) -> list[Path]:
+    """Every figure of a run under `out`; returns their paths (all of them are logged)."""
+    return [
+        *gain_vs_budget(summary, out),
+        *comparisons_plot(comparisons, out),
+        *reliability_plots(reliability, out),
+    ]

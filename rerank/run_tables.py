@@ -120,3 +120,20 @@ def breakdown_gains(breakdowns: pd.DataFrame) -> pd.DataFrame:
     long = long.merge(draft, on=on, how="left", validate="many_to_one")
     long["gain"] = long["accepted"] / long["draft"] - 1.0
     return long.drop(columns="draft")
+
+
+def unify_pair_rules(comparisons: pd.DataFrame, kinds: dict[str, str]) -> pd.DataFrame:
+    """Name the learned rules of `comparisons.a` / `.b` `base` / `rows`, as the summary's are.
+
+    `kinds` maps each run label to its model kind (`find_runs`' `run` and
+    `rerank_model`), so `rows_hgb` of one run and `rows_lgbm` of another line up.
+    """
+    out = comparisons.copy()
+    for col in ("a", "b"):
+        out[col] = [
+            rule.removesuffix(f"_{kinds[str(run)]}")
+            if rule in {f"{s}_{kinds[str(run)]}" for s in ("base", "rows")}
+            else rule
+            for run, rule in zip(out["run"], out[col], strict=True)
+        ]
+    return out

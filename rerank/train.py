@@ -43,7 +43,7 @@ from rerank.crossfit import SCHEMES
 from rerank.evaluate import RETAINED_ROWS, ROUND_KEYS, EvalPlan, PromptCurves, evaluate_traces
 from rerank.models import FEATURE_SETS, KINDS, LABEL_OF_LAW
 from rerank.persist import save_reranker
-from rerank.plots import gain_vs_budget, reliability
+from rerank.plots import reliability_table, write_plots
 from rerank.predict import (
     FirstFactorPredictions,
     fit_per_depth_maps,
@@ -203,19 +203,17 @@ def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> list[Path]:
     ev.per_round.to_parquet(out_dir / "per_round_values.parquet", index=False)
     fitted.preds.frame.to_parquet(out_dir / "oof_predictions.parquet", index=False)
     (out_dir / "results.txt").write_text(ev.table + "\n")
-    plots = gain_vs_budget(ev.summary, out_dir)
     merged = fitted.candidates.merge(fitted.preds.frame, on=[*ROUND_KEYS, "cand_index"])
+    parts = []
     for temperature, part in merged.groupby("temperature"):
         label = part[LABEL_OF_LAW[law_kind(float(temperature))]].to_numpy(np.float64)
         cols = ["draft_prob", *fitted.preds.rules]
-        plots.append(
-            reliability(
-                {c: part[c].to_numpy(np.float64) for c in cols},
-                label,
-                f"{law_name(temperature)}: out-of-fold reliability",
-                out_dir / f"reliability_{law_name(temperature)}.png",
-            )
-        )
+        preds = {c: part[c].to_numpy(np.float64) for c in cols}
+        parts.append(reliability_table(preds, label, law_name(temperature)))
+    # logged as a table too, so the notebook redraws the reliability figure from artifacts
+    reliability = pd.concat(parts, ignore_index=True)
+    reliability.to_csv(out_dir / "reliability.csv", index=False)
+    plots = write_plots(out_dir, ev.summary, ev.comparisons, reliability)
     for name, pair in fitted.preds.models.items():
         for fold, model in enumerate(pair):
             save_reranker(model, out_dir / "rerankers" / f"{name.replace('/', '_')}_fold{fold}")

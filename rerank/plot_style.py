@@ -1,0 +1,124 @@
+"""Rule families and styles shared by every figure (`rerank.plots`) and the notebook.
+
+A family is a panel of the gain-vs-budget figure. Rules are mapped to families
+by name prefix, the longest prefix winning, so that a rule added later lands in
+its panel without a code change here (`rows_lgbm_es` is learned, `rank_control`
+sits beside the rerankers, `root_draw_v2` is a draw rule even though it starts
+with `root`), and a rule no prefix claims goes to "other" rather than vanishing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+BASELINE = "draft"  # every gain is relative to it: drawn as the zero line, never as a curve
+
+
+@dataclass(frozen=True)
+class Family:
+    key: str
+    title: str
+    prefixes: tuple[str, ...]  # `p` claims a rule named `p` or `p_<anything>`
+
+
+FAMILIES = (
+    Family("exact", "exact target rows", ("root", "depth_two", "oracle")),
+    # `base`/`rows` alone: the notebook's model-kind-free names (`rerank.runs`)
+    Family("learned", "learned rerankers", ("base", "rows", "rank")),
+    Family("calibrators", "calibration controls", ("iso", "per_depth")),
+    # apart: a substitution at -70% would squash the mixtures near 0 in a shared panel
+    Family("substitutions", "direct substitutions", ("sub",)),
+    Family("mixtures", "geometric mixtures with draft", ("mix",)),
+    Family("draw", "draw rules", ("root_draw", "pearl")),
+)
+OTHER = Family("other", "other rules", ())
+
+# Colour-blind-safe qualitative colours (Okabe-Ito, then tab10 extras): distinct at a glance.
+COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
+          "#8C564B", "#7F7F7F", "#BCBD22")  # fmt: skip
+# Filled, clearly different shapes; 7 is coprime with 10 colours, so (colour, marker)
+# pairs stay unique for the first 70 rules of a panel.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _claims(prefix: str, rule: str) -> bool:
+    return rule == prefix or rule.startswith(prefix + "_")
+
+
+def family_of(rule: str) -> Family:
+    """The family whose longest prefix claims `rule`; `OTHER` if none does."""
+    best, length = OTHER, -1
+    for family in FAMILIES:
+        for prefix in family.prefixes:
+            if _claims(prefix, rule) and len(prefix) > length:
+                best, length = family, len(prefix)
+    return best
+
+
+def group_rules(rules: Iterable[str]) -> list[tuple[Family, list[str]]]:
+    """Rules by family, families in `FAMILIES` order (then "other"), rules in given order.
+
+    The baseline is left out; empty families are dropped.
+    """
+    groups: dict[str, list[str]] = {}
+    for rule in dict.fromkeys(rules):
+        if rule != BASELINE:
+            groups.setdefault(family_of(rule).key, []).append(rule)
+    return [(f, groups[f.key]) for f in (*FAMILIES, OTHER) if f.key in groups]
+
+
+@dataclass(frozen=True)
+class Style:
+    color: str
+    marker: str
+    linestyle: str
+
+    def kwargs(self) -> dict[str, str]:
+        return {"color": self.color, "marker": self.marker, "linestyle": self.linestyle}
+
+
+def styles(names: Sequence[str]) -> dict[str, Style]:
+    """One style per name, no two sharing colour and marker (for up to 70 names)."""
+    return {
+        name: Style(
+            COLORS[i % len(COLORS)], MARKERS[i % len(MARKERS)], LINESTYLES[i % len(LINESTYLES)]
+        )
+        for i, name in enumerate(names)
+    }
+
+
+def budget_axis(ax: Axes, budgets: Sequence[int]) -> None:
+    """Log-scaled x axis with ticks exactly at the evaluated budgets, labelled as integers."""
+    budgets = sorted({int(b) for b in budgets})
+    ax.set_xscale("log")
+    ax.set_xticks(budgets, [str(b) for b in budgets], fontsize=7,
+                  rotation=90 if len(budgets) > 6 else 0)  # fmt: skip
+    ax.minorticks_off()  # no "2x10^1" labels between the evaluated budgets
+    if len(budgets) == 1:
+        ax.set_xlim(budgets[0] / 1.5, budgets[0] * 1.5)
+    else:
+        ax.set_xlim(budgets[0] / 1.15, budgets[-1] * 1.15)
+
+
+def padded_range(low: float, high: float, include_zero: bool = True) -> tuple[float, float]:
+    """(low, high) widened by 6% each way, including 0 so the zero line is always in view."""
+    if include_zero:
+        low, high = min(low, 0.0), max(high, 0.0)
+    span = high - low or max(abs(high), 1.0)
+    return low - 0.06 * span, high + 0.06 * span
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A figure outside pyplot: `savefig` renders it with Agg whatever the session's backend,
+    and a notebook's inline backend is left alone (no `matplotlib.use` at import)."""
+    # constrained layout keeps the suptitle clear of the panel titles
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def save(fig: Figure, path: object) -> None:
+    fig.savefig(path, dpi=120, bbox_inches="tight")
