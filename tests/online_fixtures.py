@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from decode.config import DecodeConfig, PoolConfig, SelectConfig
-from decode.models import ModelPair
+from decode.models import ModelPair, load_causal_lm
 from decode.online.settings import OnlineSettings
 from decode.online.stream import DecodeSettings
 from decode.prompts import Prompt
@@ -20,6 +20,8 @@ from features.extract import extract
 from features.schema import candidate_store
 from rerank.models import Capacity, fit_reranker
 from rerank.persist import save_reranker
+from tests.test_decode_sampling import TINY_V
+from tests.tiny_models import build_tiny_pair, tiny_model_config
 
 # 4 + 3 * 12 = 40 candidates: every rule has room to differ from draft ranking at B=6.
 SMALL_POOL = PoolConfig(top_k=4, steps=3, expand=3)
@@ -69,3 +71,12 @@ def fitted_reranker(
     law = "greedy" if temperature == 0 else "sampling"
     model = fit_reranker(frame, feature_set, kind, law, n_threads=1, capacity=FAST)
     return save_reranker(model, root / f"{feature_set}_{kind}_T{temperature:g}")
+
+
+def tiny_vocab_models(root: Path) -> tuple:
+    """The sampling-law tests' pair: a TINY_V-token vocabulary, peaked rows, a noisy drafter."""
+    build_tiny_pair(root, "llama", vocab_size=TINY_V, init_std=0.6, draft_noise=0.3)
+    cfg = tiny_model_config(root, "llama")
+    return load_causal_lm(cfg.target, cfg, "model.target"), load_causal_lm(
+        cfg.drafter, cfg, "model.drafter"
+    )

@@ -18,16 +18,15 @@ import pytest
 import torch
 
 from decode.config import PoolConfig
-from decode.models import load_causal_lm
 from decode.online.baseline import autoregressive_decode
 from decode.online.loop import decode_prompt
 from decode.prompts import encode_prompt
 from decode.tree.attention import forward_chain, new_cache
 from decode.tree.pool import grow_pool
 from decode.tree.root_pass import cached_root_tree_pass, root_pass
-from tests.online_fixtures import PROMPTS, settings
+from tests.online_fixtures import PROMPTS, settings, tiny_vocab_models
 from tests.test_decode_sampling import ALPHA, PROMPT, TINY_V, _chi_square_p, _exact_two_token_law
-from tests.tiny_models import build_tiny_pair, one_thread, tiny_model_config, tiny_pair
+from tests.tiny_models import one_thread, tiny_pair
 
 CHAIN = PoolConfig(top_k=1, steps=3, expand=1)  # 4 candidates, one per depth
 
@@ -111,14 +110,8 @@ def test_covering_makes_a_pass_for_every_round(pair):
 
 @pytest.fixture(scope="module")
 def tiny_vocab(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tinyv")
-    build_tiny_pair(root, "llama", vocab_size=TINY_V, init_std=0.6, draft_noise=0.3)
-    cfg = tiny_model_config(root, "llama")
     with one_thread():
-        yield (
-            load_causal_lm(cfg.target, cfg, "model.target"),
-            load_causal_lm(cfg.drafter, cfg, "model.drafter"),
-        )
+        yield tiny_vocab_models(tmp_path_factory.mktemp("tinyv"))
 
 
 N_RUNS = 250

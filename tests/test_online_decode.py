@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from decode.config import PoolConfig
-from decode.models import load_causal_lm
 from decode.online.baseline import autoregressive_decode
 from decode.online.config import RUN_RULES
 from decode.online.loop import decode_prompt
@@ -28,9 +27,9 @@ from decode.prompts import encode_prompt
 from rerank.models import fit_reranker
 from rerank.online import OnlinePredictor
 from tests.candidate_frames import FAST, make_candidate_frame
-from tests.online_fixtures import PROMPTS, fitted_reranker, settings
+from tests.online_fixtures import PROMPTS, fitted_reranker, settings, tiny_vocab_models
 from tests.test_decode_sampling import ALPHA, PROMPT, TINY_V, _chi_square_p, _exact_two_token_law
-from tests.tiny_models import build_tiny_pair, one_thread, tiny_model_config, tiny_pair
+from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 
 TEXTS = [PROMPTS[0], PROMPTS[1]]
 
@@ -136,12 +135,8 @@ N_RUNS = 250  # per rule (~3 s each); `-m slow` repeats with 2,000
 
 @pytest.fixture(scope="module")
 def tiny_vocab(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tinyv")
-    build_tiny_pair(root, "llama", vocab_size=TINY_V, init_std=0.6, draft_noise=0.3)
-    cfg = tiny_model_config(root, "llama")
     with one_thread():
-        target = load_causal_lm(cfg.target, cfg, "model.target")
-        drafter = load_causal_lm(cfg.drafter, cfg, "model.drafter")
+        target, drafter = tiny_vocab_models(tmp_path_factory.mktemp("tinyv"))
         frame = make_candidate_frame(n_prompts=20, rounds=6, temperature=1.0, seed=2)
         model = fit_reranker(frame, "rows", "lgbm", "sampling", n_threads=1, capacity=FAST)
     yield target, drafter, OnlinePredictor(model, torch.device("cpu"), "forest")
