@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from decode.select.pool_batch import check_draft_logprobs
+from decode.select.pool_batch import check_draft_logprobs, list_matrix
 from features.first_level import first_level_features, first_level_index, first_level_labels
 from features.rounds import PAD_DEPTH, RoundArrays
 from features.schema import CANDIDATE_SCHEMA
@@ -86,7 +86,7 @@ def candidate_table(trace: pa.Table) -> pa.Table:
     chunks = range(0, max(rounds.n_rounds, 1), CHUNK_ROUNDS)
     parts = [first_level_features(rounds.rows(a, a + CHUNK_ROUNDS)) for a in chunks]
     features = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-    target_prob, _ = _list_matrix(trace.column("cand_target_prob"), *POOL_LISTS["cand_target_prob"])
+    target_prob, _ = list_matrix(trace.column("cand_target_prob"), np.nan, np.float32)
     labels = first_level_labels(
         rounds.cand_token, target_prob, _numpy(trace, "root_argmax", np.int32), n1
     )
@@ -148,7 +148,7 @@ def _pool_matrices(trace: pa.Table) -> dict[str, np.ndarray]:
     for name, (dtype, fill) in POOL_LISTS.items():
         if name == "cand_target_prob":
             continue  # a label: read separately, never into RoundArrays
-        out[name], n = _list_matrix(trace.column(name), dtype, fill)
+        out[name], n = list_matrix(trace.column(name), fill, dtype)
         if lengths is None:
             lengths = n
         elif not np.array_equal(n, lengths):
@@ -161,7 +161,7 @@ def _pool_matrices(trace: pa.Table) -> dict[str, np.ndarray]:
 
 def _first_level_matrix(trace: pa.Table, name: str, n1: np.ndarray) -> np.ndarray:
     """A retained-row column [R, max n1] float32, NaN for nulls; lengths must equal n1."""
-    mat, n = _list_matrix(trace.column(name), np.float32, np.nan, width=int(n1.max(initial=0)))
+    mat, n = list_matrix(trace.column(name), np.nan, np.float32, int(n1.max(initial=0)))
     if not np.array_equal(n, n1):
         r = int(np.argmax(n != n1))
         raise SchemaError(
@@ -169,26 +169,6 @@ def _first_level_matrix(trace: pa.Table, name: str, n1: np.ndarray) -> np.ndarra
             f"entries; expected one per first-level candidate ({n1[r]})"
         )
     return mat
-
-
-def _list_matrix(
-    column: pa.ChunkedArray, dtype: type, fill: float, width: int | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """A list column as a padded [R, width] matrix, plus the list lengths [R]."""
-    arr = column.combine_chunks()
-    lengths = np.diff(arr.offsets.to_numpy()).astype(np.int64)  # [R]
-    values = arr.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)  # [sum lengths]
-    R = len(arr)
-    width = (
-        int(lengths.max(initial=0)) if width is None else max(width, int(lengths.max(initial=0)))
-    )
-    if R and (lengths == width).all():
-        return values.reshape(R, width), lengths  # uniform pools: no copy, no scatter
-    mat = np.full((R, width), fill, dtype=dtype)
-    row = np.repeat(np.arange(R), lengths)
-    pos = np.arange(values.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    mat[row, pos] = values
-    return mat, lengths
 
 
 def _numpy(trace: pa.Table, name: str, dtype: type) -> np.ndarray:

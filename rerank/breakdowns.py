@@ -31,24 +31,14 @@ def _grouped(frame: pd.DataFrame):
 
 
 def breakdowns(frame: pd.DataFrame) -> pd.DataFrame:
-    """Mean values by task, root-row entropy quintile and drafter/target first-token match."""
+    """Mean values per group (one wide row per law, grouping and group)."""
     cols = value_columns(frame)
-    parts = []
-    for temperature, part in frame.groupby("temperature"):
-        part = part.copy()
-        part["entropy_quintile"] = (
-            pd.qcut(part["root_entropy"].rank(method="first"), 5, labels=False) + 1
-        )
-        for by in GROUPINGS:
-            g = part.groupby(by)
-            table = g[cols].mean()
-            table.insert(0, "rounds", g.size())
-            table = table.reset_index().rename(columns={by: "group"})
-            table.insert(0, "by", by)
-            table.insert(0, "law", law_name(temperature))
-            table["group"] = table["group"].astype(str)
-            parts.append(table)
-    return pd.concat(parts, ignore_index=True)
+    rows = [
+        {"law": law_name(temperature), "by": by, "group": str(group), "rounds": len(sub)}
+        | sub[cols].mean().to_dict()
+        for temperature, by, group, sub in _grouped(frame)
+    ]
+    return pd.DataFrame(rows)
 
 
 def breakdown_gains(

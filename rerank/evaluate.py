@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
-from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
+from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, list_matrix, pool_batch_from_table
 from decode.select.ranking import leading_factor_edges, path_sum, pool_levels
 from decode.select.values import RULES, evaluate_pools
 
@@ -85,12 +84,7 @@ class EvalPlan:
 
 def first_level_matrix(values: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
     """[R, width] float32 from a list column over first-level candidates; NaN where null/absent."""
-    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
-    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
-    flat = arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32)  # nulls -> nan
-    out = np.full((len(lengths), width), np.nan, dtype=np.float32)
-    out[np.arange(width)[None, :] < lengths[:, None]] = flat
-    return out
+    return list_matrix(values, np.nan, np.float32, width)[0]
 
 
 def _first_factor_scores(pool: PoolBatch, levels, first_logprob: Tensor) -> Tensor:
@@ -194,8 +188,11 @@ def _round_fields(table: pa.Table, pool: PoolBatch) -> pd.DataFrame:
     return frame.drop(columns=["root_argmax"])
 
 
-def iter_trace_chunks(dataset: ds.Dataset, chunk_rounds: int) -> Iterator[pa.Table]:
-    for batch in dataset.to_batches(columns=TRACE_COLUMNS, batch_size=chunk_rounds):
+def iter_trace_chunks(
+    dataset: ds.Dataset, chunk_rounds: int, columns: Sequence[str] = TRACE_COLUMNS
+) -> Iterator[pa.Table]:
+    """The trace store `chunk_rounds` rounds at a time, reading only `columns`."""
+    for batch in dataset.to_batches(columns=list(columns), batch_size=chunk_rounds):
         if batch.num_rows:
             yield pa.Table.from_batches([batch])
 

@@ -14,15 +14,14 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
-from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
-from decode.select.ranking import rank_order
+from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, list_matrix, pool_batch_from_table
+from decode.select.ranking import rank_order, ranks_of_order
 from decode.select.values import PoolContext, pool_context
-from rerank.evaluate import ROUND_KEYS
+from rerank.evaluate import ROUND_KEYS, iter_trace_chunks
 
 
 @dataclass(eq=False)
@@ -43,7 +42,7 @@ class PoolChunk:
     def scored(self) -> Tensor:
         """[R, P] bool: prefixes the recording pass scored (`cand_scored`; needs that column)."""
         return torch.from_numpy(
-            dense_list(self.table["cand_scored"], self.order.shape[1], False, np.bool_)
+            list_matrix(self.table["cand_scored"], False, np.bool_, self.order.shape[1])[0]
         )
 
     @cached_property
@@ -52,29 +51,12 @@ class PoolChunk:
         return torch.gather(self.ctx.path_prob, -1, self.order)
 
 
-def dense_list(col: pa.ChunkedArray | pa.Array, width: int, fill, dtype) -> np.ndarray:
-    """[R, width] matrix of a list column, padded with `fill` (entries past `width` dropped)."""
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
-    flat = arr.flatten()
-    # nulls inside a list (absent retained rows) become `fill`, not 0
-    values = flat.fill_null(fill).to_numpy(zero_copy_only=False).astype(dtype)
-    out = np.full((len(lengths), width), fill, dtype=dtype)
-    pos = np.arange(len(values)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    row = np.repeat(np.arange(len(lengths)), lengths)
-    keep = pos < width
-    out[row[keep], pos[keep]] = values[keep]
-    return out
-
-
 def chunk_of(table: pa.Table) -> PoolChunk:
     """Dense pools, law path probabilities and the full draft order of a trace table."""
     pool = pool_batch_from_table(table)
     ctx = pool_context(pool)
     order = rank_order(ctx.draft, ctx.restrict)
-    positions = torch.arange(order.shape[-1]).expand_as(order)
-    rank = torch.empty_like(order).scatter_(-1, order, positions)
-    return PoolChunk(table, pool, ctx, order, rank)
+    return PoolChunk(table, pool, ctx, order, ranks_of_order(order))
 
 
 def iter_pool_chunks(
@@ -84,9 +66,8 @@ def iter_pool_chunks(
     if chunk_rounds < 1:
         raise ValueError(f"The 'chunk_rounds' must be an int >= 1. Got {chunk_rounds} instead.")
     wanted = sorted(set(POOL_COLUMNS) | set(ROUND_KEYS) | set(columns))
-    for batch in dataset.to_batches(columns=wanted, batch_size=chunk_rounds):
-        if batch.num_rows:
-            yield chunk_of(pa.Table.from_batches([batch]))
+    for table in iter_trace_chunks(dataset, chunk_rounds, wanted):
+        yield chunk_of(table)
 
 
 def sum_by_law(temperature: np.ndarray, values: np.ndarray) -> dict[float, np.ndarray]:

@@ -36,9 +36,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 
+from decode.select.pool_batch import list_matrix
 from decode.tree.retained import TOKEN_ONLY_MAX
 from rerank.evaluate import ROUND_KEYS
-from rerank.pool_chunks import PoolChunk, dense_list, iter_pool_chunks
+from rerank.pool_chunks import PoolChunk, iter_pool_chunks
 from specrank.laws import law_name
 
 SCALAR_ROWS = {"matched": "matched", "cache": "cache", "same": "same", "preceding": "prev"}
@@ -63,11 +64,11 @@ def next_round_lists(chunk: PoolChunk) -> dict[str, np.ndarray]:
     width = pool.shape[1]
     c = torch.from_numpy(t["continuation_token"].to_numpy().astype(np.int64))[:, None]
     scored = chunk.scored
-    in_tree = torch.from_numpy(dense_list(t["cand_in_tree"], width, False, np.bool_))
-    lengths = t["accepted_path"].combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
-    path = torch.from_numpy(
-        dense_list(t["accepted_path"], max(1, int(lengths.max())), -1, np.int64)
-    )
+    in_tree = torch.from_numpy(list_matrix(t["cand_in_tree"], False, np.bool_, width)[0])
+    path, lengths = list_matrix(t["accepted_path"], -1, np.int64)
+    if path.shape[1] == 0:  # no round accepted anything: one column of "none"
+        path = np.full((len(lengths), 1), -1, dtype=np.int64)
+    path = torch.from_numpy(path)
     n_acc = (path >= 0).sum(-1, keepdim=True)
     last = torch.gather(path, -1, (n_acc - 1).clamp(min=0)).where(n_acc > 0, -1)
     # padding writes go to a spare column, so they never overwrite a pool entry
@@ -114,9 +115,9 @@ class RowRounds:
             t["token_only_tv"].combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
         )
         self.frames.append(frame)
-        self.tv.append(dense_list(t["token_only_tv"], _LIST, np.nan, np.float64))
+        self.tv.append(list_matrix(t["token_only_tv"], np.nan, np.float64, _LIST)[0])
         agree = t["token_only_argmax_agree"].combine_chunks().cast(pa.list_(pa.float64()))
-        self.agree.append(dense_list(agree, _LIST, np.nan, np.float64))
+        self.agree.append(list_matrix(agree, np.nan, np.float64, _LIST)[0])
 
     def _joined(self) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
         """All rounds with their predecessor's rebuild; token-only path mask [R, 25]."""

@@ -304,17 +304,6 @@ def summarise_draws(draws: list[LawDraws]) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def summarise(
-    frame: pd.DataFrame,
-    n_resamples: int = DEFAULT_RESAMPLES,
-    seed: int = 0,
-    weightings: tuple[str, ...] = WEIGHTINGS,
-    curves: PromptCurves | None = None,
-) -> pd.DataFrame:
-    """`summarise_draws(law_draws(...))`: the summary table from the per-round values."""
-    return summarise_draws(law_draws(frame, n_resamples, seed, weightings, curves))
-
-
 def results_table(summary: pd.DataFrame, weighting: str = "round") -> str:
     """The at-a-glance table printed at the end of every run."""
     lines = []

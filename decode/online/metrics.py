@@ -69,7 +69,7 @@ def tokens_to_eos(output: Sequence[int], eos_ids: frozenset[int]) -> int:
 
 
 def round_table(timings: list[PromptTiming]) -> pd.DataFrame:
-    """One row per round: prompt, task, tau, accepted, value, tree size, passes, entropy, stages."""
+    """One row per round: prompt, task, tau, accepted, tree size, passes, entropy, stages."""
     rows = []
     for p in timings:
         for i, r in enumerate(p.run.rounds):
@@ -79,7 +79,6 @@ def round_table(timings: list[PromptTiming]) -> pd.DataFrame:
                 "round_index": i,
                 "tau": len(r.emitted),
                 "accepted": r.n_accepted,
-                "value": r.value,
                 "tree_size": r.tree_size,
                 "passes": r.passes,
                 "covered": r.covered,
@@ -152,7 +151,6 @@ def group_metrics(rounds: pd.DataFrame, prompts: pd.DataFrame, n_resamples: int,
         "rounds": float(len(rounds)),
         "tau": float(rounds["tau"].mean()),
         "accepted": float(rounds["accepted"].mean()),
-        "value": float(rounds["value"].mean()),
         "tree_size": float(rounds["tree_size"].mean()),
         "tokens_per_pass": float(prompts["tokens"].sum() / max(prompts["passes"].sum(), 1)),
         "root_entropy": float(rounds["root_entropy"].mean()),
@@ -257,8 +255,8 @@ def realized_vs_expected(
     rounds: pd.DataFrame, n_resamples: int, seed: int, level: float = 0.95
 ) -> dict[str, float]:
     """Round-weighted realized and expected values; their difference with a prompt-bootstrap interval."""
-    frame = rounds.assign(diff=rounds["value"] - rounds["expected"])
-    stats = PromptSums.from_rounds(frame, ["value", "expected", "diff"])
+    frame = rounds.assign(diff=rounds["accepted"] - rounds["expected"])
+    stats = PromptSums.from_rounds(frame, ["accepted", "expected", "diff"])
     point = weighted_means(stats, "round", None)[0]
     draws = weighted_means(stats, "round", resample_weights(len(stats.prompts), n_resamples, seed))
     iv = percentile_interval(point[2], draws[:, 2], level)
@@ -268,5 +266,5 @@ def realized_vs_expected(
         "realized_minus_expected": float(point[2]),
         "realized_minus_expected_lo": iv.low,
         "realized_minus_expected_hi": iv.high,
-        "rounds_equal": float(np.mean(np.isclose(frame["value"], frame["expected"]))),
+        "rounds_equal": float(np.mean(np.isclose(frame["accepted"], frame["expected"]))),
     }

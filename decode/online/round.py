@@ -48,8 +48,9 @@ class RoundRecord:
     """What one round did, in host terms."""
 
     emitted: list[int]  # accepted tokens + continuation
-    n_accepted: int  # tokens accepted: pool nodes, and a draw rule's X1 (on the pool or alone)
-    value: int  # realized value in the offline sense (= n_accepted; draw rules count the draw)
+    # tokens accepted: pool nodes and a draw rule's X1 (on the pool or alone); the realized
+    # value in the offline sense (draw rules count the draw)
+    n_accepted: int
     tree_size: int  # nodes of the verified tree (X1 alone: 1)
     passes: int  # target passes this round
     covered: bool  # covering decoder: the next root row came from this pass
@@ -221,7 +222,6 @@ def decode_round(
     return RoundRecord(
         emitted=c.emitted,
         n_accepted=n_accepted,
-        value=n_accepted,  # draw rules: X1 is accepted (on the pool or alone), so it counts
         tree_size=plan.tree_size,
         passes=passes,
         covered=c.covered,

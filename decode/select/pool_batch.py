@@ -67,21 +67,35 @@ class PoolBatch:
         return tuple(self.parent.shape)  # type: ignore[return-value]
 
 
-def _list_matrix(col: pa.ChunkedArray | pa.Array, fill, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Dense [R, P] matrix of a list column (padded with `fill`) and the valid mask."""
+def list_matrix(
+    col: pa.ChunkedArray | pa.Array, fill, dtype, width: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A list column as a dense [R, width] matrix padded with `fill`, and the list lengths [R].
+
+    width None: the longest list; a given width drops entries past it. Nulls inside a
+    list (an absent retained row) become `fill` too. The one implementation of this
+    for pools, first-level columns and report tables alike.
+    """
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
-    values = arr.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
+    lengths = lengths.astype(np.int64)
+    flat = arr.flatten()
+    if flat.null_count:
+        flat = flat.fill_null(fill)
+    values = flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
     if not values.flags.writeable:  # Arrow buffers are read-only; torch needs writable memory
         values = values.copy()
     n_rounds = len(lengths)
-    width = int(lengths.max()) if n_rounds else 0
-    if n_rounds and (lengths == width).all():  # the common case: fixed pool size, no copy
-        return values.reshape(n_rounds, width), np.ones((n_rounds, width), dtype=bool)
-    mask = np.arange(width)[None, :] < lengths[:, None]
+    longest = int(lengths.max(initial=0))
+    width = longest if width is None else width
+    if n_rounds and width == longest and (lengths == width).all():
+        return values.reshape(n_rounds, width), lengths  # the common case: no copy, no scatter
     out = np.full((n_rounds, width), fill, dtype=dtype)
-    out[mask] = values
-    return out, mask
+    row = np.repeat(np.arange(n_rounds), lengths)
+    pos = np.arange(values.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    keep = pos < width
+    out[row[keep], pos[keep]] = values[keep]
+    return out, lengths
 
 
 def check_draft_logprobs(col: pa.ChunkedArray | pa.Array) -> None:
@@ -101,14 +115,18 @@ def check_draft_logprobs(col: pa.ChunkedArray | pa.Array) -> None:
 
 
 def pool_batch_from_table(table: pa.Table) -> PoolBatch:
-    """Dense pools of every round of a trace table (CPU tensors); invalid draft scores refused."""
-    check_draft_logprobs(table["cand_draft_logprob"])
-    parent, valid = _list_matrix(table["cand_parent"], -1, np.int64)
-    depth, _ = _list_matrix(table["cand_depth"], 0, np.int64)
-    token, _ = _list_matrix(table["cand_token"], -1, np.int64)
-    draft, _ = _list_matrix(table["cand_draft_logprob"], -np.inf, np.float32)
-    target, _ = _list_matrix(table["cand_target_prob"], 0.0, np.float32)
-    argmax, _ = _list_matrix(table["cand_target_argmax"], -1, np.int64)
+    """Dense pools of every round of a trace table (CPU tensors).
+
+    Invalid draft log-probabilities are refused where scores are built
+    (`decode.select.ranking.draft_scores`), not here a second time.
+    """
+    parent, lengths = list_matrix(table["cand_parent"], -1, np.int64)
+    valid = np.arange(parent.shape[1])[None, :] < lengths[:, None]
+    depth, _ = list_matrix(table["cand_depth"], 0, np.int64)
+    token, _ = list_matrix(table["cand_token"], -1, np.int64)
+    draft, _ = list_matrix(table["cand_draft_logprob"], -np.inf, np.float32)
+    target, _ = list_matrix(table["cand_target_prob"], 0.0, np.float32)
+    argmax, _ = list_matrix(table["cand_target_argmax"], -1, np.int64)
     root_argmax = table["root_argmax"].to_numpy().astype(np.int64)
     # The target's argmax at each candidate's parent prefix (root row for depth 1).
     parent_argmax = np.where(

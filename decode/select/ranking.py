@@ -270,7 +270,11 @@ def rank_order(
 
 def rank_candidates(score: Tensor, valid: Tensor | None = None) -> Tensor:
     """Rank of every candidate (0 = kept first). [R, P] int64."""
-    order = rank_order(score, valid)
+    return ranks_of_order(rank_order(score, valid))
+
+
+def ranks_of_order(order: Tensor) -> Tensor:
+    """The inverse permutation of a best-first `order`: each candidate's rank. [R, P] int64."""
     positions = torch.arange(order.shape[-1], device=order.device).expand_as(order)
     return torch.empty_like(order).scatter_(-1, order, positions)
 
