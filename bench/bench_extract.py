@@ -20,6 +20,7 @@ from pathlib import Path
 from decode.config import PoolConfig, SelectConfig
 from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import write_synthetic_traces
+from decode.trace_schema import SCHEMA_VERSION
 from features.extract import ExtractReport, extract
 
 CACHE = Path(__file__).resolve().parent / ".cache"
@@ -29,7 +30,8 @@ TARGET_SECONDS = 120.0
 
 def paper_traces(prompts: int = PAPER_PROMPTS, rounds: int = PAPER_ROUNDS, seed: int = 0) -> Path:
     """The cached synthetic trace store of this size (generated on first use)."""
-    out = CACHE / f"traces-{prompts}x{rounds}-seed{seed}"
+    # the schema version in the name: a schema bump generates a new store instead of failing
+    out = CACHE / f"traces-v{SCHEMA_VERSION}-{prompts}x{rounds}-seed{seed}"
     job = SynthJobConfig(prompts=prompts, rounds_per_prompt=rounds)
     start = time.perf_counter()
     report = write_synthetic_traces(out, job, PoolConfig(), SelectConfig(), SynthConfig(), seed)

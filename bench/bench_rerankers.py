@@ -32,6 +32,7 @@ import pandas as pd
 from scipy.special import expit
 
 from bench.bench_extract import CACHE, PAPER_PROMPTS, PAPER_ROUNDS, paper_traces
+from decode.trace_schema import SCHEMA_VERSION
 from features.extract import extract
 from features.schema import candidate_store
 from rerank.crossfit import prompt_halves
@@ -53,7 +54,7 @@ GRID_STEP = 10  # held-out loss every 10 iterations
 def paper_features(prompts: int, rounds: int) -> Path:
     """The cached candidate table of the cached synthetic traces (extracted on first use)."""
     traces = paper_traces(prompts, rounds)
-    out = CACHE / f"features-{prompts}x{rounds}-seed0"
+    out = CACHE / f"features-v{SCHEMA_VERSION}-{prompts}x{rounds}-seed0"
     extract(traces, out, log=lambda _: None)  # resumable: finished shards are skipped
     return out
 
