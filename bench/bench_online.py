@@ -14,7 +14,18 @@ round in microseconds and as a share of the round and of drafting.
 Rerankers: --reranker-t0 / --reranker-t1 (folders written by save_reranker), or
 fitted here at the paper's capacity (400 trees, <= 63 leaves) on traces recorded
 from prompts outside the benchmark's (cached under bench/.cache/). Also reported:
-phat latency of each prediction route for one round's first level (--rows rows).
+phat latency of each prediction route for one round's first level (--rows rows),
+as ratios to LightGBM's / scikit-learn's own predictor measured in the same run.
+
+Per round (issue 19): the reranker's features and prediction of one round, split
+into its steps (`decode.online.reranker.PHASES`), on --cost-prompts prompts at the
+largest budget: "in decode" = the call the decoder makes (caches as the models'
+passes left them: what a round pays), "repeated" = the same call on the same round
+--cost-reps more times (warm caches; the minimum). On CUDA the call starts after
+drafting has finished and its marks end when the device holds the log phats
+(`device_wait`), so "in decode" total is what the round's critical path grows by
+(the features stage's CUDA-event time, `features_us_per_round`, is the GPU's idle
+gap: the same quantity seen from the device). --threads 1: the issue's one CPU thread.
 """
 
 from __future__ import annotations
@@ -30,6 +41,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+import decode.online.reranker as online_reranker
+import decode.online.round as online_round
 from decode.config import DataConfig, DecodeConfig, ModelConfig, PoolConfig, SelectConfig
 from decode.models import ModelPair, load_model_pair
 from decode.online.loop import decode_prompt
@@ -47,8 +60,9 @@ from decode.prompts import Prompt, encode_prompt, load_prompts
 from decode.record import record_traces
 from features.extract import extract
 from features.schema import candidate_store
+from rerank.forest_eval import compile_forest, link, prepare, walk_numpy
 from rerank.models import fit_reranker
-from rerank.online import OnlinePredictor, load_online_reranker
+from rerank.online import PREDICTORS, OnlinePredictor, forest_of, load_online_reranker
 from rerank.persist import save_reranker
 from specrank.paths import project_path
 from tests.tiny_models import build_tiny_pair
@@ -131,24 +145,85 @@ def fitted(
 
 
 def predictor_latency(model, device: torch.device, rows: int, n: int = 300) -> dict[str, float]:
-    """Median microseconds of one round's log phat (features excluded) per prediction route."""
+    """Median microseconds of one round's log phat (features excluded) per prediction route.
+
+    Routes (rerank.online.PREDICTORS) on the CPU and, if another, the decoding device;
+    `numpy_walk_cpu_us`: the numpy forest walk (rerank.forest_eval.walk_numpy). Ratios:
+    each route's time over the library's, in this run.
+    """
     rng = np.random.default_rng(0)
     X = rng.normal(size=(rows, len(model.features))).astype(np.float32)
     X[:, model.features.index("task")] = 0
+
+    def median_us(fn) -> float:
+        fn()
+        times = []
+        for _ in range(n):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return 1e6 * statistics.median(times)
+
     out = {}
-    routes = ["library", "forest"]
-    for route in routes:
-        for dev in {torch.device("cpu"), device}:
+    for route in ("library", "compiled", "forest"):
+        for dev in dict.fromkeys([torch.device("cpu"), device]):
             if route == "library" and dev.type != "cpu":
                 continue
             p = OnlinePredictor(model, dev, route)
-            p.first_logprob(X)
-            times = []
-            for _ in range(n):
-                t = time.perf_counter()
-                p.first_logprob(X).cpu()
-                times.append(time.perf_counter() - t)
-            out[f"{route}_{dev.type}_us"] = 1e6 * statistics.median(times)
+            out[f"{route}_{dev.type}_us"] = median_us(lambda p=p: p.first_logprob(X).cpu())
+    c = compile_forest(forest_of(model))
+    out["numpy_walk_cpu_us"] = median_us(lambda: link(c, walk_numpy(c, prepare(c, X))))
+    base = out["library_cpu_us"]
+    out |= {
+        f"{k[:-3]}_over_library": v / base for k, v in list(out.items()) if k != "library_cpu_us"
+    }
+    return out
+
+
+def round_cost(pair: ModelPair, prompts: list[Prompt], s: OnlineSettings, predictor,
+               reps: int) -> dict:  # fmt: skip
+    """Microseconds of the reranker's features and prediction of one round, by step.
+
+    Decodes `prompts` with rule=reranker; each round's call is timed as the decoder makes
+    it ("in decode"), then repeated `reps` times on the same round ("repeated": warm
+    caches, the minimum). Medians over rounds (round 0, which compiles, left out).
+    """
+    cuda = pair.device.type == "cuda"
+    real = online_round.reranker_first_factor
+    decode_steps, warm_steps = [], []
+
+    def timed(*args):
+        if cuda:  # drafting done first: the marks time only what the reranker adds
+            torch.cuda.synchronize(pair.device)
+        marks = [time.perf_counter()]
+        out = online_reranker.reranker_first_factor(*args, marks=marks)
+        if cuda:  # the host returns before the device has the log phats
+            torch.cuda.synchronize(pair.device)
+        marks.append(time.perf_counter())
+        return out, np.diff(marks)
+
+    def probe(*args):
+        out, steps = timed(*args)
+        decode_steps.append(steps)
+        warm_steps.append(np.min([timed(*args)[1] for _ in range(reps)], axis=0))
+        return out
+
+    online_round.reranker_first_factor = probe
+    try:
+        for p in prompts:
+            ids = encode_prompt(pair.tokenizer, p.text)
+            decode_prompt(pair.target, pair.drafter, ids, s, pair.eos_ids, p.id, p.task, predictor)
+    finally:
+        online_round.reranker_first_factor = real
+    names = (*online_reranker.PHASES, "device_wait")
+    out: dict = {"rounds": len(decode_steps) - 1}
+    for label, steps in (("in_decode", decode_steps), ("repeated", warm_steps)):
+        us = 1e6 * np.array(steps[1:])  # [rounds, steps]
+        out[label] = {k: float(np.median(us[:, i])) for i, k in enumerate(names)}
+        out[label]["total"] = float(np.median(us.sum(axis=1)))
+        out[label]["features_and_predict"] = float(
+            np.median(us[:, 2:].sum(axis=1))  # features, design, predict, device wait
+        )
     return out
 
 
@@ -161,6 +236,7 @@ def run_rule(pair: ModelPair, prompts: list[Prompt], s: OnlineSettings, predicto
         timings.append(PromptTiming(p.id, p.task, r, *baselines[p.id]))
     m = group_metrics(round_table(timings), prompt_table(timings, pair.eos_ids), 1000, 0)
     m["features_us_per_round"] = 1000.0 * m["ms_per_round/features"]
+    m["features_us_per_round_median"] = 1000.0 * m["ms_per_round_median/features"]
     return m
 
 
@@ -179,6 +255,10 @@ def main() -> None:
     ap.add_argument("--reranker-t1")
     ap.add_argument("--fit-prompts", type=int, default=24)
     ap.add_argument("--rows", type=int, default=10)
+    ap.add_argument("--cost-prompts", type=int, default=4, help="prompts of the per-round cost")
+    ap.add_argument("--cost-reps", type=int, default=10, help="repeats of each round's call")
+    ap.add_argument("--predictor", choices=list(PREDICTORS), default="auto",
+                    help="run.predictor of the reranker runs")  # fmt: skip
     ap.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
     ap.add_argument("--quick", action="store_true", help="4 prompts x 32 tokens, 8 fitting prompts")
     ap.add_argument("--out", type=Path, default=None, help="JSON file for the figures")
@@ -201,9 +281,17 @@ def main() -> None:
             if "reranker" in args.rules:
                 path = given.get(t) or fitted(pair, name, fit, t, args.kind, args.max_new_tokens)
                 model = load_online_reranker(str(path), t, "unused")
-                predictor = OnlinePredictor(model, pair.device)
+                predictor = OnlinePredictor(model, pair.device, args.predictor)
                 result[f"predictor_T{t:g}"] = {"route": predictor.route, "kind": model.kind,
+                                               "predictor": args.predictor,
                                                **predictor_latency(model, pair.device, args.rows)}  # fmt: skip
+                s = settings("reranker", t, max(args.budgets), args.max_new_tokens)
+                cost = round_cost(pair, bench[: args.cost_prompts], s, predictor, args.cost_reps)
+                result[f"round_cost_T{t:g}"] = cost
+                print(f"T={t:g} B={max(args.budgets)} reranker features + predict of one round "
+                      f"({cost['rounds']} rounds, {model.kind}, route {predictor.route}): "
+                      + "; ".join(f"{label} " + ", ".join(f"{k} {v:.0f}" for k, v in cost[label].items())
+                                  + " us" for label in ("in_decode", "repeated")), flush=True)  # fmt: skip
             baselines = {}
             for p in bench:
                 ids = encode_prompt(pair.tokenizer, p.text)
@@ -221,6 +309,7 @@ def main() -> None:
                     print(f"T={t:g} B={b:>3} {rule:>9}: {m['tokens_per_s']:7.1f} tok/s  speedup "
                           f"{m['speedup']:.3f} [{m['speedup_lo']:.3f}, {m['speedup_hi']:.3f}]  tau "
                           f"{m['tau']:.3f}  features {m['features_us_per_round']:7.1f} us/round "
+                          f"(median {m['features_us_per_round_median']:.1f}) "
                           f"({100 * m['features_share_of_round']:.1f}% of the round, "
                           f"{100 * m['features_over_draft']:.1f}% of drafting)", flush=True)  # fmt: skip
     for key in [k for k in result if k.startswith("predictor_")]:

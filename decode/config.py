@@ -37,6 +37,18 @@ class ModelConfig:
     name: str = MISSING  # short label stored in trace manifests
     target: str = MISSING  # local path of the target checkpoint (config.json, weights, tokenizer)
     drafter: str = MISSING  # local path of the drafter; must share the target's tokenizer
+    # standalone: `drafter` is a causal LM sharing the target's tokenizer (App. D.13).
+    # eagle3: `drafter` is an EAGLE-3 head folder (config.json + model.safetensors or
+    # pytorch_model.bin) that drafts from the target's hidden states (decode/eagle3/).
+    drafter_kind: str = "standalone"  # standalone | eagle3
+    # eagle3 only: target layer ids whose hidden states feed the head. null = the head
+    # config's `eagle_aux_hidden_state_layer_ids`, else (2, N // 2, N - 3) for N layers.
+    aux_layers: list[int] | None = None
+    # How explicit ids (aux_layers, the head config's) read. input: id i = the hidden
+    # state ENTERING layer i (HF hidden_states[i]; EAGLE-3, vLLM, SGLang, speculators).
+    # output: id i = the hidden state LEAVING layer i (= entering i + 1; hook-based trainers).
+    # A wrong choice collapses acceptance without any error.
+    aux_layer_convention: str = "input"  # input | output
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "cpu"  # cpu | cuda | cuda:N
     attn_implementation: str = "sdpa"  # sdpa | eager

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -21,9 +22,15 @@ from transformers import (
 )
 
 from decode.config import ModelConfig
+from decode.eagle3.capture import CONVENTIONS
+from decode.eagle3.drafter import Eagle3Drafter, attach_head, head_ids, read_head
+from specrank.checks import check_choice
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+DRAFTER_KINDS = ("standalone", "eagle3")
+# A standalone causal LM, or an EAGLE-3 head drafting from the target's hidden states.
+Drafter = PreTrainedModel | Eagle3Drafter
 
 
 @dataclass
@@ -31,7 +38,7 @@ class ModelPair:
     """A loaded target/drafter pair sharing one tokenizer."""
 
     target: PreTrainedModel
-    drafter: PreTrainedModel
+    drafter: Drafter
     tokenizer: PreTrainedTokenizerBase
     eos_ids: frozenset[int]  # any of these ends generation (tokenizer's and generation config's)
     ids: dict[str, str]  # provenance stored in trace manifests (paths + config hashes)
@@ -109,8 +116,46 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
     return frozenset(ids)
 
 
+def load_eagle3_pair(cfg: ModelConfig) -> ModelPair:
+    """Target and EAGLE-3 head (decode.eagle3); the head is checked before the target loads."""
+    target_dir = _checkpoint_dir(cfg.target, "model.target")
+    head_dir = _checkpoint_dir(cfg.drafter, "model.drafter")
+    tok = AutoTokenizer.from_pretrained(
+        target_dir, local_files_only=True, trust_remote_code=cfg.trust_remote_code
+    )
+    target_cfg = AutoConfig.from_pretrained(
+        target_dir, local_files_only=True, trust_remote_code=cfg.trust_remote_code
+    )
+    ckpt = read_head(head_dir, target_cfg, cfg)
+    target = load_causal_lm(cfg.target, cfg, "model.target")
+    rows = target.get_input_embeddings().num_embeddings
+    if rows < len(tok):
+        raise ValueError(
+            f"model.target: embedding table has {rows} rows but the tokenizer has {len(tok)} tokens"
+        )
+    drafter = attach_head(ckpt, target, cfg)
+    ids = {
+        "target": str(cfg.target),
+        "drafter": str(cfg.drafter),
+        "target_config_sha256": _config_sha(target_dir),
+        "drafter_config_sha256": _config_sha(head_dir),
+        **head_ids(drafter, ckpt),
+    }
+    return ModelPair(target, drafter, tok, eos_token_ids(target, tok), ids)
+
+
 def load_model_pair(cfg: ModelConfig) -> ModelPair:
     """Target, drafter and their shared tokenizer; refuses a drafter with another tokenizer."""
+    check_choice("model.drafter_kind", cfg.drafter_kind, DRAFTER_KINDS)
+    check_choice("model.aux_layer_convention", cfg.aux_layer_convention, CONVENTIONS)
+    if cfg.aux_layers is not None and cfg.drafter_kind != "eagle3":
+        raise ValueError(
+            f"The 'model.aux_layers' applies to model.drafter_kind=eagle3 only. Got "
+            f"{list(cfg.aux_layers)} with model.drafter_kind={cfg.drafter_kind!r}."
+        )
+    _torch_dtype(cfg.dtype)  # every model setting refused before anything is read
+    if cfg.drafter_kind == "eagle3":
+        return load_eagle3_pair(cfg)
     target_dir = _checkpoint_dir(cfg.target, "model.target")
     drafter_dir = _checkpoint_dir(cfg.drafter, "model.drafter")
     tok_t = AutoTokenizer.from_pretrained(

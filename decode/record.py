@@ -10,6 +10,12 @@ finished shards and writes the rest exactly as an uninterrupted run would
 thread count, machine and library versions: float32 reductions round differently
 on another number of threads (`decode.select.ranking.compiled_route` keeps numba
 from changing torch's count mid-run; tests/test_select_kernels.py).
+
+The same holds across processes and machines, so shards can be recorded anywhere:
+`launcher=ray parallel.workers=N` deals the pending shards to N Ray actors, each with
+its own model pair (`decode.shard_workers`); `launcher=slurm parallel.parts=N` runs
+N Hydra submitit jobs, each over its range of shards (`parallel.part`). Either way
+one store results, equal to a single-process recording (tests/test_parallel_suite.py).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +44,7 @@ from decode.prompts import Prompt, encode_prompt, load_prompts
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from specrank.checks import check_int
 from specrank.cli import run_entry_point
+from specrank.parallel import ParallelConfig, check_launcher, check_parallel, part_of
 from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
@@ -45,6 +53,18 @@ RECORD_RULES = ("draft",)  # the paper records draft-selected trees (SPEC §4)
 
 def shard_id(temperature: float, budget: int, index: int) -> str:
     return f"t{float(temperature)}-b{budget}-{index:05d}"
+
+
+def plan_shards(
+    prompts: list[Prompt], settings: DecodeSettings, prompts_per_shard: int
+) -> dict[str, list[Prompt]]:
+    """Shard id -> its `prompts_per_shard` consecutive prompts, in prompt order."""
+    return {
+        shard_id(settings.decode.temperature, settings.select.budget, k): prompts[
+            i : i + prompts_per_shard
+        ]
+        for k, i in enumerate(range(0, len(prompts), prompts_per_shard))
+    }
 
 
 @dataclass
@@ -59,6 +79,7 @@ class RecordReport:
     stage_ms: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys((*STAGES, "prefill", "writing"), 0.0)
     )
+    workers_lost: int = 0  # launcher=ray: actors that died (their shards were dealt again)
 
     def add(self, res: PromptRun) -> None:
         self.prompts_decoded += 1
@@ -69,6 +90,14 @@ class RecordReport:
         for r in res.rounds:
             for name, ms in zip(STAGES, r.stage_ms, strict=True):
                 self.stage_ms[name] += ms
+
+    def merge(self, other: RecordReport) -> None:
+        """Add another worker's counts and stage times (the wall time stays this report's)."""
+        for name in ("prompts_decoded", "shards_written", "shards_skipped", "rounds", "tokens",
+                     "accepted", "workers_lost"):  # fmt: skip
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name, ms in other.stage_ms.items():
+            self.stage_ms[name] += ms
 
     @property
     def tokens_per_s(self) -> float:
@@ -85,6 +114,28 @@ def recording_settings(settings: DecodeSettings, record: bool = True) -> OnlineS
     return OnlineSettings(base=settings, rule=settings.select.rule, score="pool", record=record)
 
 
+class ShardRecorder:
+    """Decodes a shard's prompts into its trace table, adding each prompt to `report`."""
+
+    def __init__(self, pair: ModelPair, online: OnlineSettings, report: RecordReport,
+                 on_prompt: Callable[[], None] | None = None) -> None:  # fmt: skip
+        self.pair, self.online, self.report, self.on_prompt = pair, online, report, on_prompt
+
+    def __call__(self, prompts: list[Prompt]) -> pa.Table:
+        pair, rows = self.pair, []
+        for prompt in prompts:
+            token_ids = encode_prompt(pair.tokenizer, prompt.text)
+            res = decode_prompt(
+                pair.target, pair.drafter, token_ids, self.online, pair.eos_ids, prompt.id,
+                prompt.task, category=prompt.category,
+            )  # fmt: skip
+            rows.extend(r.fields for r in res.rounds if r.fields is not None)
+            self.report.add(res)
+            if self.on_prompt is not None:
+                self.on_prompt()
+        return pa.Table.from_pylist(rows, schema=TRACE_SCHEMA)
+
+
 def record_traces(
     out_dir: Path,
     pair: ModelPair,
@@ -94,56 +145,52 @@ def record_traces(
     manifest_config: dict,
     progress: bool = True,
     write: bool = True,
+    parallel: ParallelConfig | None = None,
 ) -> RecordReport:
     """Decode every prompt of every unfinished shard and write its trace rows.
 
+    `parallel.part` of `parallel.parts` restricts the run to that range of shards
+    (one Slurm job's); other writers of the same store are kept apart by claims.
     `write=False` decodes the same shards without recording (no trace rows, no
     retained rows, nothing written): the baseline of the recording-overhead benchmark.
     """
+    parallel = parallel or ParallelConfig()
     online = recording_settings(settings, record=write)
     online.check()
     check_int("trace.prompts_per_shard", prompts_per_shard, 1)
-    shards = {
-        shard_id(settings.decode.temperature, settings.select.budget, k): prompts[
-            i : i + prompts_per_shard
-        ]
-        for k, i in enumerate(range(0, len(prompts), prompts_per_shard))
-    }
+    shards = plan_shards(prompts, settings, prompts_per_shard)
+    ids = part_of(list(shards), parallel.part, parallel.parts)
+    if parallel.parts > 1 and ids:
+        log.info("parallel.part %d of %d: shards %s .. %s (%d of %d)", parallel.part,
+                 parallel.parts, ids[0], ids[-1], len(ids), len(shards))  # fmt: skip
     store = trace_store(out_dir)
+    store.claim_stale_s = parallel.claim_stale_s
     if write:
         store.open_for_writing(config=manifest_config, models=pair.ids)
-    todo = store.pending(list(shards)) if write else list(shards)
+    todo = store.pending(ids) if write else ids
     report = RecordReport()
     bar = tqdm(
         total=sum(len(shards[k]) for k in todo), unit="prompt", disable=not progress, desc="record"
     )
     t0 = time.perf_counter()
 
-    def decode_shard(sid: str) -> pa.Table:
-        rows: list[dict] = []
-        for prompt in shards[sid]:
-            token_ids = encode_prompt(pair.tokenizer, prompt.text)
-            res = decode_prompt(
-                pair.target, pair.drafter, token_ids, online, pair.eos_ids, prompt.id, prompt.task,
-                category=prompt.category,
-            )  # fmt: skip
-            rows.extend(r.fields for r in res.rounds if r.fields is not None)
-            report.add(res)
-            bar.update(1)
-            elapsed = time.perf_counter() - t0
-            bar.set_postfix(
-                tok_s=f"{report.tokens / elapsed:.1f}",
-                accepted=f"{report.accepted / max(report.rounds, 1):.2f}",
-            )
-        return pa.Table.from_pylist(rows, schema=TRACE_SCHEMA)
+    def prompt_done() -> None:
+        bar.update(1)
+        elapsed = time.perf_counter() - t0
+        bar.set_postfix(
+            tok_s=f"{report.tokens / elapsed:.1f}",
+            accepted=f"{report.accepted / max(report.rounds, 1):.2f}",
+        )
 
+    recorder = ShardRecorder(pair, online, report, prompt_done)
     if write:
-        run = store.write_pending(todo, decode_shard)
-        report.shards_written, report.shards_skipped = run.written, run.skipped
+        run = store.write_pending(todo, lambda sid: recorder(shards[sid]))
+        report.shards_written = run.written
+        report.shards_skipped = run.skipped + len(ids) - len(todo)
         report.stage_ms["writing"] = 1000.0 * run.write_seconds
     else:
         for sid in todo:
-            decode_shard(sid)
+            recorder(shards[sid])
     report.seconds = time.perf_counter() - t0
     bar.close()
     return report
@@ -176,28 +223,42 @@ def run_record(
     settings: DecodeSettings,
     trace: TraceConfig,
     manifest_config: dict,
+    parallel: ParallelConfig | None = None,
 ) -> RecordReport:
     """Load the models and prompts named by the configs, then record (or resume) the traces.
 
-    Every setting and the prompt list are checked before the models load.
+    Every setting and the prompt list are checked before the models load. With
+    `parallel.backend=ray` the models load in the Ray workers, not here.
     """
+    parallel = parallel or ParallelConfig()
     recording_settings(settings).check()
     check_int("trace.prompts_per_shard", trace.prompts_per_shard, 1)
+    check_parallel(parallel, model.device)
     model, prompts = resolve_inputs(model, data)
     check_prompts(prompts, data)
-    pair = load_model_pair(model)
     out = project_path(trace.out_dir)
-    report = record_traces(
-        out, pair, prompts, settings, trace.prompts_per_shard, manifest_config, trace.progress
-    )
+    if parallel.backend == "ray":
+        # Imported here: decode.shard_workers builds on this module (ShardRecorder).
+        from decode.shard_workers import record_on_ray
+
+        report = record_on_ray(out, model, prompts, settings, trace.prompts_per_shard,
+                               manifest_config, parallel, trace.progress)  # fmt: skip
+    else:
+        pair = load_model_pair(model)
+        report = record_traces(out, pair, prompts, settings, trace.prompts_per_shard,
+                               manifest_config, trace.progress, parallel=parallel)  # fmt: skip
     log.info(
-        "traces in %s: %d shards written, %d skipped, %d rounds, %.1f tokens/s, %.2f accepted/round",
+        "traces in %s: %d shards written, %d skipped, %d rounds, %.1f tokens/s, %.2f accepted/round"
+        "%s",
         out,
         report.shards_written,
         report.shards_skipped,
         report.rounds,
         report.tokens_per_s,
         report.accepted / max(report.rounds, 1),
+        f" ({report.workers_lost} Ray worker(s) died; their shards were redone)"
+        if report.workers_lost
+        else "",
     )
     return report
 
@@ -215,8 +276,19 @@ def manifest_sections(cfg: DictConfig) -> dict:
     return sections
 
 
+def check_job_launcher() -> None:
+    """launcher=slurm / submitit_local outside -m is refused (under Hydra; tests call main bare)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.initialized():
+        hc = HydraConfig.get()
+        check_launcher(hc.runtime.choices.get("launcher"), hc.mode == RunMode.MULTIRUN)
+
+
 @hydra.main(version_base="1.3", config_path="../conf", config_name="record")
 def main(cfg: DictConfig) -> None:
+    check_job_launcher()
     if cfg.model.device == "cpu":
         # One intra-op thread: with torch's default 2 threads on a shared 2-core
         # machine a pocket-pair run took 529 s against 43.5 s (measured back to back).
@@ -233,6 +305,7 @@ def main(cfg: DictConfig) -> None:
             settings,
             OmegaConf.to_object(cfg.trace),
             manifest_sections(cfg),
+            OmegaConf.to_object(cfg.parallel),
         )
 
 

@@ -6,6 +6,7 @@
     python -m decode.run rule=root_draw decode.temperature=1 select.budget=8
     python -m decode.run rule=pearl run.score=pool run.record_traces=true   # + traces, offline values
     python -m decode.run rule=draft select.budget=8 run.budgets=[16]         # + budget elasticity
+    python -m decode.run launcher=ray parallel.workers=8                     # prompts over 8 GPUs
 
 `rule=` and `reranker=` are short for `run.rule=` and `run.reranker=`. Every
 prompt is decoded twice in the same run, speculatively and target-only (the
@@ -45,7 +46,8 @@ from decode.online.session import (
 )
 from decode.online.settings import OnlineSettings
 from decode.online.stream import DecodeSettings
-from decode.record import check_prompts, resolve_inputs
+from decode.record import check_job_launcher, check_prompts, resolve_inputs
+from decode.shard_workers import PairInfo, run_on_ray
 from decode.tree.pool import pool_size
 from rerank.config import MlflowConfig
 from rerank.online import (
@@ -58,6 +60,7 @@ from rerank.online import (
 from specrank.checks import check_choice, check_int
 from specrank.cli import expand_short_overrides as _expand
 from specrank.cli import run_entry_point
+from specrank.parallel import ParallelConfig, check_parallel
 from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
@@ -82,37 +85,55 @@ def check_run(s: OnlineSettings, run: RunConfig, prompts_per_shard: int) -> None
 
 def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: RunConfig,
                tracking: MlflowConfig | None, config: dict, out_dir: Path, seed: int = 0,
-               prompts_per_shard: int = 8) -> RunReport:  # fmt: skip
-    """Load models, prompts and the reranker named by the configs; decode; report; log."""
+               prompts_per_shard: int = 8,
+               parallel: ParallelConfig | None = None) -> RunReport:  # fmt: skip
+    """Load models, prompts and the reranker named by the configs; decode; report; log.
+
+    `parallel.backend=ray`: the prompts are decoded on Ray actors, `trace.prompts_per_shard`
+    at a time (`decode.shard_workers.run_on_ray`); the report is made here from all of them.
+    """
+    parallel = parallel or ParallelConfig()
     check_run(s, run, prompts_per_shard)  # every setting, before anything loads
+    check_parallel(parallel, model.device)
+    if parallel.parts > 1:
+        raise ValueError(
+            f"parallel.parts={parallel.parts}: an online run's report needs every prompt in one "
+            f"process; spread decode.run over Ray workers (launcher=ray parallel.workers=N)"
+        )
     if run.torch_threads is not None:
         torch.set_num_threads(run.torch_threads)
     model, prompts = resolve_inputs(model, data)
     check_prompts(prompts, data)
-    predictor = None
+    # An MLflow URI resolves against the run's tracking store; a folder needs none.
+    uri = (tracking or MlflowConfig()).tracking_uri
     if s.rule == "reranker":
-        # An MLflow URI resolves against the run's tracking store; a folder needs none.
-        uri = (tracking or MlflowConfig()).tracking_uri
         fitted = load_online_reranker(run.reranker, s.base.decode.temperature, uri)
         prompts = unseen_prompts(fitted, prompts, run.seen_prompts)
-    pair = load_model_pair(model)
-    if s.rule == "reranker":
-        predictor = OnlinePredictor(fitted, pair.device, run.predictor)
-    with torch.inference_mode():
-        timings = decode_all(pair, prompts, s, run, predictor)
-    label = rule_label(s.rule, predictor)
-    report = summarize(timings, s, run, pair, label, seed)
+    if parallel.backend == "ray":
+        timings, info = run_on_ray(model, prompts, s, run, uri, parallel, prompts_per_shard)
+    else:
+        pair = load_model_pair(model)
+        predictor = None
+        if s.rule == "reranker":
+            predictor = OnlinePredictor(fitted, pair.device, run.predictor)
+        with torch.inference_mode():
+            timings = decode_all(pair, prompts, s, run, predictor)
+        route = None if predictor is None else predictor.route
+        info = PairInfo(pair.eos_ids, pair.ids, str(pair.device), rule_label(s.rule, predictor),
+                        route)  # fmt: skip
+    # summarize reads only the pair's eos ids, which PairInfo carries without weights.
+    report = summarize(timings, s, run, info, info.label, seed)
     if run.record_traces:
         manifest = {k: config.get(k) for k in ("model", "data", "pool", "select", "decode", "run")}
         n = write_traces(
-            project_path(run.traces_out), timings[s.base.select.budget], s, manifest, pair.ids,
+            project_path(run.traces_out), timings[s.base.select.budget], s, manifest, info.ids,
             prompts_per_shard,
         )  # fmt: skip
         log.info("%d trace rows written to %s", n, project_path(run.traces_out))
     if tracking is not None:
-        tags = {"rule": label, "score": s.score, "device": str(pair.device)}
-        if predictor is not None:
-            tags |= {"reranker": str(run.reranker), "predictor": predictor.route}
+        tags = {"rule": info.label, "score": s.score, "device": info.device}
+        if info.route is not None:
+            tags |= {"reranker": str(run.reranker), "predictor": info.route}
         report.run_id = log_to_mlflow(report, tracking, config, tags, out_dir)
     return report
 
@@ -130,17 +151,22 @@ def expand_short_overrides(argv: list[str]) -> list[str]:
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    check_job_launcher()
     run: RunConfig = OmegaConf.to_object(cfg.run)
     base = DecodeSettings(
         pool=OmegaConf.to_object(cfg.pool),
         select=OmegaConf.to_object(cfg.select),
         decode=OmegaConf.to_object(cfg.decode),
     )
-    s = OnlineSettings(base, run.rule, run.score, run.record_traces)
+    # run.score=pool reports realized vs offline expected values, which are computed from
+    # each round's trace row: build the rows then too (written only with record_traces).
+    build_rows = run.record_traces or (run.score == "pool" and run.rule != "covering")
+    s = OnlineSettings(base, run.rule, run.score, build_rows)
     report = run_online(
         OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.data), s, run,
         OmegaConf.to_object(cfg.mlflow), OmegaConf.to_container(cfg, resolve=True),
         Path(HydraConfig.get().runtime.output_dir), cfg.seed, cfg.trace.prompts_per_shard,
+        OmegaConf.to_object(cfg.parallel),
     )  # fmt: skip
     print_report(report)
     print(f"MLflow run {report.run_id}")

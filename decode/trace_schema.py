@@ -1,4 +1,4 @@
-"""Trace schema v2: one Arrow row per decoding round.
+"""Trace schema v3: one Arrow row per decoding round.
 
 This is the contract between the decoder (`decode.record`, `decode.synth`) and
 everything downstream (`features.extract`, `rerank.train`). Change a column and
@@ -7,7 +7,11 @@ you must bump `SCHEMA_VERSION`; readers refuse other versions.
 Versions: v2 adds `category`, the prompt's fine category (Spec-Bench's category,
 "humaneval", a JSONL record's own label; `decode.prompts`) beside `task`, which is
 now the prompt source's mapped task (the paper's seven, SPEC §9). v1 stores hold
-no category and are refused: record them again.
+no category and are refused: record them again. v3 adds what the rows hold beyond
+the paper's three first-level columns, all known before verification: the matched
+row at the first-level candidates (`fl_matched_logprob`), the token-only rows
+aggregated there (mean and max log-prob) with each one's argmax, and every
+role row's entropy, top-1 mass and argmax. v2 stores are refused: record them again.
 
 Pool layout (SPEC §2). The `cand_*` list columns have one entry per pool
 candidate (P = 710 by default), in *pool order*: depths are non-decreasing and
@@ -34,7 +38,7 @@ import pyarrow as pa
 
 from specrank.shard_store import ShardStore, TableSpec
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _f32 = pa.float32()
 _i32 = pa.int32()
@@ -78,8 +82,19 @@ TRACE_SCHEMA = pa.schema(
         pa.field("fl_cache_logprob", pa.list_(_f32), nullable=False),  # elements nullable
         pa.field("fl_same_logprob", pa.list_(_f32), nullable=False),
         pa.field("fl_prev_logprob", pa.list_(_f32), nullable=False),  # root-token entry always null
+        pa.field("fl_matched_logprob", pa.list_(_f32), nullable=False),  # null: not covered
+        # token-only rows at each candidate: mean / max log-prob (null without such rows)
+        pa.field("fl_token_only_mean_logprob", pa.list_(_f32), nullable=False),
+        pa.field("fl_token_only_max_logprob", pa.list_(_f32), nullable=False),
+        pa.field("token_only_argmax", pa.list_(_i32), nullable=False),  # per token-only row
         pa.field("cache_age", _i32),  # rounds since the cache row was stored; null if absent
         pa.field("prev_tree_root_count", _i32),  # previous-tree prefixes ending in the root token
+        # -- each role row on its own (null when absent; preceding: continuation zeroed) --
+        *[
+            pa.field(f"{kind}_{stat}", type_)
+            for kind in ("cache", "same", "prev", "matched")
+            for stat, type_ in (("entropy", _f32), ("top1_prob", _f32), ("argmax", _i32))
+        ],
         # -- agreement of each retained row with this round's root row --------------
         pa.field("cache_tv", _f32),
         pa.field("cache_argmax_agree", pa.bool_()),

@@ -6,7 +6,9 @@
 Streaming: one trace shard in memory at a time. Resumable: shards already in
 the output store are skipped. The output manifest records the source trace
 store's fingerprint, so a rerun against changed traces is refused rather than
-mixing two sources in one table.
+mixing two sources in one table. Parallel by shard: processes started on the
+same stores split the shards between them through the store's claims, e.g.
+`for i in 1 2; do python -m features.extract & done; wait` (bench/bench_scaling.py).
 """
 
 from __future__ import annotations
@@ -74,22 +76,26 @@ def extract(traces: Path, out: Path, log: Callable[[str], None] = print) -> Extr
     }
     todo = target.pending(list(shard_files))
     report = ExtractReport(0, len(shard_files) - len(todo), 0, 0, 0.0)
-    # Read shard k+1 on a thread while shard k is processed (Parquet decoding and
-    # numpy both release the GIL); at most two shards are in memory at once.
+    # Read the next pending shard on a thread while this one is processed (Parquet
+    # decoding and numpy both release the GIL); at most two shards are in memory at
+    # once. Several extract processes may share the stores (claims split the shards
+    # between them): a prefetched shard another process took is dropped.
     with ThreadPoolExecutor(max_workers=1) as reader:
-        ahead = {sid: None for sid in todo}
-        order = iter(todo)
+        ahead: dict = {}
+        position = {sid: i for i, sid in enumerate(todo)}
 
-        def prefetch() -> None:
-            sid = next(order, None)
-            if sid is not None:
-                ahead[sid] = reader.submit(_read_trace_shard, shard_files[sid])
+        def prefetch(after: int) -> None:
+            nxt = next((s for s in todo[after:] if not target.is_done(s)), None)
+            if nxt is not None:
+                ahead[nxt] = reader.submit(_read_trace_shard, shard_files[nxt])
 
-        prefetch()
+        prefetch(0)
 
         def build(shard_id: str) -> pa.Table:
-            trace = ahead.pop(shard_id).result()
-            prefetch()
+            read = ahead.pop(shard_id, None)
+            ahead.clear()
+            trace = read.result() if read is not None else _read_trace_shard(shard_files[shard_id])
+            prefetch(position[shard_id] + 1)
             report.rounds += trace.num_rows
             try:
                 return candidate_table(trace)
@@ -109,7 +115,8 @@ def extract(traces: Path, out: Path, log: Callable[[str], None] = print) -> Extr
                     f"{report.candidates / (last_log - start):,.0f} rows/s"
                 )
 
-        target.write_pending(todo, build, after=progress)
+        run = target.write_pending(todo, build, after=progress)
+    report.shards_skipped += run.skipped  # finished meanwhile by another extract process
     report.seconds = time.perf_counter() - start
     log(
         f"features.extract: {report.rounds:,} rounds -> {report.candidates:,} candidates in "

@@ -11,14 +11,35 @@ Draft distribution at the root: the pool holds only the drafter's top n1
 first tokens, so `root_draft_entropy` is the entropy of those n1 draft
 probabilities renormalised to sum to 1, and `root_draft_top1` is the largest
 draft probability itself (the drafter's exact top-1 mass).
+
+How: compiled per-round loops (numba: `features.kernels`, and `features.subtree`
+for the pool below each candidate) write every feature into one block per dtype,
+so a round costs a few calls whatever R is (the online decoder's R = 1 used to
+pay ~150 small numpy calls). Exponentials and logs are numpy's, taken on whole
+arrays between the kernels (numba's differ in the last bit on some inputs), and
+sums keep numpy's pairwise order, so the values are bitwise those of the former
+numpy implementation. Sums run over a round's own n1 candidates, never over a
+batch's padding, so a round's values never depend on its batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import numpy as np
 
-from features.rounds import RoundArrays
-from features.subtree import STATS, pool_subtree_stats
+from features.kernels import draft_mass, fill
+from features.rounds import FL_ROWS, INT_FIELDS, SCALAR_FIELDS, RoundArrays, RoundBlocks
+from features.subtree import STATS, pool_error, pool_pass, subtree_stats
+
+# features.kernels.fill reads the input blocks' rows by position: this order (features.rounds)
+assert FL_ROWS[:4] == tuple(f"fl_{k}_logprob" for k in ("cache", "same", "prev", "matched"))
+assert (
+    "prev_accepted", "cache_age", "prev_tree_root_count",
+    *(f"{k}_{s}" for s in ("entropy", "top1_prob") for k in ("cache", "same", "prev", "matched")),
+) == SCALAR_FIELDS, "features.rounds.SCALAR_FIELDS changed: update features.kernels.fill"  # fmt: skip
+assert INT_FIELDS[:4] == ("root_token", "prompt_length", "round_index", "tokens_before")
 
 # name -> numpy dtype of every feature `first_level_features` returns (the order is the table's).
 FEATURE_DTYPES: dict[str, type] = {
@@ -55,11 +76,75 @@ FEATURE_DTYPES: dict[str, type] = {
     "prev_gap": np.float32,
     "cache_age": np.float32,  # NaN without a cache row (integer-valued)
     "prev_tree_root_count": np.float32,  # NaN where the trace has none (integer-valued)
+    # retained rows beyond the paper: the candidate's rank under each row, each row's shape
+    # (entropy, top-1 mass) and whether its argmax is the drafter's top first token
+    **{
+        f"{kind}_{stat}": np.float32
+        for kind in ("cache", "same", "prev")
+        for stat in ("rank", "entropy", "top1", "top_is_draft_top")
+    },
+    # the matched row (after a covered round: the next root row up to rounding) ...
+    "matched_logprob": np.float32,
+    "matched_gap": np.float32,
+    "matched_rank": np.float32,
+    "matched_entropy": np.float32,
+    "matched_top1": np.float32,
+    "matched_top_is_draft_top": np.float32,
+    # ... and the token-only rows, aggregated
+    "token_only_count": np.int32,
+    "token_only_mean_logprob": np.float32,
+    "token_only_max_logprob": np.float32,
+    "token_only_top_agree": np.float32,  # share whose argmax is the drafter's top; NaN if none
 }
 
 LABEL_DTYPES: dict[str, type] = {
     "label_target_prob": np.float32,  # p(x1 | c) at T (the unit-temperature softmax at T = 0)
     "label_is_argmax": np.bool_,  # x1 is the root row's argmax (the greedy label)
+}
+
+
+# The kernel writes each feature as one row of the output block of its dtype.
+F32 = tuple(n for n, d in FEATURE_DTYPES.items() if d is np.float32)
+I32 = tuple(n for n, d in FEATURE_DTYPES.items() if d is np.int32)
+B8 = tuple(n for n, d in FEATURE_DTYPES.items() if d is np.bool_)
+assert len(F32) + len(I32) + len(B8) == len(FEATURE_DTYPES), "a feature dtype without a block"
+
+
+def _rows(block: tuple[str, ...], *names: str) -> tuple[int, ...]:
+    return tuple(block.index(n) for n in names)
+
+
+# rows of the output blocks, by the kernel step that writes them (order as in the tuples)
+_DRAFT32 = _rows(
+    F32, "draft_logprob", "draft_prob", "draft_prob_share", "top_sibling_prob",
+    "margin_top_sibling", "gap_above", "gap_below", "sibling_mass", "fl_draft_mass",
+    "root_draft_entropy", "root_draft_top1",
+)  # fmt: skip
+_DRAFTI32 = _rows(I32, "draft_rank", "n_first_level")
+_SUB32 = _rows(
+    F32, "subtree_best_d2", "subtree_best_deepest", "subtree_draft_mass", "subtree_draft_mass_rel"
+)
+_SUBI32 = _rows(I32, "subtree_size", "subtree_depth")
+_ROW32 = tuple(  # per kind: logprob, gap, rank
+    _rows(F32, f"{k}_logprob", f"{k}_gap", f"{k}_rank")
+    for k in ("cache", "same", "prev", "matched")
+)
+_SHAPE32 = tuple(  # per kind: entropy, top1, top_is_draft_top
+    _rows(F32, f"{k}_entropy", f"{k}_top1", f"{k}_top_is_draft_top")
+    for k in ("cache", "same", "prev", "matched")
+)
+_ONLY32 = _rows(F32, "token_only_mean_logprob", "token_only_max_logprob", "token_only_top_agree")
+_CONTEXT32 = _rows(F32, "prev_accepted", "cache_age", "prev_tree_root_count")
+_CONTEXTI32 = _rows(I32, "prompt_length", "round_index", "tokens_before", "token_only_count")
+_B8 = _rows(B8, "expanded", "repeats_root")
+# what features.kernels.fill writes where (its `out`)
+OUT_ROWS = (_DRAFT32, _DRAFTI32, _ROW32, _SHAPE32, _ONLY32, _CONTEXT32, _CONTEXTI32, _B8)
+# name -> (block, row) of every feature; blocks: 0 float32, 1 int32, 2 bool
+FEATURE_LAYOUT = {
+    n: (b, names.index(n))
+    for n in FEATURE_DTYPES
+    for b, names in enumerate((F32, I32, B8))
+    if n in names
 }
 
 
@@ -72,40 +157,83 @@ def first_level_index(n_first_level: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return round_of, cand_index
 
 
-def first_level_features(rounds: RoundArrays) -> dict[str, np.ndarray]:
+def first_level_features(rounds: RoundArrays) -> FirstLevelFeatures:
     """Every SPEC §7 feature of every first-level candidate: name -> [N] array (FEATURE_DTYPES)."""
-    rounds.check()
-    n1 = rounds.n_first_level()  # [R]
-    width = int(n1.max(initial=0))
-    valid = np.arange(width)[None, :] < n1[:, None]  # [R, W]
-    round_of, cand_index = first_level_index(n1)
-    flat = round_of * width + cand_index  # [N] positions in the [R, W] grid
+    return features_of_blocks(rounds.blocks())
 
-    token = rounds.cand_token[:, :width]  # [R, W]
-    grid: dict[str, np.ndarray] = {}
-    grid |= _draft_features(rounds.cand_draft_logprob[:, :width], valid, n1)
-    grid |= pool_subtree_stats(rounds, width)
-    grid["expanded"] = rounds.cand_expanded[:, :width]
-    grid["repeats_root"] = token == rounds.root_token[:, None]
-    grid |= _row_features("cache", rounds.fl_cache_logprob, valid)
-    grid |= _row_features("same", rounds.fl_same_logprob, valid)
-    # The preceding row's continuation entry was zeroed before use (SPEC §5): the
-    # continuation is this round's root token, so that candidate's entry is missing.
-    prev = np.where(token == rounds.root_token[:, None], np.nan, rounds.fl_prev_logprob)
-    grid |= _row_features("prev", prev.astype(np.float32), valid)
-    per_round = {
-        "prompt_length": rounds.prompt_length,
-        "round_index": rounds.round_index,
-        "tokens_before": rounds.tokens_before,
-        "prev_accepted": rounds.prev_accepted,
-        "cache_age": rounds.cache_age,
-        "prev_tree_root_count": rounds.prev_tree_root_count,
-    }
-    out = {}
-    for name, dtype in FEATURE_DTYPES.items():
-        value = np.take(grid[name], flat) if name in grid else per_round[name][round_of]
-        out[name] = value.astype(dtype, copy=False)
-    return out
+
+def features_of_blocks(b: RoundBlocks) -> FirstLevelFeatures:
+    """`first_level_features` of rounds given as `RoundBlocks` (the online decoder's call)."""
+    depth = b.cand_depth
+    n1, cum, error = pool_pass(depth, b.cand_parent, b.cand_draft_logprob)
+    for code, (r, i, value) in enumerate(error.tolist()):
+        if r >= 0:
+            raise pool_error(code, r, i, value, depth)
+    width = int(n1.max(initial=0))
+    if b.rows.shape != (len(FL_ROWS), depth.shape[0], width):
+        raise ValueError(
+            f"RoundBlocks.rows: expected shape {(len(FL_ROWS), depth.shape[0], width)}, "
+            f"found {b.rows.shape}"
+        )
+    e = np.exp(cum)  # [R, P]: q(x1) at depth 1, exp(cumulative score) below
+    qn, mass, n = draft_mass(e, n1, width)
+    log_qn = np.log(qn, out=np.zeros_like(qn), where=qn > 0)
+    o32 = np.empty((len(F32), n), dtype=np.float32)
+    oi32 = np.empty((len(I32), n), dtype=np.int32)
+    ob = np.empty((len(B8), n), dtype=np.bool_)
+    subtree_stats(depth, b.cand_parent, cum, e, n1, o32, oi32, _SUB32, _SUBI32)
+    fill(
+        n1, b.cand_token, b.cand_expanded, cum, e, qn, log_qn, mass, b.rows, b.scalars, b.ints,
+        b.token_only_argmax, o32, oi32, ob, OUT_ROWS,
+    )  # fmt: skip
+    return FirstLevelFeatures(o32, oi32, ob)
+
+
+class FirstLevelFeatures(Mapping):
+    """name -> [N] array (FEATURE_DTYPES order), each a row of one output block per dtype.
+
+    A read-only mapping: rows are viewed when asked for, not all at once; `design_rows`
+    gives a model's design matrix in a few calls (`rerank.online.OnlinePredictor.design`).
+    """
+
+    def __init__(self, o32: np.ndarray, oi32: np.ndarray, ob: np.ndarray) -> None:
+        self.blocks = (o32, oi32, ob)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        b, row = FEATURE_LAYOUT[name]
+        return self.blocks[b][row]
+
+    def __iter__(self):
+        return iter(FEATURE_DTYPES)
+
+    def __len__(self) -> int:
+        return len(FEATURE_DTYPES)
+
+    def design_rows(self, out: np.ndarray, layout: DesignLayout) -> None:
+        """Write the features of `layout` into rows of out [F, N] (float32, as astype casts)."""
+        for b, (dest, rows) in enumerate(layout.rows):
+            if dest.size:
+                out[dest] = self.blocks[b][rows]
+
+
+@dataclass(frozen=True)
+class DesignLayout:
+    """Where a feature list's first-level features sit in the output blocks."""
+
+    rows: tuple[tuple[np.ndarray, np.ndarray], ...]  # per block: (columns of X, block rows)
+
+    @classmethod
+    def of(cls, names: list[str]) -> DesignLayout:
+        """For the columns of `names` that are first-level features (others are left out)."""
+        per = [([], []) for _ in range(3)]
+        for j, name in enumerate(names):
+            if name in FEATURE_LAYOUT:
+                b, row = FEATURE_LAYOUT[name]
+                per[b][0].append(j)
+                per[b][1].append(row)
+        return cls(
+            tuple((np.array(d, dtype=np.int64), np.array(r, dtype=np.int64)) for d, r in per)
+        )
 
 
 def first_level_labels(
@@ -125,60 +253,3 @@ def first_level_labels(
         "label_target_prob": cand_target_prob[round_of, cand_index].astype(np.float32),
         "label_is_argmax": token == np.asarray(root_argmax)[round_of],
     }
-
-
-def _draft_features(
-    logprob: np.ndarray, valid: np.ndarray, n1: np.ndarray
-) -> dict[str, np.ndarray]:
-    """Sibling and root-distribution features from the first-level draft log-probs [R, W]."""
-    R, width = valid.shape
-    lp = np.where(valid, logprob.astype(np.float64), -np.inf)  # [R, W]; padding ranks last
-    q = np.exp(lp)  # [R, W], 0 on padding
-    mass = q.sum(axis=1)  # [R]
-    qn = np.divide(q, mass[:, None], out=np.zeros_like(q), where=mass[:, None] > 0)
-    plogp = np.multiply(
-        qn, np.log(qn, out=np.zeros_like(qn), where=qn > 0), where=qn > 0, out=np.zeros_like(qn)
-    )
-    entropy = 0.0 - plogp.sum(axis=1)  # [R]; 0.0 - x, not -x: a point mass gives +0.0
-
-    # rank among siblings: draft log-prob descending, ties by pool index (stable sort)
-    order = np.argsort(-lp, axis=1, kind="stable")  # [R, W]
-    rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.broadcast_to(np.arange(width), (R, width)), axis=1)
-    srt = np.take_along_axis(lp, order, axis=1)  # [R, W] descending, padding (-inf) last
-    has_sibling = (n1 >= 2)[:, None]  # [R, 1]
-    second = srt[:, 1:2] if width > 1 else np.full((R, 1), -np.inf)
-    top_sibling = np.where(rank == 0, second, srt[:, :1])  # [R, W] best other log q
-    above = np.take_along_axis(srt, np.maximum(rank - 1, 0), axis=1)
-    below = np.take_along_axis(srt, np.minimum(rank + 1, width - 1), axis=1)
-    nan = np.nan
-    with np.errstate(invalid="ignore"):  # padding entries (-inf - -inf) are dropped later
-        return {
-            "draft_logprob": lp,
-            "draft_prob": q,
-            "draft_rank": rank,
-            "draft_prob_share": np.divide(
-                q, mass[:, None], out=np.full_like(q, nan), where=mass[:, None] > 0
-            ),
-            "top_sibling_prob": np.where(has_sibling, np.exp(top_sibling), nan),
-            "margin_top_sibling": np.where(has_sibling, lp - top_sibling, nan),
-            "gap_above": np.where(rank > 0, above - lp, nan),
-            "gap_below": np.where(rank < n1[:, None] - 1, lp - below, nan),
-            "sibling_mass": mass[:, None] - q,
-            "n_first_level": np.broadcast_to(n1[:, None], (R, width)),
-            "fl_draft_mass": np.broadcast_to(mass[:, None], (R, width)),
-            "root_draft_entropy": np.broadcast_to(entropy[:, None], (R, width)),
-            "root_draft_top1": np.broadcast_to(q.max(axis=1, initial=0.0)[:, None], (R, width)),
-        }
-
-
-def _row_features(name: str, logprob: np.ndarray, valid: np.ndarray) -> dict[str, np.ndarray]:
-    """A retained row's log-prob of each candidate and its gap to the row's best first-level one.
-
-    logprob: [R, W] float32, NaN where the row is absent. fmax ignores NaN, so
-    the best is taken over the candidates the row has; an absent row stays NaN.
-    """
-    lp = np.where(valid, logprob, np.nan)  # [R, W]
-    best = np.fmax.reduce(lp, axis=1, initial=-np.inf)  # [R]; -inf when the whole row is absent
-    best = np.where(np.isneginf(best), np.nan, best)
-    return {f"{name}_logprob": lp, f"{name}_gap": lp - best[:, None]}

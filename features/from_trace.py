@@ -1,4 +1,4 @@
-"""Adapter from trace rows (trace schema v1) to `RoundArrays`, labels and the candidate table.
+"""Adapter from trace rows (trace schema v3) to `RoundArrays`, labels and the candidate table.
 
 Only the columns in `TRACE_COLUMNS` are read. The adapter is the one place
 where verification outcomes (target probabilities, root argmax) are touched,
@@ -15,7 +15,14 @@ import pyarrow.compute as pc
 
 from decode.select.pool_batch import check_draft_logprobs, list_matrix
 from features.first_level import first_level_features, first_level_index, first_level_labels
-from features.rounds import PAD_DEPTH, RoundArrays
+from features.rounds import (
+    FL_ROWS,
+    PAD_DEPTH,
+    ROW_ARGMAX,
+    ROW_SCALARS,
+    TOKEN_ONLY_WIDTH,
+    RoundArrays,
+)
 from features.schema import CANDIDATE_SCHEMA
 from specrank.shard_store import SchemaError
 
@@ -33,11 +40,10 @@ TRACE_COLUMNS = [
     "cand_depth",
     "cand_draft_logprob",
     "cand_expanded",
-    "fl_cache_logprob",
-    "fl_same_logprob",
-    "fl_prev_logprob",
-    "cache_age",
-    "prev_tree_root_count",
+    *FL_ROWS,
+    *ROW_SCALARS,
+    *ROW_ARGMAX,
+    "token_only_argmax",
     "accepted_path",  # of the *previous* round only: its length is prev_accepted
     # labels
     "cand_target_prob",
@@ -69,11 +75,12 @@ def round_arrays(trace: pa.Table) -> RoundArrays:
         round_index=_numpy(trace, "round_index", np.int32),
         tokens_before=_numpy(trace, "tokens_before", np.int32),
         prev_accepted=previous_accepted(trace),
-        fl_cache_logprob=_first_level_matrix(trace, "fl_cache_logprob", n1),
-        fl_same_logprob=_first_level_matrix(trace, "fl_same_logprob", n1),
-        fl_prev_logprob=_first_level_matrix(trace, "fl_prev_logprob", n1),
-        cache_age=_numpy(trace, "cache_age", np.float32),
-        prev_tree_root_count=_numpy(trace, "prev_tree_root_count", np.float32),
+        token_only_argmax=list_matrix(
+            trace.column("token_only_argmax"), -1, np.int32, TOKEN_ONLY_WIDTH
+        )[0],
+        **{name: _first_level_matrix(trace, name, n1) for name in FL_ROWS},
+        **{name: _numpy(trace, name, np.float32) for name in ROW_SCALARS},
+        **{name: _numpy_filled(trace, name, -1, np.int32) for name in ROW_ARGMAX},
     )
 
 
@@ -176,6 +183,12 @@ def _numpy(trace: pa.Table, name: str, dtype: type) -> np.ndarray:
     col = trace.column(name).combine_chunks()
     if col.null_count and not np.issubdtype(dtype, np.floating):
         raise SchemaError(f"trace: column {name} has {col.null_count} nulls; expected none")
+    return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
+def _numpy_filled(trace: pa.Table, name: str, fill: int, dtype: type) -> np.ndarray:
+    """An integer column as numpy with nulls (absent rows) as `fill`."""
+    col = pc.fill_null(trace.column(name).combine_chunks(), fill)
     return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 

@@ -1,9 +1,10 @@
 """First-level features of the round in hand (R = 1), for the online decoder.
 
 The same functions `features.extract` runs on a trace shard
-(`RoundArrays.one_round` -> `first_level.first_level_features`), fed from the
-live pool and the retained rows, so a reranker sees exactly the inputs it was
-trained on (tests hold the values equal to those of a recorded trace).
+(`first_level.features_of_blocks`, which `first_level_features` calls), fed from
+the live pool and the retained rows (`RoundBlocks.one_round`), so a reranker sees
+exactly the inputs it was trained on (tests hold the values equal to those of a
+recorded trace).
 """
 
 from __future__ import annotations
@@ -12,60 +13,26 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor
 
 from decode.tree import retained as R
 from decode.tree.pool import Pool
-from features.first_level import first_level_features
-from features.rounds import RoundArrays
-
-# The row features when the model reads none (or no row is retained yet).
-NO_ROWS = {
-    "fl_cache_logprob": None,
-    "fl_same_logprob": None,
-    "fl_prev_logprob": None,
-    "cache_age": None,
-    "prev_tree_root_count": None,
-}
+from features.first_level import FirstLevelFeatures, features_of_blocks
+from features.rounds import RoundBlocks
 
 
-def first_level_rows(
-    cache: R.TokenKeyedCache,
-    prev: R.PrevRows | None,
-    root: int,
-    first_tokens: Tensor,
-    law_temperature: float,
-    round_index: int,
-) -> dict:
-    """`fl_*` arrays [n1] (None where a row is absent), `cache_age`, `prev_tree_root_count`.
+def first_level_rows(rows: R.RetainedRows | None, first_tokens: np.ndarray, root: int) -> dict:
+    """The retained-row inputs of the round's features (`features.rounds.ROW_INPUTS`).
 
-    The same ops as `retained_stats` on the rows the features read (cache, same-token,
-    preceding), so the values are bitwise those a recorded trace holds.
+    rows: `decode.tree.retained.retained_rows` of the round (None: no row retained);
+    first_tokens: the first-level tokens [n1] on the host. `row_inputs` is the function
+    whose output the recorder stores, so the values are bitwise those a recorded trace holds.
     """
-    rows, names, age = [], [], None
-    hit = cache.lookup(root)
-    if hit is not None:
-        rows.append(hit[0][None])
-        names.append("cache")
-        age = round_index - hit[1]
-    if prev is not None:
-        if prev.same is not None:
-            rows.append(prev.rows[prev.same][None])
-            names.append("same")
-        rows.append(prev.rows[prev.preceding][None])
-        names.append("prev")
-    out = {"fl_cache_logprob": None, "fl_same_logprob": None, "fl_prev_logprob": None}
-    if rows:
-        logp = torch.log_softmax(torch.cat(rows).float() / law_temperature, dim=-1)  # [k, V]
-        fl = logp[:, first_tokens].cpu().numpy()  # [k, n1]
-        for name, values in zip(names, fl, strict=True):
-            out[f"fl_{name}_logprob"] = values
-    if out["fl_prev_logprob"] is not None:  # the continuation's entry is missing, not -inf
-        tokens = first_tokens.cpu().numpy()
-        out["fl_prev_logprob"] = np.where(tokens == root, np.nan, out["fl_prev_logprob"])
-    out["cache_age"] = age
-    out["prev_tree_root_count"] = None if prev is None else prev.tree_root_count
-    return out
+    return R.row_inputs(rows, first_tokens, root)
+
+
+def no_rows(n_first: int) -> dict:
+    """The row inputs when the model reads no rows: every row absent."""
+    return R.row_inputs(None, np.zeros(n_first, dtype=np.int64), -1)
 
 
 @dataclass
@@ -79,9 +46,11 @@ class RoundContext:
     prev_accepted: int | None
 
 
-def round_features(pool_host: dict[str, np.ndarray], ctx: RoundContext, rows: dict) -> dict:
+def round_features(
+    pool_host: dict[str, np.ndarray], ctx: RoundContext, rows: dict
+) -> FirstLevelFeatures:
     """SPEC §7 features of the round's first-level candidates: name -> [n1] (FEATURE_DTYPES)."""
-    ra = RoundArrays.one_round(
+    blocks = RoundBlocks.one_round(
         cand_token=pool_host["token"],
         cand_parent=pool_host["parent"],
         cand_depth=pool_host["depth"],
@@ -92,13 +61,16 @@ def round_features(pool_host: dict[str, np.ndarray], ctx: RoundContext, rows: di
         round_index=ctx.round_index,
         tokens_before=ctx.tokens_before,
         prev_accepted=ctx.prev_accepted,
-        **rows,
+        rows=rows,
     )
-    return first_level_features(ra)
+    return features_of_blocks(blocks)
 
 
 def pool_to_host(pool: Pool) -> dict[str, np.ndarray]:
-    """The pool arrays the features read, in one transfer per dtype."""
+    """The pool arrays the features read, as numpy (on a CPU: views; else two transfers)."""
+    if pool.token.device.type == "cpu":
+        names = ("token", "parent", "depth", "draft_logprob", "expanded")
+        return {name: getattr(pool, name).numpy() for name in names}
     ints = torch.stack([pool.token, pool.parent, pool.depth]).cpu().numpy()
     return {
         "token": ints[0],

@@ -1,4 +1,4 @@
-"""The candidate table: one row per first-level candidate per round (schema v1).
+"""The candidate table: one row per first-level candidate per round (schema v2).
 
 Keys join a row back to its round (prompt_id, temperature, rule, budget,
 round_index) and name the candidate (cand_index = pool index, token). Then
@@ -7,6 +7,8 @@ The token prior is not stored: it depends on the training half and is
 computed inside each cross-fitting fold (`rerank`).
 
 Change a column and bump `CANDIDATE_VERSION`; readers refuse other versions.
+v2 adds the row features beyond the paper (EXTRA_ROW_FEATURES) and the matched
+and token-only rows (MATCHED_FEATURES), from trace schema v3.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pyarrow as pa
 
 from specrank.shard_store import ShardStore, TableSpec
 
-CANDIDATE_VERSION = 1
+CANDIDATE_VERSION = 2
 
 _f32 = pa.float32()
 _i32 = pa.int32()
@@ -77,6 +79,22 @@ CANDIDATE_SCHEMA = pa.schema(
         _opt("prev_gap", _f32),
         _opt("cache_age", _i32),
         _opt("prev_tree_root_count", _i32),
+        # -- retained rows beyond the paper (null where the row is absent) ---------------------
+        *[
+            _opt(f"{kind}_{stat}", _f32)
+            for kind in ("cache", "same", "prev")
+            for stat in ("rank", "entropy", "top1", "top_is_draft_top")
+        ],
+        _opt("matched_logprob", _f32),  # null: the previous round was not covered
+        _opt("matched_gap", _f32),
+        _opt("matched_rank", _f32),
+        _opt("matched_entropy", _f32),
+        _opt("matched_top1", _f32),
+        _opt("matched_top_is_draft_top", _f32),
+        _req("token_only_count", _i32),
+        _opt("token_only_mean_logprob", _f32),
+        _opt("token_only_max_logprob", _f32),
+        _opt("token_only_top_agree", _f32),
         # -- labels (from verification: never features) ---------------------------------------
         _req("label_target_prob", _f32),
         _req("label_is_argmax", pa.bool_()),
@@ -105,10 +123,30 @@ ROW_FEATURES = [
     "cache_age",
     "prev_tree_root_count",
 ]
+# Beyond the paper: the rank under each of its rows, each row's shape, argmax vs the drafter.
+EXTRA_ROW_FEATURES = [
+    f"{kind}_{stat}"
+    for kind in ("cache", "same", "prev")
+    for stat in ("rank", "entropy", "top1", "top_is_draft_top")
+]
+# The matched row (known before verification after a covered round) and the token-only rows.
+MATCHED_FEATURES = [
+    "matched_logprob",
+    "matched_gap",
+    "matched_rank",
+    "matched_entropy",
+    "matched_top1",
+    "matched_top_is_draft_top",
+    "token_only_count",
+    "token_only_mean_logprob",
+    "token_only_max_logprob",
+    "token_only_top_agree",
+]
 LABEL_COLUMNS = ["label_target_prob", "label_is_argmax"]
+_ROWS_ALL = ROW_FEATURES + EXTRA_ROW_FEATURES + MATCHED_FEATURES
 # "Base" reranker inputs (SPEC §8): everything known before verification except the rows.
 BASE_FEATURES = ["task", "round_index"] + [
-    n for n in CANDIDATE_SCHEMA.names if n not in KEY_COLUMNS + ROW_FEATURES + LABEL_COLUMNS
+    n for n in CANDIDATE_SCHEMA.names if n not in KEY_COLUMNS + _ROWS_ALL + LABEL_COLUMNS
 ]
 
 

@@ -3,15 +3,23 @@
 The cumulative draft score of a prefix u = (x1, ..., xd) is
 log q(x1) + ... + log q(xd), the score draft selection ranks by. "Below x1"
 means the descendants of x1 in the pool, x1 itself excluded.
+
+Compiled per-round loops (numba), the same code for one round online and for a
+shard's batch offline: `pool_pass` checks the pool order and sums the cumulative
+scores, `subtree_stats` the statistics. The exponentials are numpy's
+(`first_level.features_of_blocks` takes np.exp of `pool_pass`'s scores between
+the two): numpy's and numba's exp differ in the last bit on some inputs, and the
+values must be bitwise those of the former numpy implementation. Sums keep its
+order: the mass below x1 is the sum over depths 2, 3, ... of each depth's sum,
+each in pool order (the former np.bincount per depth).
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
-from features.rounds import RoundArrays
-
-STATS = {  # name -> dtype of the [R, W] statistics below
+STATS = {  # name -> dtype of the statistics below
     "subtree_size": np.int32,
     "subtree_depth": np.int32,
     "subtree_best_d2": np.float32,
@@ -20,9 +28,93 @@ STATS = {  # name -> dtype of the [R, W] statistics below
     "subtree_draft_mass_rel": np.float32,
 }
 
+# pool_pass error codes, in the order they are reported
+NAN_LOGPROB, FIRST_NOT_LEADING, NOT_POOL_ORDER, BAD_PARENT = range(4)
 
-def pool_subtree_stats(rounds: RoundArrays, width: int) -> dict[str, np.ndarray]:
-    """[R, width] statistics of the pool subtree below each first-level candidate.
+
+def pool_error(code: int, r: int, i: int, value: int, depth: np.ndarray) -> ValueError:
+    """The message of a `pool_pass` error (round r of the batch, pool index i)."""
+    if code == NAN_LOGPROB:
+        return ValueError(
+            "RoundArrays.cand_draft_logprob: expected finite log q on every candidate, found NaN"
+        )
+    if code == FIRST_NOT_LEADING:
+        return ValueError(
+            f"RoundArrays: the depth-1 candidates of round {r} (batch position) are not the "
+            f"first entries of its pool; expected pool order (depths non-decreasing)"
+        )
+    if code == NOT_POOL_ORDER:
+        return ValueError(
+            f"RoundArrays: depth layout {depth[r].tolist()[:40]}... is not in pool order "
+            "(expected depths 1, .., non-decreasing, padding (0) last)"
+        )
+    d = int(depth[r, i])
+    return ValueError(
+        f"RoundArrays: a round's candidate {i} at depth {d} has parent {value}; "
+        f"expected an earlier candidate at depth {d - 1}"
+    )
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _note(error, code, r, i, value):
+    """Keep the first occurrence of an error code."""
+    if error[code, 0] < 0:
+        error[code, 0] = r
+        error[code, 1] = i
+        error[code, 2] = value
+
+
+@njit(cache=True, nogil=True)
+def pool_pass(depth, parent, logprob):
+    """Check every round's pool order; first-level counts and cumulative draft scores.
+
+    depth [R, P] (padding 0), parent [R, P], logprob [R, P] float32. Returns
+    (n1 [R] int32, cum [R, P] float64: cumulative scores, NaN on padding,
+    error [4, 3] int64: per code, (round, pool index, value) of its first
+    occurrence, round -1 if none).
+    """
+    R, P = depth.shape
+    n1 = np.zeros(R, dtype=np.int32)
+    cum = np.full((R, P), np.nan)
+    error = np.full((4, 3), -1, dtype=np.int64)
+    for r in range(R):
+        n = 0  # real entries
+        prev_d = 1
+        for i in range(P):
+            d = depth[r, i]
+            if d == 1:
+                n1[r] += 1
+                if n1[r] != i + 1:
+                    _note(error, FIRST_NOT_LEADING, r, i, d)
+            if d > 0:
+                if n != i or d < prev_d or (i == 0 and d != 1):
+                    _note(error, NOT_POOL_ORDER, r, i, d)
+                n += 1
+                prev_d = d
+                if np.isnan(logprob[r, i]):
+                    _note(error, NAN_LOGPROB, r, i, 0)
+        for i in range(n):
+            d = depth[r, i]
+            x = np.float64(logprob[r, i])
+            if d == 1:
+                cum[r, i] = x
+                continue
+            p = parent[r, i]
+            if p < 0 or p >= n or depth[r, p] != d - 1:
+                _note(error, BAD_PARENT, r, i, p)
+                continue
+            cum[r, i] = x + cum[r, p]
+    return n1, cum, error
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def subtree_stats(depth, parent, cum, e, n1, o32, oi32, f32, i32):
+    """The statistics of every round's first-level candidates, written into the output blocks.
+
+    depth, parent [R, P]; cum [R, P] cumulative scores (`pool_pass`), e = np.exp(cum);
+    n1 [R]. Round r's candidates are output columns sum(n1[:r]) + 0..n1[r]-1 of o32 /
+    oi32 (float32 / int32 blocks); f32 / i32: the rows of STATS there (best_d2,
+    best_deepest, mass, mass_rel | size, depth).
 
     subtree_size          descendants in the pool
     subtree_depth         deepest depth in the subtree (1 = no descendants)
@@ -31,99 +123,55 @@ def pool_subtree_stats(rounds: RoundArrays, width: int) -> dict[str, np.ndarray]
     subtree_draft_mass    sum of exp(cumulative draft score) over descendants (0 if none):
                           the draft's expected accepted length below x1
     subtree_draft_mass_rel  the same divided by q(x1): that expectation given x1 is accepted
-
-    Rounds are processed in groups sharing one depth layout (all of them, as a
-    rule: a pool configuration fixes the candidates per depth), so every depth
-    is one column block of the group's [G, P] arrays.
     """
-    depth = rounds.cand_depth  # [R, P]
-    R = depth.shape[0]
-    if R == 0 or (depth == depth[0]).all():
-        layouts, group_of = depth[:1], np.zeros(R, dtype=np.int64)
-    else:
-        layouts, group_of = np.unique(depth, axis=0, return_inverse=True)
-        group_of = group_of.ravel()
-    out = {name: np.empty((R, width), dtype=dtype) for name, dtype in STATS.items()}
-    for g, layout in enumerate(layouts):
-        rows = np.flatnonzero(group_of == g) if len(layouts) > 1 else slice(None)
-        stats = _one_layout(
-            rounds.cand_parent[rows], rounds.cand_draft_logprob[rows], layout, width
-        )
-        for name, value in stats.items():
-            out[name][rows] = value
-    return out
-
-
-def _depth_blocks(layout: np.ndarray) -> list[tuple[int, int]]:
-    """Column range [start, end) of each depth 1..D of one pool layout [P] (padding: depth 0)."""
-    n = int((layout > 0).sum())
-    if (
-        not (layout[:n] > 0).all()
-        or (np.diff(layout[:n].astype(np.int64)) < 0).any()
-        or (n and layout[0] != 1)
-    ):
-        raise ValueError(
-            f"RoundArrays: depth layout {layout.tolist()[:40]}... is not in pool order "
-            "(expected depths 1, .., non-decreasing, padding (0) last)"
-        )
-    ends = np.searchsorted(layout[:n], np.arange(1, int(layout.max(initial=0)) + 1), side="right")
-    return list(zip([0, *ends[:-1].tolist()], ends.tolist(), strict=True))
-
-
-def _one_layout(
-    parent: np.ndarray, logprob: np.ndarray, layout: np.ndarray, width: int
-) -> dict[str, np.ndarray]:
-    """The statistics of G rounds sharing the depth layout [P]: parent, logprob [G, P]."""
-    G, P = parent.shape
-    blocks = _depth_blocks(layout)
-    n_groups = G * width  # group = (round, first-level index)
-    row_base = (np.arange(G, dtype=np.int64) * P)[:, None]  # [G, 1] flat offset of each round
-    group_base = (np.arange(G, dtype=np.int64) * width)[:, None]  # [G, 1]
-    cum = logprob.astype(np.float64)  # [G, P] cumulative draft log q, filled depth by depth
-    anc = np.empty((G, P), dtype=np.int64)  # [G, P] first-level ancestor (depth >= 2)
-    size = np.zeros(n_groups, dtype=np.int64)
-    mass = np.zeros(n_groups)
-    sub_depth = np.ones(n_groups, dtype=np.int32)
-    best_deepest = np.full(n_groups, np.nan)
-    best_d2 = np.full(n_groups, np.nan)
-    for d in range(2, len(blocks) + 1):
-        (ps, pe), (s, e) = blocks[d - 2], blocks[d - 1]
-        par = parent[:, s:e].astype(np.int64)  # [G, n_d]
-        bad = (par < ps) | (par >= pe)
-        if bad.any():
-            r, c = np.argwhere(bad)[0]
-            raise ValueError(
-                f"RoundArrays: a round's candidate {s + c} at depth {d} has parent {par[r, c]}; "
-                f"expected an earlier candidate at depth {d - 1}"
-            )
-        # np.take on flat indices: several times faster than 2-D fancy indexing
-        gpar = (row_base + par).ravel()  # [G * n_d] flat index of the parent
-        cum[:, s:e] += np.take(cum.ravel(), gpar).reshape(G, e - s)
-        a = par if d == 2 else np.take(anc.ravel(), gpar).reshape(G, e - s)
-        anc[:, s:e] = a
-        key = (group_base + a).ravel()  # [G * n_d]
-        score = cum[:, s:e].ravel()
-        count = np.bincount(key, minlength=n_groups)
-        size += count
-        mass += np.bincount(key, weights=np.exp(score), minlength=n_groups)
-        best = np.full(n_groups, -np.inf)
-        np.maximum.at(best, key, score)
-        reached = count > 0  # depths only grow, so the last depth reached is the deepest
-        sub_depth[reached] = d
-        best_deepest[reached] = best[reached]
-        if d == 2:
-            best_d2[reached] = best[reached]
-
-    q1 = np.exp(cum[:, :width]).ravel()  # [G*W] draft prob of x1
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # q(x1) = 0 only on padding or a degenerate drafter: then NaN/inf, never a made-up 0
-        mass_rel = mass / q1
-    grid = (G, width)
-    return {
-        "subtree_size": size.reshape(grid),
-        "subtree_depth": sub_depth.reshape(grid),
-        "subtree_best_d2": best_d2.reshape(grid),
-        "subtree_best_deepest": best_deepest.reshape(grid),
-        "subtree_draft_mass": mass.reshape(grid),
-        "subtree_draft_mass_rel": mass_rel.reshape(grid),
-    }
+    R, P = depth.shape
+    W = int(n1.max()) if R else 0
+    size = np.empty(W, dtype=np.int64)
+    sub_depth = np.empty(W, dtype=np.int32)
+    mass = np.empty(W)
+    best_d2 = np.empty(W)
+    best_deepest = np.empty(W)
+    level_mass = np.empty(W)
+    level_best = np.empty(W)
+    level_count = np.empty(W, dtype=np.int64)
+    anc = np.empty(P, dtype=np.int64)  # first-level ancestor of each entry
+    first = 0
+    for r in range(R):
+        n = n1[r]
+        size[:n] = 0
+        sub_depth[:n] = 1
+        mass[:n] = 0.0
+        best_d2[:n] = np.nan
+        best_deepest[:n] = np.nan
+        i = n
+        while i < P and depth[r, i] > 0:  # one depth block at a time (pool order)
+            d = depth[r, i]
+            level_mass[:n] = 0.0
+            level_best[:n] = -np.inf
+            level_count[:n] = 0
+            while i < P and depth[r, i] == d:
+                p = parent[r, i]
+                g = p if d == 2 else anc[p]
+                anc[i] = g
+                level_count[g] += 1
+                level_mass[g] += e[r, i]
+                level_best[g] = max(level_best[g], cum[r, i])
+                i += 1
+            for g in range(n):
+                mass[g] += level_mass[g]
+                if level_count[g] > 0:  # depths only grow: the last one reached is the deepest
+                    size[g] += level_count[g]
+                    sub_depth[g] = d
+                    best_deepest[g] = level_best[g]
+                    if d == 2:
+                        best_d2[g] = level_best[g]
+        for g in range(n):
+            o = first + g
+            oi32[i32[0], o] = size[g]
+            oi32[i32[1], o] = sub_depth[g]
+            o32[f32[0], o] = best_d2[g]
+            o32[f32[1], o] = best_deepest[g]
+            o32[f32[2], o] = mass[g]
+            # q(x1) = 0 only on a degenerate drafter: then NaN/inf, never a made-up 0
+            o32[f32[3], o] = mass[g] / e[r, g]
+        first += n

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibrate.isotonic import DEFAULT_BINS, EqualCountIsotonic, PerDepthIsotonic
+from calibrate.rank_control import DraftRankMeans
 from specrank.checks import check_choice
 
 SCHEMES = ("even_odd", "seeded")
@@ -232,3 +233,17 @@ def crossfit_calibrate(
             prob[predict] = m.predict(x[predict], d[predict])
         maps.append(m)
     return CalibrationResult(prob, folds.astype(np.int8), (maps[0], maps[1]))
+
+
+def crossfit_rank_control(
+    rank: np.ndarray, q: np.ndarray, y: np.ndarray, folds: np.ndarray, q_bins: int = 1
+) -> tuple[np.ndarray, tuple[DraftRankMeans, DraftRankMeans]]:
+    """Cross-fitted draft-rank control (`calibrate.rank_control`): a half's values from the other."""
+    rank, q, y, folds = (np.asarray(a).ravel() for a in (rank, q, y, folds))
+    prob = np.full(rank.shape, np.nan)
+    maps = []
+    for _, train, predict in fold_masks(folds):
+        m = DraftRankMeans(q_bins).fit(rank[train], q[train], y[train])
+        prob[predict] = m.predict(rank[predict], q[predict])
+        maps.append(m)
+    return prob, (maps[0], maps[1])

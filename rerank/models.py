@@ -1,4 +1,4 @@
-"""First-level rerankers (SPEC §7-8): Base / Rows features, HGB / LightGBM, cross-fitted.
+"""First-level rerankers (SPEC §7-8): a feature set (`FEATURE_SETS`), HGB / LightGBM, cross-fitted.
 
 The model predicts, before verification, the first target factor of each
 first-level candidate: under greedy decoding whether it is the target's argmax
@@ -28,7 +28,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostin
 from threadpoolctl import threadpool_limits
 
 from calibrate.isotonic import PROB_FLOOR
-from features.schema import BASE_FEATURES, ROW_FEATURES
+from features.schema import BASE_FEATURES, EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES
 from rerank.crossfit import check_grouped, fold_masks
 from rerank.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
 from specrank.laws import law_kind
@@ -37,8 +37,18 @@ KINDS = ("hgb", "lgbm")
 LAWS = ("greedy", "sampling")
 TOKEN_PRIOR = "token_prior"
 FEATURE_SETS: dict[str, list[str]] = {
-    "base": [*BASE_FEATURES, TOKEN_PRIOR],
-    "rows": [*BASE_FEATURES, *ROW_FEATURES, TOKEN_PRIOR],
+    "base": [*BASE_FEATURES, TOKEN_PRIOR],  # the paper's Base
+    "rows": [*BASE_FEATURES, *ROW_FEATURES, TOKEN_PRIOR],  # the paper's Rows
+    # beyond the paper: rank under each row, row shapes, argmax vs the drafter's top
+    "rows_extra": [*BASE_FEATURES, *ROW_FEATURES, *EXTRA_ROW_FEATURES, TOKEN_PRIOR],
+    # ... plus the matched row and the token-only rows ("Rows+matched")
+    "rows_matched": [
+        *BASE_FEATURES,
+        *ROW_FEATURES,
+        *EXTRA_ROW_FEATURES,
+        *MATCHED_FEATURES,
+        TOKEN_PRIOR,
+    ],
 }
 LABEL_OF_LAW = {"greedy": "label_is_argmax", "sampling": "label_target_prob"}
 CATEGORICAL = ("task",)

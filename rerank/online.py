@@ -3,12 +3,15 @@
     features (features.online) -> design matrix X [n1, F] float32 (= rerank.models.design_matrix)
     X -> phat -> log phat [n1] float32 on the decoding device
 
-on the fastest exact route for the model and device (`run.predictor`).
+on the fastest exact route for the model and device (`run.predictor`; see
+`OnlinePredictor`): on a CPU the project's forest walked by compiled code
+(`rerank.forest_jit`, a quarter of LightGBM's own predictor's time per call).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -17,24 +20,18 @@ from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
 from decode.prompts import Prompt
-from features.first_level import FEATURE_DTYPES
-from features.schema import ROW_FEATURES
+from features.first_level import FEATURE_DTYPES, DesignLayout, FirstLevelFeatures
+from features.schema import EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES
 from rerank.forest import ForestError, forest_from_hgb, forest_from_lightgbm
-from rerank.forest_eval import (
-    CompiledForest,
-    TorchForest,
-    compile_forest,
-    link,
-    prepare,
-    walk_numpy,
-)
+from rerank.forest_eval import CompiledForest, TorchForest, compile_forest, link, prepare
+from rerank.forest_jit import JitForest, jit_forest, log_phat
 from rerank.models import FEATURE_SETS, TOKEN_PRIOR, FittedReranker, feature_list
 from rerank.persist import RerankerLoadError, load_reranker, read_sidecar
 from specrank.laws import law_kind
 from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
-PREDICTORS = ("auto", "library", "forest")  # run.predictor (see decode.online.config)
+PREDICTORS = ("auto", "library", "forest", "compiled")  # run.predictor (OnlinePredictor)
 SEEN_PROMPTS = ("refuse", "skip", "allow")  # run.seen_prompts
 MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
 # Inputs the online decoder can compute: every first-level feature, the task, the prior.
@@ -135,11 +132,24 @@ def forest_of(model: FittedReranker):
 
 def uses_rows(model: FittedReranker) -> bool:
     """Whether the model reads retained-row features (then the decoder keeps the rows)."""
-    return any(f in ROW_FEATURES for f in model.features)
+    reads = set(ROW_FEATURES) | set(EXTRA_ROW_FEATURES) | set(MATCHED_FEATURES)
+    return any(f in reads for f in model.features)
 
 
 class OnlinePredictor:
-    """Design matrix and phat for one round's first-level candidates, on the fastest exact route."""
+    """Design matrix and phat for one round's first-level candidates, on the fastest exact route.
+
+    run.predictor:
+      auto     = compiled on a CPU device; forest on any other (phat computed on the device);
+                 the library's predictor, with a warning, when the forest cannot represent
+                 the model exactly (`rerank.forest.ForestError`)
+      library  = the model's own predict (CPU), log phat copied to the device
+      forest   = the project's forest: the compiled walk on a CPU device, torch ops on the
+                 device otherwise (`rerank.forest_eval.TorchForest`)
+      compiled = the compiled walk on the host whatever the device, then one copy of the
+                 n1 log phats to it (`bench/gpu_check.sh` times it against forest on CUDA)
+    Every route predicts the library's phat to 1e-12 (`tests/test_online_speed.py`).
+    """
 
     def __init__(
         self, model: FittedReranker, device: torch.device, predictor: str = "auto"
@@ -151,36 +161,51 @@ class OnlinePredictor:
         self.model, self.device = model, device
         self.uses_rows = uses_rows(model)
         self.compiled: CompiledForest | None = None
+        self.jit: JitForest | None = None
         self.torch_forest: TorchForest | None = None
         self.route = "library"
-        if predictor == "auto" and device.type == "cpu" and model.kind == "lgbm":
-            return  # LightGBM's own C predictor: ~0.2 ms for 10 rows x 400 trees on a CPU
+        self._prior = _PriorTable(model) if TOKEN_PRIOR in model.features else None
+        names = list(model.features)
+        self._layout = DesignLayout.of(names)
+        self._prior_column = names.index(TOKEN_PRIOR) if TOKEN_PRIOR in names else None
+        self._task_column = names.index("task") if "task" in names else None
+        self._feature_columns = [j for j, n in enumerate(names) if n not in (TOKEN_PRIOR, "task")]
         if predictor == "library":
             return
         try:
             self.compiled = compile_forest(forest_of(model))
+            on_device = device.type != "cpu" and predictor in ("auto", "forest")
+            if on_device:
+                self.torch_forest = TorchForest(self.compiled, device)
+            else:
+                self.jit = jit_forest(self.compiled)
         except ForestError as err:
-            if predictor == "forest":
+            if predictor != "auto":
                 raise
             log.warning("run.predictor=auto: the library's predictor is used (%s)", err)
+            self.compiled = None
             return
         self.route = "forest"
-        if device.type != "cpu":
-            self.torch_forest = TorchForest(self.compiled, device)
 
-    def design(self, features: dict[str, np.ndarray], tokens: np.ndarray, task: str) -> np.ndarray:
-        """X [n1, F] float32, column for column what `rerank.models.design_matrix` builds."""
+    def design(self, features: Mapping, tokens: np.ndarray, task: str) -> np.ndarray:
+        """X [n1, F] float32, column for column what `rerank.models.design_matrix` builds.
+
+        Filled into [F, n1] and returned transposed (a view; the forest's `prepare` and
+        the libraries copy it into their own layout anyway). From `FirstLevelFeatures`
+        (the decoder's) in three block copies, from any other mapping name by name.
+        """
         m = self.model
-        n = tokens.shape[0]
-        X = np.empty((n, len(m.features)), dtype=np.float32)
-        for j, name in enumerate(m.features):
-            if name == TOKEN_PRIOR:
-                X[:, j] = m.token_prior.transform(tokens)
-            elif name == "task":  # index in the model's categories; NaN for an unknown task
-                X[:, j] = m.categories.index(task) if task in m.categories else np.nan
-            else:
-                X[:, j] = features[name]
-        return X
+        XT = np.empty((len(m.features), tokens.shape[0]), dtype=np.float32)
+        if isinstance(features, FirstLevelFeatures):
+            features.design_rows(XT, self._layout)
+        else:
+            for j in self._feature_columns:
+                XT[j] = features[m.features[j]]
+        if self._prior_column is not None:
+            XT[self._prior_column] = self._prior(tokens)
+        if self._task_column is not None:  # index in the model's categories; NaN if unknown
+            XT[self._task_column] = m.categories.index(task) if task in m.categories else np.nan
+        return XT.T
 
     def first_logprob(self, X: np.ndarray) -> Tensor:
         """log phat (phat clipped to [PROB_FLOOR, 1] like predict_matrix) [n1] float32 on the device."""
@@ -188,9 +213,28 @@ class OnlinePredictor:
             Xv = torch.from_numpy(prepare(self.compiled, X)).to(self.device, non_blocking=True)
             phat = link(self.compiled, self.torch_forest.raw(Xv))
             return torch.log(phat.clamp(PROB_FLOOR, 1.0)).float()
-        if self.compiled is not None:  # numpy walk (CPU)
-            raw = walk_numpy(self.compiled, prepare(self.compiled, X))
-            phat = np.clip(link(self.compiled, raw), PROB_FLOOR, 1.0)
+        if self.jit is not None:
+            out = torch.from_numpy(log_phat(self.jit, X))
         else:
             phat = self.model.predict_matrix(X, n_threads=1)
-        return torch.from_numpy(np.log(phat).astype(np.float32)).to(self.device)
+            out = torch.from_numpy(np.log(phat).astype(np.float32))
+        return out if self.device.type == "cpu" else out.to(self.device)
+
+
+class _PriorTable:
+    """The model's token prior (`token_prior.transform`) looked up in a table of its values.
+
+    transform's values for every token id up to the largest seen in training, and one
+    slot past it for every larger (unseen) id: the prior's mean, as transform gives it.
+    The same float32 values, in two array ops per round instead of transform's checks.
+    Token ids are >= 0 (vocabulary indices).
+    """
+
+    def __init__(self, model: FittedReranker) -> None:
+        prior = model.token_prior
+        top = int(np.asarray(prior.tokens_, dtype=np.int64).max(initial=-1)) + 1
+        self.table = prior.transform(np.arange(top + 1, dtype=np.int64))  # [top + 1] float32
+        self.top = top
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        return self.table[np.minimum(tokens, self.top)]

@@ -1,8 +1,9 @@
 """Out-of-fold first-factor predictions of every learned rule (SPEC §7-8).
 
 For each decoding law separately (greedy rows are never mixed with sampled
-rows): cross-fitted rerankers (Base and Rows feature sets) and the isotonic
-control of the first draft factor give phat for every first-level candidate;
+rows): cross-fitted rerankers (one per feature set: Base, Rows and those beyond
+the paper), the isotonic control of the first draft factor and the draft-rank
+control give phat for every first-level candidate;
 per-depth isotonic maps of every draft factor are fitted on pool edges of the
 training half. Every prediction of a prompt comes from a model fitted on the
 other half (`rerank.crossfit` conventions).
@@ -21,7 +22,7 @@ import torch
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
 from decode.select.pool_batch import PoolBatch, pool_batch_from_table
 from decode.select.ranking import path_sum, pool_levels
-from rerank.crossfit import crossfit_calibrate, prompt_halves
+from rerank.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
 from rerank.evaluate import ROUND_KEYS, iter_trace_chunks
 from rerank.models import LABEL_OF_LAW, FittedReranker, crossfit_predict
 from specrank.laws import law_kind
@@ -90,8 +91,12 @@ def predict_first_factors(
     calibrators: list[str],
     seed: int = 0,
     n_threads: int | None = None,
+    rank_q_bins: int = 1,
 ) -> FirstFactorPredictions:
-    """Cross-fitted phat of every learned first-factor rule, per law."""
+    """Cross-fitted phat of every learned first-factor rule, per law.
+
+    ``rank_q_bins``: draft-probability bins within each draft rank of the rank control.
+    """
     parts, rules = [], []
     models: dict[str, tuple[FittedReranker, FittedReranker]] = {}
     seconds: dict[str, tuple[float, float]] = {}
@@ -123,6 +128,15 @@ def predict_first_factors(
             if name not in rules:
                 rules.append(name)
             log.info("%s at T=%g: fitted in %.1f s + %.1f s", name, temperature, *res.fit_seconds)
+        if "rank_control" in calibrators:
+            # the draft-rank control: the other half's mean label at the candidate's draft rank
+            y = frame[LABEL_OF_LAW[law]].to_numpy()
+            out["rank_control"], _ = crossfit_rank_control(
+                frame["draft_rank"].to_numpy(), frame["draft_prob"].to_numpy(), y, fold,
+                rank_q_bins,
+            )  # fmt: skip
+            if "rank_control" not in rules:
+                rules.append("rank_control")
         if "iso_q1" in calibrators:
             # isotonic map of the first draft factor over 200 equal-count bins (SPEC §8)
             x, y = frame["draft_prob"].to_numpy(), frame[LABEL_OF_LAW[law]].to_numpy()

@@ -60,6 +60,7 @@ from rerank.summary import (
     results_table,
     summarise_draws,
 )
+from rerank.variants import variant_table, variants_text
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
 from specrank.cli import run_entry_point
@@ -136,6 +137,7 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
         rerank.calibrators,
         seed,
         rerank.model.n_threads,
+        rerank.rank_q_bins,
     )
     seconds = time.perf_counter() - t0
     return Fitted(candidates, folds, preds, prediction_quality(candidates, preds), seconds)
@@ -176,7 +178,11 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int) -> Evaluation:
     draws = law_draws(per_round, rerank.n_resamples, seed, curves=curves)  # one set of resamples
     summary = summarise_draws(draws)
     comparisons = compare(draws, comparison_pairs(rerank))
-    table = results_table(summary) + "\n" + comparisons_table(comparisons)
+    variants = variant_table(summary, comparisons, fitted.quality, preds.rules)
+    variants = variants[variants["budget"].isin(rerank.budgets)]
+    table = "\n".join(
+        [results_table(summary), comparisons_table(comparisons), variants_text(variants)]
+    )
     groups = breakdown_gains(per_round, rerank.n_resamples, seed)
     reports = {}
     if rerank.reports:  # retained rows, coverage, draw-rule sizes (one more pass over the traces)
@@ -184,6 +190,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int) -> Evaluation:
             dataset, per_round, budgets, rerank.n_resamples, seed, rerank.chunk_rounds
         )
     reports["halves"] = halves_table(fitted.candidates, folds)
+    reports["variants"] = variants
     return Evaluation(
         per_round, summary, comparisons, breakdowns(per_round), groups, mix_weights, table, reports
     )
@@ -282,6 +289,7 @@ def check_settings(rerank: RerankConfig) -> None:
         check_int("rerank.model.n_threads", rerank.model.n_threads, 1)
     check_subset("rerank.feature_sets", rerank.feature_sets, list(FEATURE_SETS))
     check_subset("rerank.calibrators", rerank.calibrators, CALIBRATORS)
+    check_int("rerank.rank_q_bins", rerank.rank_q_bins, 1)
     check_subset("rerank.substitutions", rerank.substitutions, list(RETAINED_ROWS))
     if rerank.substitutions and not rerank.mixture_weights:
         raise ValueError(

@@ -11,6 +11,11 @@ half a shard; `write_pending` (the one shard-writing loop of every stage) skips
 finished shards on a rerun, so rounds are never duplicated. Tables are cast to the declared schema on write (missing
 or extra columns are refused) and checked against it on read.
 
+Processes on one machine or many may write one store at once: `write_pending`
+claims each shard first (`specrank.claims`), so no two write the same shard and
+a killed writer's shard is redone; the manifest is created exclusively, so of two
+writers with different configs starting together, one is refused.
+
 Why not `datasets.ArrowWriter` or datatrove: both infer schemas from the data
 by default and neither checks a version on read; this is ~200 lines we can test.
 """
@@ -21,7 +26,6 @@ import hashlib
 import json
 import os
 import re
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +34,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+
+from specrank import claims as claims_
+from specrank.claims import Claim, ClaimLost, ShardRun, new_owner
 
 MANIFEST = "manifest.json"
 _SHARD_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -104,8 +111,9 @@ def _read_json(path: Path, what: str, remedy: str) -> dict[str, Any]:
     return obj
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+def _atomic_write_bytes(path: Path, data: bytes, owner: str) -> None:
+    # The owner token (host, pid, random) keeps temp names apart across hosts sharing a folder.
+    tmp = path.with_name(f".{path.name}.tmp-{owner.replace(':', '-')}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -114,22 +122,16 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 @dataclass
-class ShardRun:
-    """What one `ShardStore.write_pending` call did."""
-
-    written: int = 0
-    skipped: int = 0  # already finished (completion marker present)
-    rows: int = 0  # rows in the shards written by this call
-    write_seconds: float = 0.0  # Parquet writing + fsync + hashing
-
-
-@dataclass
 class ShardStore:
     """Writer and reader of one store folder for one `TableSpec`."""
 
     root: Path
     spec: TableSpec
+    owner: str = field(default_factory=new_owner)  # this writer in claim files and temp names
+    claim_stale_s: float = 300.0  # a claim not refreshed for this long is taken over
+    claim_poll_s: float = 1.0  # how often to look again at shards another writer holds
     _checked: bool = field(default=False, init=False, repr=False)
+    _held: dict[str, Claim] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -152,22 +154,35 @@ class ShardStore:
             "config_fingerprint": fingerprint_json({"config": config, "models": models or {}}),
         }
         path = self.root / MANIFEST
-        if path.exists():
-            old = self.manifest()
-            self._check_version(old)
-            if old.get("config_fingerprint") != manifest["config_fingerprint"]:
-                diff = _diff_keys(old.get("config", {}), manifest["config"])
-                diff += [
-                    f"models.{k}" for k in _diff_keys(old.get("models", {}), manifest["models"])
-                ]
-                raise SchemaError(
-                    f"{self.root}: this folder was written with a different config or models "
-                    f"(differing keys: {diff or ['?']}); write to a new folder or delete it"
-                )
+        data = json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()
+        # Created exclusively: of two writers starting at once, the second compares.
+        if path.exists() or not claims_.create_exclusive(path, data, self.owner):
+            self.check_compatible(config, models or {})
+
+    def check_compatible(
+        self, config: Mapping[str, Any], models: Mapping[str, Any] | None = None
+    ) -> None:
+        """Refuse writing `config` (and `models`, when given) into an existing store of another.
+
+        No manifest yet: nothing to refuse. `models=None` compares the config only: a
+        driver checks a store before its workers load the models it will record.
+        """
+        if not (self.root / MANIFEST).exists():
             return
-        _atomic_write_bytes(
-            path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()
-        )
+        old = self.manifest()
+        self._check_version(old)
+        # Compared as JSON (what the manifest stores: tuples are lists there).
+        want = {"config": _as_json(config), "models": _as_json(models or {})}
+        got = {"config": old.get("config", {}), "models": old.get("models", {})}
+        if models is None:
+            want["models"] = got["models"]
+        if fingerprint_json(want) != fingerprint_json(got):
+            diff = _diff_keys(got["config"], want["config"])
+            diff += [f"models.{k}" for k in _diff_keys(got["models"], want["models"])]
+            raise SchemaError(
+                f"{self.root}: this folder was written with a different config or models "
+                f"(differing keys: {diff or ['?']}); write to a new folder or delete it"
+            )
 
     def manifest(self) -> dict[str, Any]:
         """The store's manifest, refused when it does not match its own fingerprint."""
@@ -210,29 +225,54 @@ class ShardStore:
         return self._paths(shard_id)[1].exists()
 
     def write_shard(self, shard_id: str, table: pa.Table) -> bool:
-        """Write one shard atomically; return False (and write nothing) if it is done."""
+        """Write one shard atomically; return False (and write nothing) if it is done.
+
+        Under a claim of `write_pending` the claim is checked just before the rename:
+        a writer whose claim was taken over raises `ClaimLost` and commits nothing.
+        """
         data_path, done_path = self._paths(shard_id)
         if done_path.exists():
             return False
         table = self.spec.conform(table)
-        tmp = data_path.with_name(f".{data_path.name}.tmp-{os.getpid()}")
+        claim = self._held.get(shard_id)
+        tmp = data_path.with_name(f".{data_path.name}.tmp-{self.owner.replace(':', '-')}")
         try:
             # Dictionary-encode only strings: on numeric list columns it costs ~20%
             # of write time for files within 1% of the size (measured on traces).
             strings = [f.name for f in table.schema if pa.types.is_string(f.type)]
-            pq.write_table(table, tmp, compression="zstd", use_dictionary=strings)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
+            try:
+                pq.write_table(table, tmp, compression="zstd", use_dictionary=strings)
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
+            except FileNotFoundError:  # the writer that took over removed our temp file
+                if claim is None or claim.held():
+                    raise
+                claim.lost = True
+            if claim is not None and (claim.lost or not claim.held()):
+                raise ClaimLost(
+                    f"{self.root}: the claim of {self.owner} on shard '{shard_id}' was taken "
+                    f"over (no heartbeat for {self.claim_stale_s:g} s?); not committing it"
+                )
             os.replace(tmp, data_path)
         finally:
             tmp.unlink(missing_ok=True)
         marker = {"rows": table.num_rows, "sha256": sha256_file(data_path)}
-        _atomic_write_bytes(done_path, json.dumps(marker).encode())
+        _atomic_write_bytes(done_path, json.dumps(marker).encode(), self.owner)
         return True
 
     def pending(self, shard_ids: Sequence[str]) -> list[str]:
         """The ids among `shard_ids` without a completion marker, in the given order."""
         return [sid for sid in shard_ids if not self.is_done(sid)]
+
+    def claim(self, shard_id: str) -> Claim | None:
+        """Claim an unfinished shard for this writer; None if done or held by a live writer."""
+        self._paths(shard_id)  # validates the id
+        return None if self.is_done(shard_id) else claims_.claim_shard(self, shard_id)
+
+    def break_claims(self, shard_id: str, owner: str) -> int:
+        """Void `owner`'s claims on a shard, when its process is known to be dead."""
+        self._paths(shard_id)
+        return claims_.break_claims(self.root, shard_id, owner)
 
     def write_pending(
         self,
@@ -242,22 +282,14 @@ class ShardStore:
     ) -> ShardRun:
         """The one shard-writing loop (record, synth, extract, online runs).
 
-        Finished shards are skipped; each other shard is built by `build(id)` and
-        written atomically, then `after(id, table)` runs (progress, logging). A run
+        Finished shards are skipped; each other shard is claimed, built by `build(id)`
+        and written atomically, then `after(id, table)` runs (progress, logging). A run
         killed mid-shard leaves that shard unwritten, and a rerun redoes exactly it.
+        A shard another live writer holds is skipped and looked at again every
+        `claim_poll_s` until it is finished (or its writer is gone: then it is built
+        here), so on return every shard of `shard_ids` is done.
         """
-        todo = self.pending(shard_ids)
-        run = ShardRun(skipped=len(shard_ids) - len(todo))
-        for sid in todo:
-            table = build(sid)
-            t0 = time.perf_counter()
-            self.write_shard(sid, table)
-            run.write_seconds += time.perf_counter() - t0
-            run.written += 1
-            run.rows += table.num_rows
-            if after is not None:
-                after(sid, table)
-        return run
+        return claims_.write_claimed(self, shard_ids, build, after)
 
     def done_shards(self) -> list[str]:
         return sorted(p.name[len("shard-") : -len(".done")] for p in self.root.glob("shard-*.done"))
@@ -341,6 +373,10 @@ class ShardStore:
 
     def read(self, columns: list[str] | None = None) -> pa.Table:
         return self.dataset().to_table(columns=columns)
+
+
+def _as_json(obj: Mapping[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(dict(obj), sort_keys=True, default=str))
 
 
 def _diff_keys(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:

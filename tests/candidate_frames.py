@@ -1,4 +1,4 @@
-"""Small synthetic candidate tables (schema v1) with a known signal, for reranker tests.
+"""Small synthetic candidate tables (schema v2) with a known signal, for reranker tests.
 
 Per round, 10 first-level candidates with tokens from a Zipf-like vocabulary.
 Target logit = token effect + round noise; draft logit = target logit + draft
@@ -94,6 +94,39 @@ def make_candidate_frame(
     cache_age = np.where(np.isnan(cache_lp[:, 0]), np.nan, rng.integers(1, 30, n_rounds))
     root_count = np.where(rng.random(n_rounds) < 0.8, rng.integers(0, 5, n_rounds), np.nan)
     n = n_rounds * n_cands
+    # schema v2's row features: ranks under each row, row shapes, the matched and token-only rows
+    extra = {}
+    for kind, lp in (("cache", cache_lp), ("same", same_lp), ("prev", prev_lp)):
+        absent = np.isnan(lp[:, 0])
+        order = np.argsort(-np.nan_to_num(lp, nan=-np.inf), axis=1, kind="stable")
+        rank = np.empty_like(lp)
+        np.put_along_axis(
+            rank, order, np.broadcast_to(np.arange(n_cands, dtype=float), lp.shape), 1
+        )
+        extra[f"{kind}_rank"] = np.where(np.isnan(lp), np.nan, rank)
+        extra[f"{kind}_entropy"] = np.where(absent, np.nan, rng.uniform(0, 3, n_rounds))[:, None]
+        extra[f"{kind}_top1"] = np.where(absent, np.nan, rng.uniform(0.1, 1, n_rounds))[:, None]
+        extra[f"{kind}_top_is_draft_top"] = np.where(absent, np.nan, rng.random(n_rounds) < 0.5)[
+            :, None
+        ]
+    matched_lp, matched_gap = row_feature(0.5, 0.05)
+    only_lp, _ = row_feature(0.5, 0.4)
+    only_count = np.where(np.isnan(only_lp[:, 0]), 0, rng.integers(1, 5, n_rounds))
+    extra |= {
+        "matched_logprob": matched_lp,
+        "matched_gap": matched_gap,
+        "matched_rank": np.where(
+            np.isnan(matched_lp),
+            np.nan,
+            np.argsort(np.argsort(-np.nan_to_num(matched_lp, nan=-np.inf), axis=1), axis=1),
+        ),
+        "matched_entropy": np.where(np.isnan(matched_lp[:, :1]), np.nan, 1.0),
+        "matched_top1": np.where(np.isnan(matched_lp[:, :1]), np.nan, 0.5),
+        "matched_top_is_draft_top": np.where(np.isnan(matched_lp[:, :1]), np.nan, 1.0),
+        "token_only_mean_logprob": only_lp,
+        "token_only_max_logprob": only_lp + 0.1,
+        "token_only_top_agree": np.where(only_count[:, None] > 0, 0.5, np.nan),
+    }
 
     def flat(x: np.ndarray) -> np.ndarray:
         return np.asarray(x).reshape(-1)
@@ -143,6 +176,8 @@ def make_candidate_frame(
         "prev_gap": nullable(prev_gap),
         "cache_age": nullable(np.repeat(cache_age, n_cands)),
         "prev_tree_root_count": nullable(np.repeat(root_count, n_cands)),
+        **{k: nullable(np.broadcast_to(v, tokens.shape)) for k, v in extra.items()},
+        "token_only_count": np.repeat(only_count, n_cands),
         "label_target_prob": flat(p),
         "label_is_argmax": flat(is_argmax),
     }

@@ -1,4 +1,4 @@
-"""Small random trace tables (trace schema v1) for the feature tests.
+"""Small random trace tables (trace schema v3) for the feature tests.
 
 Values are random but honour the trace contract: pool order, first-level
 candidates first, retained rows aligned with them (nulls where absent, the
@@ -48,6 +48,23 @@ def _maybe_row(rng: np.random.Generator, n1: int, p_present: float) -> list[floa
     return [
         None if rng.random() < 0.1 else float(np.log(rng.uniform(1e-4, 1.0))) for _ in range(n1)
     ]
+
+
+def _v3_rows(rng: np.random.Generator, n1: int, round_index: int) -> dict[str, Any]:
+    """Trace v3's row columns: matched row, token-only aggregates and argmaxes, role-row shapes."""
+    out: dict[str, Any] = {}
+    n_only = 0 if round_index == 0 else int(rng.integers(0, 4))
+    out["fl_matched_logprob"] = _maybe_row(rng, n1, 0.0 if round_index == 0 else 0.5)
+    agg = _maybe_row(rng, n1, 1.0 if n_only else 0.0)
+    out["fl_token_only_mean_logprob"] = agg
+    out["fl_token_only_max_logprob"] = [None if v is None else v / 2 for v in agg]
+    out["token_only_argmax"] = [int(t) for t in rng.integers(0, VOCAB, size=n_only)]
+    for kind in ("cache", "same", "prev", "matched"):
+        present = rng.random() < 0.7
+        out[f"{kind}_entropy"] = float(rng.uniform(0, 3)) if present else None
+        out[f"{kind}_top1_prob"] = float(rng.uniform(0.1, 1)) if present else None
+        out[f"{kind}_argmax"] = int(rng.integers(0, VOCAB)) if present else None
+    return out
 
 
 def random_round(
@@ -102,6 +119,7 @@ def random_round(
         "matched_argmax_agree": None,
         "token_only_tv": [],
         "token_only_argmax_agree": [],
+        **_v3_rows(rng, n1, round_index),
         "time_draft_ms": 0.0,
         "time_select_ms": 0.0,
         "time_verify_ms": 0.0,

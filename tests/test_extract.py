@@ -25,8 +25,10 @@ from features.schema import (
     BASE_FEATURES,
     CANDIDATE_SCHEMA,
     CANDIDATE_SPEC,
+    EXTRA_ROW_FEATURES,
     KEY_COLUMNS,
     LABEL_COLUMNS,
+    MATCHED_FEATURES,
     ROW_FEATURES,
     candidate_store,
 )
@@ -53,8 +55,9 @@ def test_schema_columns_are_keys_features_labels() -> None:
     features = [n for n in names if n not in KEY_COLUMNS + LABEL_COLUMNS]
     assert features == [n for n in FEATURE_DTYPES if n != "round_index"]  # round_index is a key
     assert LABEL_COLUMNS == list(LABEL_DTYPES) == names[-2:]
-    assert set(BASE_FEATURES) | set(ROW_FEATURES) == set(features) | {"task", "round_index"}
-    assert not set(BASE_FEATURES) & set(ROW_FEATURES)
+    rows = ROW_FEATURES + EXTRA_ROW_FEATURES + MATCHED_FEATURES
+    assert set(BASE_FEATURES) | set(rows) == set(features) | {"task", "round_index"}
+    assert not set(BASE_FEATURES) & set(rows) and len(set(rows)) == len(rows)
     assert "token_prior" not in names  # fold-dependent: computed by the reranker (SPEC §7)
 
 

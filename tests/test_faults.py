@@ -225,9 +225,9 @@ def test_an_empty_prompt_file_fails_before_models_load(tmp_path, no_model_loads)
     [
         ({"budgets": [0]}, r"'rerank.budgets' must be a non-empty list of ints in the range \[1, inf\)\. Got \[0\]"),
         ({"budgets": [-2]}, r"'rerank.budgets' must be a non-empty list of ints in the range \[1, inf\)\. Got \[-2\]"),
-        ({"calibrators": ["iso_q1", "platt"]}, r"'rerank.calibrators' must be a list of values from \['iso_q1', 'per_depth'\].*unknown: \['platt'\]"),
+        ({"calibrators": ["iso_q1", "platt"]}, r"'rerank.calibrators' must be a list of values from \['iso_q1', 'per_depth', 'rank_control'\].*unknown: \['platt'\]"),
         ({"substitutions": ["cache", "matched"]}, r"'rerank.substitutions' must be a list of values from \['cache', 'same', 'prev'\].*unknown: \['matched'\]"),
-        ({"feature_sets": ["rowz"]}, r"'rerank.feature_sets' must be a list of values from \['base', 'rows'\]"),
+        ({"feature_sets": ["rowz"]}, r"'rerank.feature_sets' must be a list of values from \['base', 'rows', 'rows_extra', 'rows_matched'\]"),
         ({"halves": "odd"}, r"'rerank.halves' must be one of \['even_odd', 'seeded'\]. Got 'odd'"),
         ({"mixture_weights": [0.0]}, r"'rerank.mixture_weights' must be a number in the range \(0, 1\]. Got 0.0"),
         ({"n_resamples": 0}, r"'rerank.n_resamples' must be an int in the range \[1, inf\). Got 0"),

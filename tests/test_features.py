@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from decode.trace_schema import TRACE_SCHEMA
 from features.first_level import FEATURE_DTYPES, first_level_features
 from features.from_trace import candidate_table, round_arrays
-from features.rounds import RoundArrays
+from features.rounds import FL_ROWS, ROW_ARGMAX, ROW_SCALARS, RoundArrays
 from tests.fake_traces import random_round, random_trace
 
 LN2 = math.log(2.0)
@@ -39,6 +39,24 @@ HAND_ROWS = {
     "fl_same_logprob": [None, None, None],  # no same-token row this round
     # the root-token entry (index 1) is non-null here on purpose: it must still come out missing
     "fl_prev_logprob": [math.log(0.125), math.log(0.5), math.log(0.25)],
+    "fl_matched_logprob": [math.log(0.25), math.log(0.5), math.log(0.125)],
+    "fl_token_only_mean_logprob": [math.log(0.25)] * 3,
+    "fl_token_only_max_logprob": [math.log(0.5)] * 3,
+    "token_only_argmax": [5, 9, 5],  # token 5 is the drafter's top first token: 2 of 3 agree
+    "cache_age": 3,
+    "prev_tree_root_count": 2,
+    "cache_entropy": 1.5,
+    "cache_top1_prob": 0.5,
+    "cache_argmax": 5,
+    "same_entropy": None,
+    "same_top1_prob": None,
+    "same_argmax": None,
+    "prev_entropy": 0.75,
+    "prev_top1_prob": 0.25,
+    "prev_argmax": 9,
+    "matched_entropy": 1.0,
+    "matched_top1_prob": 0.5,
+    "matched_argmax": 7,
 }
 _q = np.array([4, 2, 1]) / 7
 HAND_EXPECTED: dict[str, list] = {
@@ -75,6 +93,28 @@ HAND_EXPECTED: dict[str, list] = {
     "prev_gap": [-LN2, None, 0.0],  # the best is over the entries the row keeps (1/4, not 1/2)
     "cache_age": [3] * 3,
     "prev_tree_root_count": [2] * 3,
+    "cache_rank": [0, 1, None],
+    "cache_entropy": [1.5] * 3,
+    "cache_top1": [0.5] * 3,
+    "cache_top_is_draft_top": [1.0] * 3,
+    "same_rank": [None] * 3,
+    "same_entropy": [None] * 3,
+    "same_top1": [None] * 3,
+    "same_top_is_draft_top": [None] * 3,
+    "prev_rank": [1, None, 0],
+    "prev_entropy": [0.75] * 3,
+    "prev_top1": [0.25] * 3,
+    "prev_top_is_draft_top": [0.0] * 3,
+    "matched_logprob": [-2 * LN2, -LN2, -3 * LN2],
+    "matched_gap": [-LN2, 0.0, -2 * LN2],
+    "matched_rank": [1, 0, 2],
+    "matched_entropy": [1.0] * 3,
+    "matched_top1": [0.5] * 3,
+    "matched_top_is_draft_top": [0.0] * 3,
+    "token_only_count": [3] * 3,
+    "token_only_mean_logprob": [-2 * LN2] * 3,
+    "token_only_max_logprob": [-LN2] * 3,
+    "token_only_top_agree": [2 / 3] * 3,
 }
 
 
@@ -93,11 +133,12 @@ def _hand_round_online() -> RoundArrays:
         round_index=2,
         tokens_before=6,
         prev_accepted=3,
-        fl_cache_logprob=np.array(HAND_ROWS["fl_cache_logprob"], dtype=float),
-        fl_same_logprob=None,
-        fl_prev_logprob=np.array(HAND_ROWS["fl_prev_logprob"]),
-        cache_age=3,
-        prev_tree_root_count=2,
+        rows={
+            k: np.array([np.nan if x is None else x for x in v], dtype=float)
+            if isinstance(v, list) and k.startswith("fl_")
+            else v
+            for k, v in HAND_ROWS.items()
+        },
     )
 
 
@@ -107,9 +148,7 @@ def _hand_trace() -> pa.Table:
     rows = [random_round(rng, "hand", r, [3, 4, 4, 2], tokens_before=2 * r) for r in range(3)]
     rows[1]["accepted_path"] = [0, 3, 7]
     rows[2].update(HAND_POOL, **HAND_ROWS)
-    rows[2].update(
-        root_token=7, prompt_length=11, tokens_before=6, cache_age=3, prev_tree_root_count=2
-    )
+    rows[2].update(root_token=7, prompt_length=11, tokens_before=6)
     rows[2].update(cand_target_prob=[0.2, 0.6, 0.1, 0.5, 0.5, 0.5, 0.5], root_argmax=7)
     return pa.Table.from_pylist(rows, schema=TRACE_SCHEMA)
 
@@ -256,7 +295,12 @@ def test_missing_rows_are_null_never_zero(seed: int) -> None:
     trace = random_trace(seed, n_prompts=3, n_rounds=5)
     table = candidate_table(trace)
     n1 = [sum(d == 1 for d in depths) for depths in trace["cand_depth"].to_pylist()]
-    for row_name, feat in (("fl_cache_logprob", "cache"), ("fl_same_logprob", "same")):
+    pairs = (
+        ("fl_cache_logprob", "cache"),
+        ("fl_same_logprob", "same"),
+        ("fl_matched_logprob", "matched"),
+    )
+    for row_name, feat in pairs:
         given = [v for lst, k in zip(trace[row_name].to_pylist(), n1, strict=True) for v in lst[:k]]
         got = table[f"{feat}_logprob"].to_pylist()
         order = _trace_order(trace, table)
@@ -319,6 +363,8 @@ def test_one_round_equals_batch_bitwise(seed: int) -> None:
         def scalar(x: float) -> float | None:
             return None if np.isnan(x) else float(x)
 
+        only = rounds.token_only_argmax[r]
+
         one = first_level_features(
             RoundArrays.one_round(
                 cand_token=rounds.cand_token[r, :P],
@@ -331,11 +377,17 @@ def test_one_round_equals_batch_bitwise(seed: int) -> None:
                 round_index=int(rounds.round_index[r]),
                 tokens_before=int(rounds.tokens_before[r]),
                 prev_accepted=scalar(rounds.prev_accepted[r]),
-                fl_cache_logprob=rounds.fl_cache_logprob[r, :k],
-                fl_same_logprob=rounds.fl_same_logprob[r, :k],
-                fl_prev_logprob=rounds.fl_prev_logprob[r, :k],
-                cache_age=scalar(rounds.cache_age[r]),
-                prev_tree_root_count=scalar(rounds.prev_tree_root_count[r]),
+                rows={
+                    **{name: getattr(rounds, name)[r, :k] for name in FL_ROWS},
+                    **{name: scalar(getattr(rounds, name)[r]) for name in ROW_SCALARS},
+                    **{
+                        name: None
+                        if getattr(rounds, name)[r] < 0
+                        else int(getattr(rounds, name)[r])
+                        for name in ROW_ARGMAX
+                    },
+                    "token_only_argmax": only[only >= 0],
+                },
             )
         )
         for name in FEATURE_DTYPES:

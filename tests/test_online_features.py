@@ -21,7 +21,7 @@ from decode.prompts import encode_prompt
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from features.extract import extract
 from features.first_level import FEATURE_DTYPES
-from features.schema import ROW_FEATURES, candidate_store
+from features.schema import EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES, candidate_store
 from rerank.models import design_matrix
 from rerank.online import OnlinePredictor, load_online_reranker
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
@@ -35,7 +35,11 @@ def record_and_extract(root, temperature: float, kind: str, device: str = "cpu")
     with one_thread():
         cfg = dataclasses.replace(tiny_model_config(root / "models", "llama"), device=device)
         pair = load_model_pair(cfg)
-        path = fitted_reranker(root / "rr", pair, temperature, kind=kind)
+        # rows_matched reads every feature: the paper's rows, the extra row features, the
+        # matched and token-only rows (so the decoder keeps all of them)
+        path = fitted_reranker(
+            root / "rr", pair, temperature, kind=kind, feature_set="rows_matched"
+        )
         model = load_online_reranker(str(path), temperature, "unused")
         predictor = OnlinePredictor(model, pair.device)
         s = settings("reranker", temperature, score="pool", record=True, max_new_tokens=40)
@@ -97,7 +101,7 @@ def check_features(runs, frame, _predictor) -> None:
     for name in FEATURE_DTYPES:
         np.testing.assert_array_equal(_floats(online[name]), _floats(frame[name]), err_msg=name)
     # Every retained row shows up (in a whole round at least) for the comparison to mean something.
-    for name in ROW_FEATURES:
+    for name in ROW_FEATURES + EXTRA_ROW_FEATURES + MATCHED_FEATURES:
         assert np.isfinite(_floats(frame[name])).sum() >= 3, name
 
 

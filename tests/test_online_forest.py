@@ -77,13 +77,14 @@ def test_forest_walks_match_the_library(model):
     assert np.abs(ours_torch - ref).max() <= TOL
 
 
-@pytest.mark.parametrize("predictor", ["auto", "library", "forest"])
+@pytest.mark.parametrize("predictor", ["auto", "library", "forest", "compiled"])
 def test_online_predictor_routes_agree(model, predictor):
     m, temperature = model
     X = _inputs(m, temperature)
     p = OnlinePredictor(m, torch.device("cpu"), predictor)
-    expected_route = {"auto": "library" if m.kind == "lgbm" else "forest"}.get(predictor, predictor)
-    assert p.route == expected_route
+    # on a CPU, auto, forest and compiled all walk the forest with the compiled walk
+    assert p.route == ("library" if predictor == "library" else "forest")
+    assert (p.jit is not None) == (predictor != "library")
     got = p.first_logprob(X).numpy()
     want = np.log(m.predict_matrix(X, n_threads=1)).astype(
         np.float32

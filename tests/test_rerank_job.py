@@ -75,11 +75,21 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
     assert "gain vs draft" in result.table and "draft B" in result.table
     # the paper's paired claims, every law, budget and weighting, printed after the table
     pairs = set(zip(result.comparisons["a"], result.comparisons["b"], strict=True))
+    learned = ("base_lgbm", "rows_lgbm", "rows_extra_lgbm", "rows_matched_lgbm")
     assert pairs == {("rows_lgbm", "base_lgbm"), ("rows_lgbm", "draft"), ("base_lgbm", "draft"),
                      ("root", "draft"), ("root_draw", "pearl"), ("root_draw", "pearl_matched"),
-                     ("pearl", "pearl_commit")}  # fmt: skip
+                     ("pearl", "pearl_commit"), ("rows_extra_lgbm", "rows_lgbm"),
+                     ("rows_matched_lgbm", "rows_lgbm"), ("rows_matched_lgbm", "rows_extra_lgbm"),
+                     *((r, "rank_control") for r in (*learned, "iso_q1", "per_depth"))}  # fmt: skip
     assert len(result.comparisons) == len(pairs) * 2 * 2 * 3  # laws x budgets x weightings
     assert "paired comparisons" in result.table
+    # the variant table: every learned rule at both laws and budgets, with its quality
+    variants = pd.read_csv(tmp_path / "out" / "variants.csv")
+    assert set(variants["rule"]) == {*learned, "rank_control", "iso_q1"}
+    assert len(variants) == 6 * 2 * 2 and variants["squared_error"].notna().all()
+    control = variants[variants["rule"] == "rank_control"]
+    assert (control["gain_over_control"] == 0).all()
+    assert variants["gain_over_control"].notna().all() and "learned rules" in result.table
     # the other direction of node budgets: root and the rerankers reach draft's value at B
     for rule in ("root", "base_lgbm", "rows_lgbm"):
         assert result.summary.loc[result.summary["rule"] == rule, "rule_budget"].notna().all()

@@ -11,7 +11,14 @@ import pytest
 
 import rerank.models as models
 from calibrate.isotonic import PROB_FLOOR
-from features.schema import BASE_FEATURES, KEY_COLUMNS, LABEL_COLUMNS, ROW_FEATURES
+from features.schema import (
+    BASE_FEATURES,
+    EXTRA_ROW_FEATURES,
+    KEY_COLUMNS,
+    LABEL_COLUMNS,
+    MATCHED_FEATURES,
+    ROW_FEATURES,
+)
 from rerank.crossfit import prompt_halves
 from rerank.models import (
     LABEL_OF_LAW,
@@ -77,7 +84,14 @@ def test_feature_sets() -> None:
     assert not set(base) & set(ROW_FEATURES)
     for name in (*LABEL_COLUMNS, *(k for k in KEY_COLUMNS if k not in ("task", "round_index"))):
         assert name not in rows
-    with pytest.raises(ValueError, match=r"feature_set must be one of \['base', 'rows'\]"):
+    # beyond the paper: each set adds to the one before, and the paper's two are unchanged
+    extra, matched = feature_list("rows_extra"), feature_list("rows_matched")
+    assert set(extra) - set(rows) == set(EXTRA_ROW_FEATURES)
+    assert set(matched) - set(extra) == set(MATCHED_FEATURES)
+    assert not set(base) & (set(EXTRA_ROW_FEATURES) | set(MATCHED_FEATURES))
+    with pytest.raises(
+        ValueError, match=r"feature_set must be one of \['base', 'rows', 'rows_extra'"
+    ):
         feature_list("Rows")
 
 

@@ -250,3 +250,47 @@ def _score(r: dict, i: int) -> float:
         total += r["cand_draft_logprob"][i]
         i = r["cand_parent"][i]
     return total
+
+
+def test_recorded_matched_row_is_the_next_root_row_where_covered(recorded):
+    """fl_matched_logprob: missing exactly after an uncovered round; else the root row's first level.
+
+    The root row's first-level probabilities are `cand_target_prob[:n1]` of the same round
+    (the law temperature is 1 here); batch rounding of the two passes allows 1e-4 in log space.
+    The row shapes and token-only aggregates are checked against rows computed directly.
+    """
+    pair, prompt, res = recorded
+    rounds = res.rounds
+    assert all(x is None for x in rounds[0]["fl_matched_logprob"])
+    assert rounds[0]["token_only_argmax"] == [] and rounds[0]["matched_argmax"] is None
+    tokens, seen = list(prompt), 0
+    for t in range(1, len(rounds)):
+        a, b = rounds[t - 1], rounds[t]
+        tokens += [a["cand_token"][i] for i in a["accepted_path"]] + [a["continuation_token"]]
+        n1 = b["cand_depth"].count(1)
+        fl = b["fl_matched_logprob"]
+        assert len(fl) == n1
+        assert all((x is None) == (not a["covered"]) for x in fl)
+        assert (b["matched_entropy"] is None) == (not a["covered"])
+        if a["covered"]:
+            seen += 1
+            root_first = np.log(np.asarray(b["cand_target_prob"][:n1], dtype=np.float64))
+            np.testing.assert_allclose(fl, root_first, atol=1e-4)
+            p_root = _row(pair.target, tokens)
+            assert b["matched_argmax"] == int(p_root.argmax())
+            assert b["matched_top1_prob"] == pytest.approx(float(p_root.max()), abs=1e-4)
+            ent = float(-(p_root * torch.log(p_root.clamp_min(1e-30))).sum())
+            assert b["matched_entropy"] == pytest.approx(ent, abs=1e-3)
+        # preceding row's shape: the row at the last accepted node, continuation zeroed
+        p_prev = _row(pair.target, tokens[:-1])
+        p_prev[b["root_token"]] = 0.0
+        assert b["prev_argmax"] == int(p_prev.argmax())
+        assert b["prev_top1_prob"] == pytest.approx(float(p_prev.max()), abs=1e-4)
+        # token-only aggregates: null exactly without token-only rows, mean <= max
+        k = len(b["token_only_tv"])
+        assert len(b["token_only_argmax"]) == k
+        mean, top = b["fl_token_only_mean_logprob"], b["fl_token_only_max_logprob"]
+        assert all((x is None) == (k == 0) for x in mean + top)
+        if k:
+            assert all(m <= x + 1e-6 for m, x in zip(mean, top, strict=True))
+    assert seen > 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from decode.models import Drafter
 from decode.online.round import STAGES, OnlineStream, RoundRecord, decode_round
 from decode.online.settings import OnlineSettings, levels_of
 from decode.online.stream import check_positions, output_is_done, prefill, prompt_seed
@@ -38,7 +39,7 @@ def _sync(device: torch.device) -> None:
 
 def decode_prompt(
     target: PreTrainedModel,
-    drafter: PreTrainedModel,
+    drafter: Drafter,
     prompt: list[int],
     s: OnlineSettings,
     eos_ids: frozenset[int],

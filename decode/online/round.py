@@ -1,6 +1,6 @@
 """One decoding round, as small steps composed once (gpt-fast's `generate.py` shape).
 
-    draft     -> grow the pool below the root                                  (drafter)
+    draft     -> grow the pool below the root                (drafter, or an EAGLE-3 head)
     root pass -> root-pass rules only: the root row from a one-token target pass
     features  -> rule=reranker only: first-level features -> log phat           (host)
     select    -> the verified tree T and the scored set Q (T, or T + expanded + top-M)
@@ -26,6 +26,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from decode.eagle3.pool import grow_pool_eagle3
+from decode.models import Drafter
 from decode.online.reranker import reranker_first_factor
 from decode.online.settings import OnlineSettings
 from decode.online.stream import StageClock, Stream
@@ -33,7 +35,7 @@ from decode.online.tree_pass import Planned, Verified, select_step, verify_step
 from decode.select.ranking import Levels
 from decode.tree import retained as R
 from decode.tree import root_pass as RP
-from decode.tree.attention import compact_cache
+from decode.tree.attention import cache_length, compact_cache
 from decode.tree.pool import Pool, grow_pool
 from decode.tree.round_record import HostPool, retain_rows, round_rows, round_trace_fields
 from decode.tree.verify import law_temperature
@@ -92,6 +94,9 @@ def commit_caches(stream: Stream, host: HostPool, path: np.ndarray, rows: list[i
     root_pos = len(stream.tokens) - 1
     keep = [root_pos + int(host.batch_row[a]) for a in path] + [root_pos + r for r in rows]
     compact_cache(stream.target_cache, root_pos + 1, keep)
+    if stream.eagle3 is not None:  # the aux states follow the target cache; draft KV is dropped
+        stream.eagle3.commit(root_pos + 1, keep, cache_length(stream.target_cache))
+        return
     # Accepted nodes the drafter cached (expanded ones: a prefix of the path); the rest are pending.
     in_drafter = path[host.expanded[path]]
     compact_cache(stream.drafter_cache, root_pos + 1, host.drafter_pos[in_drafter].tolist())
@@ -170,7 +175,7 @@ def commit_step(
 def decode_round(
     st: OnlineStream,
     target: PreTrainedModel,
-    drafter: PreTrainedModel,
+    drafter: Drafter,
     s: OnlineSettings,
     levels: Levels,
     ctx: RoundContext,
@@ -183,8 +188,11 @@ def decode_round(
     clock = StageClock(target.device)
     root_pos = len(stream.tokens) - 1  # = committed tokens before the root
 
-    pending = torch.tensor([*stream.drafter_pending, stream.tokens[-1]], device=target.device)
-    pool = grow_pool(drafter, stream.drafter_cache, pending, root_pos, s.base.pool)
+    if stream.eagle3 is not None:
+        pool = grow_pool_eagle3(drafter.head, stream.eagle3, stream.tokens, root_pos, s.base.pool)
+    else:
+        pending = torch.tensor([*stream.drafter_pending, stream.tokens[-1]], device=target.device)
+        pool = grow_pool(drafter, stream.drafter_cache, pending, root_pos, s.base.pool)
     clock.mark()  # draft
 
     root_logits = root_row(st, target, s.rule)  # [1, V] or None

@@ -16,6 +16,9 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from decode.config import DecodeConfig, PoolConfig, SelectConfig
+from decode.eagle3.drafter import Eagle3Drafter
+from decode.eagle3.pool import Eagle3State
+from decode.models import Drafter
 from decode.tree import retained as R
 from decode.tree.attention import forward_chain, new_cache
 from decode.tree.pool import level_sizes, pool_size
@@ -85,18 +88,27 @@ class Stream:
     generator: torch.Generator | None
     row_cache: R.TokenKeyedCache | None = None
     prev: R.PrevRows | None = None
+    # model.drafter_kind=eagle3: the head's cache (= drafter_cache) and the target's aux
+    # states; drafter_pending stays empty (the head's pending pairs follow from `tokens`)
+    eagle3: Eagle3State | None = None
 
 
 @torch.inference_mode()
 def prefill(
-    target: PreTrainedModel, drafter: PreTrainedModel, prompt: list[int], generator, record: bool
+    target: PreTrainedModel, drafter: Drafter, prompt: list[int], generator, record: bool
 ) -> Stream:
-    """Cache the prompt minus its last token in both models; seed the token-keyed cache."""
+    """Cache the prompt minus its last token in both models; seed the token-keyed cache.
+
+    An EAGLE-3 head instead takes the target's aux states of prompt[:-1] from the target's
+    prefill and caches every pair but the last (`decode.eagle3.drafter.Eagle3Drafter.prefill`).
+    """
     if not prompt:
         raise ValueError("prefill: the prompt has no tokens")
     dev = target.device
     ctx = torch.tensor(prompt[:-1], device=dev)
-    tcache, dcache = new_cache(target), new_cache(drafter)
+    tcache = new_cache(target)
+    eagle3 = drafter.new_state(tcache) if isinstance(drafter, Eagle3Drafter) else None
+    dcache = new_cache(drafter) if eagle3 is None else eagle3.cache
     row_cache = None
     if record:
         vocab = target.get_output_embeddings().out_features
@@ -112,8 +124,13 @@ def prefill(
             row_cache.store(toks, rows, round_index=-1)
         else:
             forward_chain(target, ctx, tcache, logits_to_keep=1)
-        forward_chain(drafter, ctx, dcache, logits_to_keep=1)
-    return Stream(list(prompt), len(prompt), tcache, dcache, [], generator, row_cache)
+        if eagle3 is None:
+            forward_chain(drafter, ctx, dcache, logits_to_keep=1)
+    if eagle3 is not None:
+        drafter.prefill(eagle3, prompt)
+    return Stream(
+        list(prompt), len(prompt), tcache, dcache, [], generator, row_cache, eagle3=eagle3
+    )
 
 
 def output_is_done(
@@ -124,7 +141,7 @@ def output_is_done(
 
 
 def check_positions(
-    target: PreTrainedModel, drafter: PreTrainedModel, n_prompt: int, s: DecodeSettings
+    target: PreTrainedModel, drafter: Drafter, n_prompt: int, s: DecodeSettings
 ) -> None:
     """Refuse runs whose positions would pass a model's trained range (rotary models go on silently)."""
     depth = len(level_sizes(s.pool))

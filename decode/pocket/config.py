@@ -94,4 +94,38 @@ class PocketConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-SECTIONS = {"pocket": PocketConfig}  # python -m decode.pocket (see specrank.config)
+@dataclass
+class PocketEagle3Config:
+    """The pocket EAGLE-3 head (`python -m decode.pocket.eagle3`): one decoder layer trained on
+    the shipped pocket target's hidden states over CPython's standard library (the corpus'
+    training side) and the target's own continuations of prompts drawn from it."""
+
+    target: str = "models/pocket/target"  # the shipped target the head drafts for
+    out_dir: str = "models/pocket/eagle3"  # shipped head: config.json, model.safetensors, card
+    seed: int = 0
+    threads: int = 1  # torch intra-op threads
+    export_dtype: str = "float16"  # float16 | bfloat16
+    # Hidden states ENTERING target layers 1, 2, 3 (input convention, HF hidden_states[i]):
+    # the default (2, N // 2, N - 3) repeats layers for a 4-layer target.
+    aux_layers: list[int] = field(default_factory=lambda: [1, 2, 3])
+    draft_vocab: int = 512  # the most frequent training tokens (d2t / t2d map them)
+    intermediate: int = 432
+    heads: int = 2
+    kv_heads: int = 2
+    ttt_steps: int = 2  # training-time test: the head also trains on its own outputs, 2 deep
+    ttt_decay: float = 0.8  # loss weight of step k: decay ** k
+    code_chars: int = 3_000_000  # standard-library characters tokenized (training side)
+    rollout_prompts: int = 512  # training-side prompts the target continues (self-distillation)
+    rollout_tokens: int = 96  # tokens per continuation (T = 1)
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(
+            steps=3000, batch=8, seq_len=128, lr=5e-3, warmup=30, weight_decay=0.0,
+            code_share=0.5, eval_every=100, max_minutes=8.0,
+        )
+    )  # fmt: skip
+
+
+SECTIONS = {  # python -m decode.pocket, python -m decode.pocket.eagle3 (see specrank.config)
+    "pocket": PocketConfig,
+    "pocket_eagle3": PocketEagle3Config,
+}

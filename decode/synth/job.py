@@ -165,13 +165,19 @@ def rounds_to_table(
         "continuation_token": pa.array(out.continuation, i32),
         "covered": pa.array(out.covered),
     }
-    for kind in ("cache", "same", "prev"):
+    for kind in ("cache", "same", "prev", "matched"):
         cols[f"fl_{kind}_logprob"] = _list(r.fl_logprob[kind], f32, valid=r.fl_valid[kind])
+    for name, agg in (("mean", r.fl_token_only_mean), ("max", r.fl_token_only_max)):
+        cols[f"fl_token_only_{name}_logprob"] = _list(agg, f32, valid=~np.isnan(agg))
+    cols["token_only_argmax"] = _list(r.token_only_argmax, i32, lengths=r.token_only_count)
     cols["cache_age"] = _opt(r.cache_age, r.present["cache"], i32)
     cols["prev_tree_root_count"] = _opt(r.prev_tree_root_count, r.has_prev_round, i32)
     for kind in ("cache", "same", "prev", "matched"):
         cols[f"{kind}_tv"] = _opt(r.tv[kind].astype(np.float32), r.present[kind], f32)
         cols[f"{kind}_argmax_agree"] = _opt(r.argmax_agree[kind], r.present[kind], pa.bool_())
+        cols[f"{kind}_entropy"] = _opt(r.row_entropy[kind], r.present[kind], f32)
+        cols[f"{kind}_top1_prob"] = _opt(r.row_top1[kind], r.present[kind], f32)
+        cols[f"{kind}_argmax"] = _opt(r.row_argmax[kind], r.present[kind], i32)
     cols["token_only_tv"] = _list(
         r.token_only_tv.astype(np.float32), f32, lengths=r.token_only_count
     )

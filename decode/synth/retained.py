@@ -36,8 +36,8 @@ class Retained:
     """Per-round retained-row columns. [R] (flattened prompts x rounds) unless noted."""
 
     root_token: np.ndarray  # int64
-    fl_logprob: dict[str, np.ndarray]  # cache/same/prev -> [R, n1] float32
-    fl_valid: dict[str, np.ndarray]  # cache/same/prev -> [R, n1] bool
+    fl_logprob: dict[str, np.ndarray]  # cache/same/prev/matched -> [R, n1] float32
+    fl_valid: dict[str, np.ndarray]  # cache/same/prev/matched -> [R, n1] bool
     cache_age: np.ndarray  # int64
     prev_tree_root_count: np.ndarray  # int64
     has_prev_round: np.ndarray  # bool: validity of prev_tree_root_count
@@ -47,6 +47,12 @@ class Retained:
     token_only_tv: np.ndarray  # [R, 25] float32
     token_only_agree: np.ndarray  # [R, 25] bool
     token_only_count: np.ndarray  # [R] int64: first entries of the two above that exist
+    row_entropy: dict[str, np.ndarray]  # cache/same/prev/matched -> [R] float32 (nats)
+    row_top1: dict[str, np.ndarray]  # -> [R] float32, the row's largest probability
+    row_argmax: dict[str, np.ndarray]  # -> [R] int64
+    token_only_argmax: np.ndarray  # [R, 25] int64 (first token_only_count entries exist)
+    fl_token_only_mean: np.ndarray  # [R, n1] float32, mean log-prob over the token-only rows
+    fl_token_only_max: np.ndarray  # [R, n1] float32, max log-prob over them (NaN: none)
 
 
 def _token_counts(token: np.ndarray, mask: np.ndarray, vocab: int) -> np.ndarray:
@@ -132,13 +138,24 @@ def retained_features(
 
     first_tokens = token[:, : _n_first(rounds)]  # [R, n1]
     fl_logprob, fl_valid = {}, {}
-    for k in ("cache", "same", "prev"):
+    for k in ("cache", "same", "prev", "matched"):
         with np.errstate(divide="ignore"):  # log 0 at the zeroed entry -> masked below
             fl_logprob[k] = np.log(np.take_along_axis(kinds[k], first_tokens, axis=1))
         fl_valid[k] = np.broadcast_to(present[k][:, None], first_tokens.shape).copy()
     fl_valid["prev"] &= first_tokens != root_token[:, None]
 
     tok_only = _noisy(rng, rounds.root_logp, synth.token_only_noise, TOKEN_ONLY_MAX + 1)
+    # Token-only rows at the first-level candidates, aggregated over the rows that exist.
+    with np.errstate(divide="ignore"):
+        tok_fl = np.log(np.take_along_axis(tok_only, first_tokens[:, None, :], axis=2))
+    exists = np.arange(TOKEN_ONLY_MAX + 1)[None, :] < n_token_only[:, None]  # [R, 25]
+    count = np.maximum(n_token_only, 1)[:, None]
+    with np.errstate(invalid="ignore"):
+        fl_mean = np.where(exists[:, :, None], tok_fl, 0.0).sum(axis=1) / count
+        fl_max = np.where(exists[:, :, None], tok_fl, -np.inf).max(axis=1)
+    none = (n_token_only == 0)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 * log 0 -> 0
+        entropy = {k: -np.nansum(r * np.log(r), axis=-1) for k, r in kinds.items()}
     return Retained(
         root_token=root_token,
         fl_logprob=fl_logprob,
@@ -152,6 +169,12 @@ def retained_features(
         token_only_tv=0.5 * np.abs(tok_only - root_p[:, None, :]).sum(axis=-1),
         token_only_agree=tok_only.argmax(axis=-1) == root_argmax[:, None],
         token_only_count=n_token_only,
+        row_entropy={k: e.astype(np.float32) for k, e in entropy.items()},
+        row_top1={k: r.max(axis=-1) for k, r in kinds.items()},
+        row_argmax={k: r.argmax(axis=-1) for k, r in kinds.items()},
+        token_only_argmax=tok_only.argmax(axis=-1),
+        fl_token_only_mean=np.where(none, np.nan, fl_mean).astype(np.float32),
+        fl_token_only_max=np.where(none, np.nan, fl_max).astype(np.float32),
     )
 
 

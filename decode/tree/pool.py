@@ -9,7 +9,9 @@
 The drafter expands a whole depth level in one forward under a tree mask: an
 expanded node sees the committed context, the root and its own ancestors (which
 are all expanded, hence already in the drafter's cache). Everything stays on the
-device; there is no host sync inside `grow_pool`.
+device; there is no host sync inside `grow_pool`. `grow_tree_pool` is the growth
+itself over any `TreeDraft` (a standalone model here; an EAGLE-3 head, whose logit
+columns are a draft vocabulary mapped to target ids, in `decode.eagle3.pool`).
 
 Pool order: depth-major; within a depth, by parent pool index, then by the
 child's rank under its parent. Parents therefore precede children, and the
@@ -19,6 +21,7 @@ first `top_k` entries are the first-level candidates (see `decode.trace_schema`)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -109,6 +112,46 @@ def _pick_expanded(score: Tensor, start: int, n: int, n_exp: int) -> Tensor:
     return start + order.sort().values
 
 
+class TreeDraft(Protocol):
+    """A drafter as pool growth drives it: `ModelDraft` here, an EAGLE-3 head in `decode.eagle3.pool`.
+
+    `root_logits` runs first (it feeds what the drafter has not seen of the committed
+    context); its cache then holds `n_context` positions that every tree node sees, and
+    each `level_logits` call appends one depth level's expanded nodes after them.
+    """
+
+    n_context: int
+    token_ids: Tensor | None  # target id of each logit column (None: the columns are target ids)
+
+    def root_logits(self) -> Tensor: ...  # [1, V'] the drafter's row at the root
+
+    def level_logits(
+        self, nodes: Tensor, token: Tensor, parent: Tensor, depth: Tensor, visible: Tensor
+    ) -> Tensor: ...  # [n, V'] rows of `nodes` (pool indices; parents -1 at the root)
+
+
+@dataclass
+class ModelDraft:
+    """A standalone drafter: a causal LM over the target's vocabulary with its own KV cache."""
+
+    model: PreTrainedModel
+    cache: DynamicCache
+    pending: Tensor  # committed tokens not yet in the cache, root last
+    root_position: int
+    token_ids: Tensor | None = None
+
+    @property
+    def n_context(self) -> int:
+        return self.root_position + 1  # the context and the root
+
+    def root_logits(self) -> Tensor:
+        # The pending chain ends with the root; its last row is q(. | c).
+        return forward_chain(self.model, self.pending, self.cache, logits_to_keep=1)
+
+    def level_logits(self, nodes, token, parent, depth, visible) -> Tensor:
+        return forward_tree(self.model, token, self.root_position + depth, visible, self.cache)
+
+
 @torch.inference_mode()
 def grow_pool(
     drafter: PreTrainedModel,
@@ -123,14 +166,21 @@ def grow_pool(
     tokens; on exit it holds the context, the root (at `root_position`) and every
     expanded node, at `Pool.drafter_pos`.
     """
-    sizes = level_sizes(cfg)
     n_cached = cache_length(cache)
     if n_cached + pending.shape[0] != root_position + 1:
         raise ValueError(
             f"grow_pool: drafter cache holds {n_cached} tokens and {pending.shape[0]} are pending, "
             f"but the root sits at position {root_position} (expected {root_position + 1} in all)"
         )
-    dev = pending.device
+    return grow_tree_pool(ModelDraft(drafter, cache, pending, root_position), cfg)
+
+
+@torch.inference_mode()
+def grow_tree_pool(draft: TreeDraft, cfg: PoolConfig) -> Pool:
+    """The pool of SPEC §2 from any `TreeDraft`; expanded nodes sit at `Pool.drafter_pos`."""
+    sizes = level_sizes(cfg)
+    root_logits = draft.root_logits()  # [1, V']
+    dev = root_logits.device
     P = sum(n for n, _ in sizes)
     token = torch.empty(P, dtype=torch.long, device=dev)
     parent = torch.empty(P, dtype=torch.long, device=dev)
@@ -141,10 +191,12 @@ def grow_pool(
     anc = torch.zeros(P, P, dtype=torch.bool, device=dev)
     drafter_pos = torch.full((P,), -1, dtype=torch.long, device=dev)
 
-    # Depth 1: the pending chain ends with the root; its last row is q(. | c).
-    root_logits = forward_chain(drafter, pending, cache, logits_to_keep=1)  # [1, V]
+    def children(logits: Tensor) -> tuple[Tensor, Tensor]:
+        idx, vals = _children(logits, cfg.top_k)
+        return (idx if draft.token_ids is None else draft.token_ids[idx]), vals
+
     n1 = sizes[0][0]
-    token[:n1], logq[:n1] = _children(root_logits, cfg.top_k)
+    token[:n1], logq[:n1] = children(root_logits)
     parent[:n1], depth[:n1], score[:n1] = -1, 1, logq[:n1]
     ar = torch.arange(P, device=dev)
     anc[ar[:n1], ar[:n1]] = True
@@ -154,17 +206,17 @@ def grow_pool(
     for s, (_, n_exp) in enumerate(sizes[:-1], start=1):
         grow = _pick_expanded(score, start, n_level, n_exp)  # [n_exp] nodes expanded at depth s
         expanded[grow] = True
-        # Each expanded node sees context + root, its ancestors among earlier fed nodes, itself.
-        vis = tree_visibility(root_position + 1, anc[grow][:, fed], anc[grow][:, grow])
-        drafter_pos[grow] = root_position + 1 + fed.shape[0] + torch.arange(n_exp, device=dev)
-        logits = forward_tree(
-            drafter, token[grow], root_position + depth[grow], vis, cache
-        )  # [n_exp, V]
+        # Each expanded node sees the context, its ancestors among earlier fed nodes, itself.
+        vis = tree_visibility(draft.n_context, anc[grow][:, fed], anc[grow][:, grow])
+        drafter_pos[grow] = draft.n_context + fed.shape[0] + torch.arange(n_exp, device=dev)
+        logits = draft.level_logits(
+            grow, token[grow], parent[grow], depth[grow], vis
+        )  # [n_exp, V']
         fed = torch.cat([fed, grow])
 
         # Depth s + 1: top_k children per expanded node, parents in pool order.
         new = slice(start + n_level, start + n_level + n_exp * cfg.top_k)
-        token[new], logq[new] = _children(logits, cfg.top_k)
+        token[new], logq[new] = children(logits)
         parent[new] = grow.repeat_interleave(cfg.top_k)
         depth[new] = s + 1
         score[new] = score[parent[new]] + logq[new]

@@ -163,31 +163,54 @@ def prompt_cache_rows(context: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return tokens, len(context) - 1 - first_rev
 
 
-@dataclass
-class RetainedStats:
-    """Device tensors comparing retained rows with this round's root row (see `retained_stats`)."""
+ROW_KINDS = ("cache", "same", "prev", "matched")  # retained rows with a role (SPEC §5)
 
-    tv: Tensor  # [K'] float32
-    agree: Tensor  # [K'] bool
+
+@dataclass
+class RetainedRows:
+    """Every retained row of a round at the law temperature, before verification (device tensors).
+
+    Rows: [cache row?] + prev.rows. The preceding row's entry for the continuation
+    (= this round's root token) is -inf: its probability is zeroed, not renormalised.
+    """
+
+    logp: Tensor  # [K', V] float32
     first_level_logp: Tensor  # [K', n1] float32 at the first-level candidates
+    entropy: Tensor  # [K'] nats
+    top1: Tensor  # [K'] the row's largest probability
+    argmax: Tensor  # [K'] int64, the row's most probable token
     cache_index: int | None  # index of the cache row in the K' rows
     cache_age: int | None
     prev: PrevRows | None  # offsets of its rows are shifted by `prev_offset`
     prev_offset: int
 
+    def index(self, kind: str) -> int | None:
+        """Row index of `kind` (ROW_KINDS) in the K' rows, None when absent."""
+        if kind == "cache":
+            return self.cache_index
+        if self.prev is None:
+            return None
+        i = {"same": self.prev.same, "prev": self.prev.preceding, "matched": self.prev.matched}[
+            kind
+        ]
+        return None if i is None else self.prev_offset + i
 
-def retained_stats(
+    def token_only_index(self) -> list[int]:
+        return [] if self.prev is None else [self.prev_offset + i for i in self.prev.token_only]
+
+
+def retained_rows(
     cache: TokenKeyedCache,
     prev: PrevRows | None,
     root_token: int,
-    root_row: Tensor,
     first_level_tokens: Tensor,
     law_temperature: float,
     round_index: int,
-) -> RetainedStats | None:
-    """TV and argmax agreement of every retained row with the root row, and their first-level log-probs.
+) -> RetainedRows | None:
+    """The round's retained rows as log-probs with their summaries, in one batched op.
 
-    All rows in one batched op (no per-row loop). Rows: [cache row?] + prev.rows.
+    Known before verification: the online reranker's features read them, and the
+    recorder compares them with the root row afterwards (`retained_stats`).
     """
     parts, cache_index, cache_age = [], None, None
     hit = cache.lookup(root_token)
@@ -204,56 +227,118 @@ def retained_stats(
     if prev is not None:
         # Preceding row: its probability of the continuation (= this root token) is zeroed.
         logp[offset + prev.preceding, root_token] = float("-inf")
-    root_p = torch.softmax(root_row.float() / law_temperature, dim=-1)  # [V]
-    tv = 0.5 * (logp.exp() - root_p).abs().sum(-1)  # [K']
-    agree = logp.argmax(-1) == root_p.argmax()
+    p = logp.exp()
+    # 0 * log 0 = 0: entries whose probability underflows contribute nothing.
+    entropy = -(p * logp).nan_to_num(0.0, 0.0, 0.0).sum(-1)
+    top1, argmax = p.max(-1)
     fl = logp[:, first_level_tokens]  # [K', n1]
-    return RetainedStats(tv, agree, fl, cache_index, cache_age, prev, offset)
+    return RetainedRows(logp, fl, entropy, top1, argmax, cache_index, cache_age, prev, offset)
+
+
+@dataclass
+class RetainedStats:
+    """The retained rows compared with this round's root row (see `retained_stats`)."""
+
+    rows: RetainedRows
+    tv: Tensor  # [K'] float32
+    agree: Tensor  # [K'] bool
+
+
+def retained_stats(
+    cache: TokenKeyedCache,
+    prev: PrevRows | None,
+    root_token: int,
+    root_row: Tensor,
+    first_level_tokens: Tensor,
+    law_temperature: float,
+    round_index: int,
+) -> RetainedStats | None:
+    """TV and argmax agreement of every retained row with the root row (after verification)."""
+    rows = retained_rows(cache, prev, root_token, first_level_tokens, law_temperature, round_index)
+    if rows is None:
+        return None
+    root_p = torch.softmax(root_row.float() / law_temperature, dim=-1)  # [V]
+    tv = 0.5 * (rows.logp.exp() - root_p).abs().sum(-1)  # [K']
+    agree = rows.logp.argmax(-1) == root_p.argmax()
+    return RetainedStats(rows, tv, agree)
+
+
+def row_inputs(rows: RetainedRows | None, first_level_tokens: np.ndarray, root_token: int) -> dict:
+    """What the first-level features read from the retained rows, as host values.
+
+    `fl_<kind>_logprob` [n1] float32 (NaN where the row is absent; the preceding
+    row's entry for the continuation is missing), the token-only rows aggregated
+    at each candidate (mean, max log-prob; NaN without token-only rows), their
+    argmaxes, and each row's entropy, top-1 mass and argmax (None when absent).
+    One host transfer. The recorder stores these (`trace_fields`); the online
+    reranker feeds them to the same feature functions.
+    """
+    n1 = len(first_level_tokens)
+    nan_row = np.full(n1, np.nan, dtype=np.float32)
+    out: dict = {f"fl_{k}_logprob": nan_row for k in ROW_KINDS}
+    out |= {"fl_token_only_mean_logprob": nan_row, "fl_token_only_max_logprob": nan_row}
+    out |= {"token_only_argmax": np.zeros(0, dtype=np.int64), "cache_age": None}
+    out["prev_tree_root_count"] = (
+        None if rows is None or rows.prev is None else (rows.prev.tree_root_count)
+    )
+    for k in ROW_KINDS:
+        out[f"{k}_entropy"] = out[f"{k}_top1_prob"] = out[f"{k}_argmax"] = None
+    if rows is None:
+        return out
+    out["cache_age"] = rows.cache_age
+    fl = rows.first_level_logp.cpu().numpy()  # [K', n1]
+    summary = torch.stack([rows.entropy, rows.top1]).cpu().numpy()  # [2, K']
+    argmax = rows.argmax.cpu().numpy()
+    for k in ROW_KINDS:
+        i = rows.index(k)
+        if i is None:
+            continue
+        out[f"fl_{k}_logprob"] = fl[i]
+        out[f"{k}_entropy"], out[f"{k}_top1_prob"] = float(summary[0, i]), float(summary[1, i])
+        out[f"{k}_argmax"] = int(argmax[i])
+    if out["fl_prev_logprob"] is not nan_row:  # the continuation's entry is missing, not -inf
+        tokens = np.asarray(first_level_tokens)
+        out["fl_prev_logprob"] = np.where(tokens == root_token, np.nan, out["fl_prev_logprob"])
+    only = rows.token_only_index()
+    if only:
+        out["fl_token_only_mean_logprob"] = fl[only].mean(axis=0)
+        out["fl_token_only_max_logprob"] = fl[only].max(axis=0)
+        out["token_only_argmax"] = argmax[only]
+    return out
 
 
 def _row_stats(
-    tv: list[float], agree: list[bool], i: int | None, offset: int = 0
+    tv: list[float], agree: list[bool], i: int | None
 ) -> tuple[float | None, bool | None]:
-    return (None, None) if i is None else (tv[offset + i], agree[offset + i])
+    return (None, None) if i is None else (tv[i], agree[i])
+
+
+def _nullable(values: np.ndarray) -> list[float | None]:
+    return [None if np.isnan(v) else float(v) for v in values]
 
 
 def trace_fields(
     stats: RetainedStats | None, first_level_tokens: list[int], root_token: int
 ) -> dict:
     """The retained-row columns of a trace row (nulls where a row is absent). Host sync here."""
-    n1 = len(first_level_tokens)
-    out = {
-        "fl_cache_logprob": [None] * n1,
-        "fl_same_logprob": [None] * n1,
-        "fl_prev_logprob": [None] * n1,
-        "cache_age": None,
-        "prev_tree_root_count": None,
-        "token_only_tv": [],
-        "token_only_argmax_agree": [],
-    }
-    for k in ("cache", "same", "prev", "matched"):
+    rows = None if stats is None else stats.rows
+    inputs = row_inputs(rows, np.asarray(first_level_tokens, dtype=np.int64), root_token)
+    out = {}
+    for name, value in inputs.items():
+        if name.startswith("fl_"):
+            out[name] = _nullable(value)
+        elif name == "token_only_argmax":
+            out[name] = value.tolist()
+        else:
+            out[name] = value
+    for k in ROW_KINDS:
         out[f"{k}_tv"], out[f"{k}_argmax_agree"] = None, None
+    out["token_only_tv"], out["token_only_argmax_agree"] = [], []
     if stats is None:
         return out
-    tv, agree, fl = stats.tv.tolist(), stats.agree.tolist(), stats.first_level_logp.tolist()
-    if stats.cache_index is not None:
-        out["cache_tv"], out["cache_argmax_agree"] = _row_stats(tv, agree, stats.cache_index)
-        out["fl_cache_logprob"] = fl[stats.cache_index]
-        out["cache_age"] = stats.cache_age
-    p = stats.prev
-    if p is not None:
-        o = stats.prev_offset  # prev's row indices are shifted past the cache row
-        out["same_tv"], out["same_argmax_agree"] = _row_stats(tv, agree, p.same, o)
-        out["prev_tv"], out["prev_argmax_agree"] = _row_stats(tv, agree, p.preceding, o)
-        out["matched_tv"], out["matched_argmax_agree"] = _row_stats(tv, agree, p.matched, o)
-        if p.same is not None:
-            out["fl_same_logprob"] = fl[o + p.same]
-        # The continuation's entry of the preceding row is missing, not -inf.
-        out["fl_prev_logprob"] = [
-            None if tok == root_token else v
-            for tok, v in zip(first_level_tokens, fl[o + p.preceding], strict=True)
-        ]
-        out["token_only_tv"] = [tv[o + i] for i in p.token_only]
-        out["token_only_argmax_agree"] = [agree[o + i] for i in p.token_only]
-        out["prev_tree_root_count"] = p.tree_root_count
+    tv, agree = stats.tv.tolist(), stats.agree.tolist()
+    for k in ROW_KINDS:
+        out[f"{k}_tv"], out[f"{k}_argmax_agree"] = _row_stats(tv, agree, rows.index(k))
+    out["token_only_tv"] = [tv[i] for i in rows.token_only_index()]
+    out["token_only_argmax_agree"] = [agree[i] for i in rows.token_only_index()]
     return out

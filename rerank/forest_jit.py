@@ -1,0 +1,177 @@
+"""A compiled (numba) walk of a `rerank.forest_eval.CompiledForest` for a handful of rows.
+
+The online decoder predicts phat for one round's ~10 first-level candidates. The
+numpy walk (`forest_eval.walk_numpy`) pays a few array ops per tree level over all
+trees at once (~0.4 ms for 400 trees of depth ~30 and 10 rows on this project's
+2-core machine); LightGBM's own predictor ~0.2 ms a call, mostly in its Python and
+ctypes layers. This walk visits only the nodes on each row's paths, in eight
+lanes (independent chains of loads the CPU overlaps): lane j walks trees j, j + 8,
+..., starting its next tree as soon as it reaches a leaf, so no lane waits for a
+deeper tree of another.
+
+Between two rounds the models' forward passes evict the node table from the
+caches, and a walk that misses on every step costs several times a warm one. So
+the table is small and read ahead: each tree renumbered in preorder (the left
+child is the next node), a node in 8 bytes (threshold; Xv column, 1 bit "left =
+next", 15 bits right-child offset; a leaf holds the index of its value instead
+of a threshold, values of a tree's leaves side by side), and the walk first
+streams through the table and the values (sequential loads the hardware
+prefetches) before it walks.
+
+Semantics are `forest_eval`'s, unchanged: the input is `forest_eval.prepare`'s Xv
+(categorical nodes as virtual columns, NaN-left nodes reading the -inf copy) and
+every node is `go left <=> Xv[row, column] <= threshold`, so every row reaches the
+leaves the libraries reach. Only the summation order of the leaf values differs
+(each lane's trees in order, then the eight lane sums, float64): predictions equal
+the libraries' to ~1e-15 (`tests/test_online_speed.py` holds 1e-12).
+
+A module apart from `forest_eval` only while that one is being reworked for the
+offline job; the walk belongs beside `walk_numpy` and can be folded in there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from calibrate.isotonic import PROB_FLOOR
+from rerank.forest import ForestError
+from rerank.forest_eval import CompiledForest, prepare
+
+MAX_COLUMN = 2**16 - 1  # Xv columns a node can name (16 bits)
+MAX_OFFSET = 2**15 - 1  # preorder distance to a right child (15 bits): trees < 32k nodes
+LANES = 8  # trees walked side by side per row
+
+
+@dataclass(frozen=True)
+class JitForest:
+    """A compiled forest in the walk's layout (M nodes, L leaves, T trees)."""
+
+    compiled: CompiledForest
+    node: np.ndarray  # [M, 2] int32: threshold bits | leaf's value index; column | bits
+    node_threshold: np.ndarray  # [M, 2] float32 view of `node` (column 0: thresholds)
+    value: np.ndarray  # [L] float64 leaf values, each tree's in preorder
+    roots: np.ndarray  # [T] int64 node index of each root (preorder, tree after tree)
+    base: float
+    logistic: bool
+    sigmoid: float
+
+
+def jit_forest(c: CompiledForest) -> JitForest:
+    """`c` renumbered and packed for `phat`; ForestError if a tree does not fit the layout."""
+    f = c.forest
+    left, right, feature = c.child[:, 1], c.child[:, 0], c.feature
+    is_leaf = c.is_leaf
+    if int(feature[~is_leaf].max(initial=0)) > MAX_COLUMN:
+        raise ForestError(f"forest_jit: a node reads Xv column > {MAX_COLUMN}")
+    order: list[int] = []  # old node index, in preorder tree after tree
+    roots: list[int] = []
+    for r in f.roots.tolist():
+        roots.append(len(order))
+        stack = [r]
+        while stack:
+            k = stack.pop()
+            order.append(k)
+            if not is_leaf[k]:
+                stack.append(int(right[k]))
+                stack.append(int(left[k]))  # popped first: the left child comes next
+    old = np.asarray(order, dtype=np.int64)
+    new_of = np.empty(f.left.size, dtype=np.int64)
+    new_of[old] = np.arange(old.size)
+    leaf = is_leaf[old]  # [M] in the new order
+    internal = ~leaf
+    offset = new_of[right[old]] - np.arange(old.size)  # right child's distance
+    if int(offset[internal].max(initial=0)) > MAX_OFFSET:
+        raise ForestError(f"forest_jit: a tree has more than {MAX_OFFSET} nodes")
+    if not (new_of[left[old]][internal] == np.flatnonzero(internal) + 1).all():
+        raise ForestError("forest_jit: preorder renumbering failed (not a forest of trees)")
+    node = np.zeros((old.size, 2), dtype=np.int32)
+    thr = np.ascontiguousarray(c.threshold[old], dtype=np.float32).view(np.int32)
+    node[:, 0] = np.where(internal, thr, np.cumsum(leaf) - 1)  # leaves: their value's index
+    node[:, 1] = np.where(internal, feature[old] | (1 << 16) | (offset << 17), 0)
+    return JitForest(
+        compiled=c,
+        node=node,
+        node_threshold=node.view(np.float32),
+        value=np.ascontiguousarray(f.value[old[leaf]], dtype=np.float64),
+        roots=np.asarray(roots, dtype=np.int64),
+        base=float(f.base),
+        logistic=f.link == "logistic",
+        sigmoid=float(f.sigmoid),
+    )
+
+
+def phat(j: JitForest, X: np.ndarray) -> np.ndarray:
+    """The model's prediction [N] float64 for the design matrix X [N, F] (unclipped)."""
+    Xv = prepare(j.compiled, X)
+    return _predict(Xv, j.node, j.node_threshold, j.value, j.roots, j.base, j.logistic, j.sigmoid)
+
+
+def log_phat(j: JitForest, X: np.ndarray) -> np.ndarray:
+    """log phat [N] float32, phat clipped to [PROB_FLOOR, 1] as `predict_matrix` clips it."""
+    return np.log(np.clip(phat(j, X), PROB_FLOOR, 1.0)).astype(np.float32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lane(k, t, s, x, node, thr, value, roots):
+    """One step of a lane walking trees t, t + 8, ...: down a level, or at a leaf, take its
+    value and start the lane's next tree (k = -1: the lane is done)."""
+    w = node[k, 1]
+    if w == 0:  # a leaf
+        s += value[node[k, 0]]
+        t += LANES
+        k = roots[t] if t < roots.size else -1
+    else:  # left is the next node; right is w >> 17 nodes on
+        k += ((w >> 16) & 1) if x[w & 0xFFFF] <= thr[k, 0] else w >> 17
+    return k, t, s
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _predict(Xv, node, thr, value, roots, base, logistic, sigmoid):
+    n = Xv.shape[0]
+    T = roots.size
+    # Read ahead: one load per cache line of the nodes and the values, independent
+    # loads the hardware streams in, so that the walk below finds them cached.
+    ahead = 0
+    for k in range(0, node.shape[0], 8):
+        ahead += node[k, 1]
+    for k in range(0, value.size, 8):
+        ahead += np.int32(value[k] > 0)
+    out = np.zeros(n)
+    out[0:1] += 0.0 * ahead  # keeps the loads (0 * a finite int is 0)
+    for i in range(n):
+        x = Xv[i]
+        # eight lanes (independent chains); lane j walks trees j, j + 8, ...
+        k0 = roots[0] if T > 0 else -1
+        k1 = roots[1] if T > 1 else -1
+        k2 = roots[2] if T > 2 else -1
+        k3 = roots[3] if T > 3 else -1
+        k4 = roots[4] if T > 4 else -1
+        k5 = roots[5] if T > 5 else -1
+        k6 = roots[6] if T > 6 else -1
+        k7 = roots[7] if T > 7 else -1
+        t0, t1, t2, t3, t4, t5, t6, t7 = 0, 1, 2, 3, 4, 5, 6, 7
+        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+        while max(k0, k1, k2, k3, k4, k5, k6, k7) >= 0:
+            if k0 >= 0:
+                k0, t0, s0 = _lane(k0, t0, s0, x, node, thr, value, roots)
+            if k1 >= 0:
+                k1, t1, s1 = _lane(k1, t1, s1, x, node, thr, value, roots)
+            if k2 >= 0:
+                k2, t2, s2 = _lane(k2, t2, s2, x, node, thr, value, roots)
+            if k3 >= 0:
+                k3, t3, s3 = _lane(k3, t3, s3, x, node, thr, value, roots)
+            if k4 >= 0:
+                k4, t4, s4 = _lane(k4, t4, s4, x, node, thr, value, roots)
+            if k5 >= 0:
+                k5, t5, s5 = _lane(k5, t5, s5, x, node, thr, value, roots)
+            if k6 >= 0:
+                k6, t6, s6 = _lane(k6, t6, s6, x, node, thr, value, roots)
+            if k7 >= 0:
+                k7, t7, s7 = _lane(k7, t7, s7, x, node, thr, value, roots)
+        s = (((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))) + out[i] + base
+        out[i] = 1.0 / (1.0 + math.exp(-sigmoid * s)) if logistic else s
+    return out
