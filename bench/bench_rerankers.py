@@ -13,14 +13,24 @@ t(i) = t(1) + (t(400) - t(1)) * (i - 1) / 399 from two measured fits (1 and 400
 iterations: binning and set-up are the fixed part). The ratio LightGBM / HGB
 of those times is printed, with the full-fit times and final losses.
 
+Full job (`--full-job`): wall and CPU seconds and peak memory of the default
+`python -m rerank.train` on the same stores, for this code and, with
+`--baseline DIR`, for another code tree (ratios baseline / current from the same
+run). Then the baseline's own fitted models (its out-of-fold predictions) are
+evaluated by this code and every rule value compared with the baseline's, and
+one of its saved rerankers predicts its held-out half through the library and
+through the compiled forest (`rerank.forest_eval`).
+
     python -m bench.bench_rerankers                  # paper scale
     python -m bench.bench_rerankers --prompts 64     # a quick look
-    python -m bench.bench_rerankers --full-job       # also time `python -m rerank.train` for both
+    python -m bench.bench_rerankers --full-job --skip-fits --baseline /tmp/base
+        # the default job, this code vs `git archive HEAD~1 | tar -x -C /tmp/base`
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,24 +39,20 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import psutil
 from scipy.special import expit
 
 from bench.bench_extract import CACHE, PAPER_PROMPTS, PAPER_ROUNDS, paper_traces
 from decode.trace_schema import SCHEMA_VERSION
 from features.extract import extract
 from features.schema import candidate_store
+from rerank.boosting import Capacity, fit_estimator
 from rerank.crossfit import prompt_halves
-from rerank.models import (
-    KINDS,
-    LABEL_OF_LAW,
-    Capacity,
-    design_matrix,
-    feature_list,
-    fit_estimator,
-    task_categories,
-)
+from rerank.models import KINDS, LABEL_OF_LAW, design_matrix, feature_list, task_categories
+from rerank.pool_chunks import ROUND_KEYS
 from rerank.token_prior import token_prior_features
 
+ROOT = Path(__file__).resolve().parents[1]
 FEATURE_SET = "rows"
 GRID_STEP = 10  # held-out loss every 10 iterations
 
@@ -128,20 +134,114 @@ def bench_law(frame: pd.DataFrame, law: str, capacity: Capacity) -> dict:
     return res
 
 
-def full_job(traces: Path, features: Path) -> dict[str, float]:
-    """Wall seconds of the default `python -m rerank.train` with each library."""
+def run_job(root: Path, overrides: list[str], tmp: Path, rss_limit_gb: float = 7.5) -> dict:
+    """Wall seconds, CPU seconds and peak RSS of `python -m rerank.train` run in the code tree `root`.
+
+    The child runs from `root` (its own packages first on sys.path), so a baseline
+    checkout (e.g. `git archive <rev> | tar -x -C <dir>`) is timed on the same data.
+    A child whose resident memory passes `rss_limit_gb` is stopped (a shared machine).
+    """
+    cmd = [sys.executable, "-m", "rerank.train", *overrides,
+           f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db", f"hydra.run.dir={tmp}/run"]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL)
+    while True:  # this child's own usage (ru_maxrss: its peak RSS, kB) once it exits
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        rss = psutil.Process(proc.pid).memory_info().rss / 1e9
+        if rss > rss_limit_gb:
+            proc.kill()
+            raise RuntimeError(f"{' '.join(cmd)} passed {rss_limit_gb} GB resident; stopped")
+        time.sleep(0.5)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} (in {root}) exited with {proc.returncode}")
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_gb": usage.ru_maxrss / 1e6, "run": tmp / "run"}  # fmt: skip
+
+
+def same_model_values(run: Path, traces: Path, features: Path) -> dict:
+    """This code's rule values on a finished run's own out-of-fold predictions, vs that run's.
+
+    The same fitted models (their saved predictions) evaluated by both code trees: every
+    `<rule>@B<b>` value the run wrote is compared with what `rerank.train.evaluate` gives now.
+    """
+    from rerank.config import RerankConfig
+    from rerank.predict import FirstFactorPredictions, fold_map
+    from rerank.train import Fitted, evaluate
+
+    rerank = RerankConfig(traces=str(traces), features=str(features))
+    cands = candidate_store(features).read().to_pandas()
+    folds = fold_map(cands["prompt_id"].to_numpy(), rerank.halves, 0, cands["task"].to_numpy())
+    preds = pd.read_parquet(run / "oof_predictions.parquet")
+    rules = [c for c in preds.columns if c not in {*ROUND_KEYS, "cand_index", "fold"}]
+    fitted = Fitted(cands, folds, FirstFactorPredictions(preds, rules), pd.DataFrame(), 0.0)
+    t0 = time.perf_counter()
+    now = evaluate(rerank, fitted, seed=0).per_round
+    seconds = time.perf_counter() - t0
+    then = pd.read_parquet(run / "per_round_values.parquet")
+    keys = [*ROUND_KEYS]
+    now = now.set_index(keys).loc[then.set_index(keys).index]
+    cols = [c for c in then.columns if "@B" in c and c in now.columns]
+    same = [c for c in cols if np.array_equal(now[c].to_numpy(), then[c].to_numpy())]
+    diff = max((np.abs(now[c].to_numpy() - then[c].to_numpy()).max() for c in cols), default=0.0)
+    return {"columns": len(cols), "identical": len(same), "max_abs_diff": float(diff),
+            "evaluate_s": seconds}  # fmt: skip
+
+
+def forest_vs_library(run: Path, features: Path) -> dict:
+    """A saved reranker of a run predicting its held-out half: library vs compiled forest."""
+    from rerank.persist import load_reranker
+
+    folder = sorted((run / "rerankers").glob("rows_*_T0_fold0"))[0]
+    model = load_reranker(folder)
+    cands = candidate_store(features).read().to_pandas()
+    part = cands[(cands["temperature"] == 0) & ~cands["prompt_id"].isin(model.train_prompts)]
+    prior = model.token_prior.transform(part["token"].to_numpy())
+    X = design_matrix(part, model.features, model.categories, prior)
+    out = {"model": folder.name, "rows": len(X), "trees": model.n_iter}
+    for route in ("library", "forest"):
+        t0 = time.perf_counter()
+        out[route] = model.predict_matrix(X, route=route)
+        out[f"{route}_s"] = time.perf_counter() - t0
+    out["max_abs_diff"] = float(np.abs(out.pop("library") - out.pop("forest")).max())
+    return out
+
+
+def full_job(
+    traces: Path, features: Path, baseline: Path | None, extra: list[str] | None = None
+) -> dict:
+    """The default `python -m rerank.train` on these stores: this code, and a baseline tree.
+
+    `extra` overrides both runs take (e.g. the paper's two feature sets).
+    """
+    overrides = [f"rerank.traces={traces}", f"rerank.features={features}", *(extra or [])]
     out = {}
-    for kind in KINDS:
-        with tempfile.TemporaryDirectory(prefix="rerank-", dir=CACHE) as tmp:
-            cmd = [
-                sys.executable, "-m", "rerank.train", f"rerank_model={kind}",
-                f"rerank.traces={traces}", f"rerank.features={features}",
-                f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db", f"hydra.run.dir={tmp}/run",
-            ]  # fmt: skip
-            t0 = time.perf_counter()
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-            out[kind] = time.perf_counter() - t0
-            print(f"  rerank.train rerank_model={kind}: {out[kind]:.0f} s wall", flush=True)
+    with tempfile.TemporaryDirectory(prefix="rerank-", dir=CACHE) as tmp:
+        for name, root in (("baseline", baseline), ("current", ROOT)):
+            if root is None:
+                continue
+            print(f"  {name} ({root}): uptime {os.getloadavg()[0]:.2f} load", flush=True)
+            out[name] = run_job(root, overrides, Path(tmp) / name)
+            r = out[name]
+            print(f"  {name}: {r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU, "
+                  f"peak {r['peak_gb']:.2f} GB", flush=True)  # fmt: skip
+        if baseline is not None:
+            b, c = out["baseline"], out["current"]
+            print(f"  baseline / current: wall {b['wall_s'] / c['wall_s']:.2f}x, "
+                  f"peak memory {b['peak_gb'] / c['peak_gb']:.2f}x")  # fmt: skip
+            same = same_model_values(b["run"], traces, features)
+            out["same_model"] = same
+            print(f"  the baseline's fitted models evaluated by this code: {same['identical']} of "
+                  f"{same['columns']} rule-value columns identical (max |diff| "
+                  f"{same['max_abs_diff']:.3g}); evaluation {same['evaluate_s']:.0f} s")  # fmt: skip
+            fl = forest_vs_library(b["run"], features)
+            out["forest"] = fl
+            print(f"  {fl['model']} ({fl['trees']} trees) on {fl['rows']:,} held-out rows: library "
+                  f"{fl['library_s']:.1f} s, forest {fl['forest_s']:.1f} s "
+                  f"({fl['library_s'] / fl['forest_s']:.1f}x), max |diff| {fl['max_abs_diff']:.3g}")  # fmt: skip
     return out
 
 
@@ -151,9 +251,18 @@ def main() -> None:
     )
     parser.add_argument("--prompts", type=int, default=PAPER_PROMPTS)
     parser.add_argument("--rounds", type=int, default=PAPER_ROUNDS)
-    parser.add_argument("--full-job", action="store_true", help="also time rerank.train for both")
+    parser.add_argument(
+        "--full-job", action="store_true", help="also time the default rerank.train"
+    )
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="with --full-job: a code tree to time beside this one (ratios)")  # fmt: skip
+    parser.add_argument("--skip-fits", action="store_true", help="only the full job")
+    parser.add_argument("overrides", nargs="*", help="with --full-job: Hydra overrides for both")
     args = parser.parse_args()
     features = paper_features(args.prompts, args.rounds)
+    if args.skip_fits:
+        full_job(paper_traces(args.prompts, args.rounds), features, args.baseline, args.overrides)
+        return
     table = candidate_store(features).read().to_pandas()
     print(f"{len(table):,} first-level candidates, {table.prompt_id.nunique():,} prompts")
     capacity = Capacity()
@@ -179,7 +288,7 @@ def main() -> None:
         )
     if args.full_job:
         print("\nfull default job (cross-fitting, calibration, evaluation, bootstrap, MLflow):")
-        full_job(paper_traces(args.prompts, args.rounds), features)
+        full_job(paper_traces(args.prompts, args.rounds), features, args.baseline, args.overrides)
 
 
 if __name__ == "__main__":

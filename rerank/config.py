@@ -35,7 +35,19 @@ class RerankModelConfig:
     """Gradient-boosted reranker (SPEC §8): chosen with the `rerank_model` config group."""
 
     kind: str = "hgb"  # hgb (scikit-learn HistGradientBoosting) | lgbm (LightGBM)
-    n_threads: int | None = None  # None: library default (all cores)
+    # Threads in all (None: every core). The cross-fitting folds fit at once, with an
+    # equal share each (rerank.models.fold_workers): one thread per fit on two cores.
+    n_threads: int | None = None
+    # Capacity (rerank.boosting.Capacity). The paper fits 400 iterations at learning rate
+    # 0.05 with <= 63 leaves (experiment=paper); by default the iterations are chosen by
+    # early stopping on a prompt-grouped inner split of each training half, n_iter the most.
+    n_iter: int = 400
+    learning_rate: float = 0.05
+    max_leaves: int = 63
+    early_stopping: bool = True
+    patience: int = 10  # iterations without a better held-out loss before stopping
+    validation_share: float = 0.2  # share of the training half's prompts held out, per task
+    refit: bool = False  # refit the whole half at the chosen count (else keep the inner model)
 
 
 @dataclass
@@ -69,11 +81,12 @@ class RerankConfig:
     sweep: bool = False  # evaluate the SPEC budget sweep too
     top_m: int = 0  # restrict every rule to the M highest-ranked candidates (0: whole pool)
     # Report tables beside the rule values (rerank.reports): retained-row agreement, coverage of
-    # scored sets, draw-rule tree sizes. One more chunked pass over the traces.
+    # scored sets, draw-rule tree sizes, from the evaluation's own pass over the traces.
     reports: bool = True
     n_resamples: int = DEFAULT_RESAMPLES  # paired prompt-bootstrap resamples
     calibration_edges: int = 2_000_000  # pool edges sampled per half to fit per-depth maps
-    chunk_rounds: int = 8192  # rounds per evaluation batch (bounds memory)
+    chunk_rounds: int = 2048  # rounds per evaluation batch (bounds memory: ~0.3 GB each)
+    workers: int | None = None  # batches evaluated at once, one thread each (None: one per core)
 
 
 @dataclass

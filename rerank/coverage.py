@@ -34,8 +34,7 @@ from torch import Tensor
 
 from decode.select.pool_batch import PoolBatch
 from decode.select.ranking import replace_first_factor
-from rerank.evaluate import ROUND_KEYS
-from rerank.pool_chunks import PoolChunk, iter_pool_chunks
+from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
 from specrank.laws import law_name
 
@@ -109,6 +108,13 @@ class CoverageRounds:
                 raise ValueError(f"The '{name}' must be ints >= 1. Got {values} instead.")
 
     def add(self, chunk: PoolChunk) -> None:
+        self.merge(self.part(chunk))
+
+    def merge(self, part: pd.DataFrame) -> None:
+        self.parts.append(part)
+
+    def part(self, chunk: PoolChunk) -> pd.DataFrame:
+        """A chunk's per-round coverage (computed anywhere; `merge` in chunk order)."""
         cols: dict[str, np.ndarray] = {}
         for b in self.budgets:
             for name, (cov, n_extra, n_front) in round_coverage(
@@ -117,8 +123,8 @@ class CoverageRounds:
                 cols[f"cov/{name}@B{b}"] = cov
                 cols[f"extra/{name}@B{b}"] = n_extra
                 cols[f"frontier/{name}@B{b}"] = n_front
-        head = chunk.table.select(["prompt_id", "task", "temperature"]).to_pandas()
-        self.parts.append(pd.concat([head, pd.DataFrame(cols)], axis=1))
+        head = chunk.keys[["prompt_id", "task", "temperature"]].reset_index(drop=True)
+        return pd.concat([head, pd.DataFrame(cols)], axis=1)
 
     def table(self, n_resamples: int = 0, seed: int = 0) -> pd.DataFrame:
         """One row per (law, budget, scored set); `coverage_lo/hi`: 95% prompt-bootstrap interval.
@@ -189,8 +195,9 @@ class RootIfCovered:
     name = "root_if_covered"
 
     def __init__(self, keys: pd.DataFrame, covered: np.ndarray) -> None:
-        self.index = pd.MultiIndex.from_frame(keys[ROUND_KEYS])
-        if not self.index.is_unique:
+        self.codes = RoundCodes(keys[ROUND_KEYS])
+        self.index = pd.Index(self.codes.encode(keys))
+        if not self.index.is_unique:  # (builds the hash table lookups from threads share)
             raise ValueError("the trace store holds a round twice; cannot find previous rounds")
         self.covered = np.asarray(covered, dtype=bool)
 
@@ -199,17 +206,37 @@ class RootIfCovered:
         table = dataset.to_table(columns=[*ROUND_KEYS, "covered"])
         return cls(table.select(ROUND_KEYS).to_pandas(), table["covered"].to_numpy())
 
-    def held(self, table: pa.Table) -> np.ndarray:
-        """[R] bool: the previous round was covered, so this round holds its root row."""
-        keys = table.select(ROUND_KEYS).to_pandas()
-        keys["round_index"] = keys["round_index"] - 1
-        at = self.index.get_indexer(pd.MultiIndex.from_frame(keys[ROUND_KEYS]))
+    def held(self, table: pa.Table, keys: pd.DataFrame | None = None) -> np.ndarray:
+        """[R] bool: the previous round was covered, so this round holds its root row.
+
+        `keys`: the table's ROUND_KEYS when already converted from Arrow.
+        """
+        keys = table.select(ROUND_KEYS).to_pandas() if keys is None else keys
+        at = self.index.get_indexer(self.codes.encode(keys, shift=-1))
         return np.where(at >= 0, self.covered[np.maximum(at, 0)], False)
+
+    def first_factor(
+        self,
+        pool: PoolBatch,
+        table: pa.Table,
+        width: int | None = None,
+        keys: pd.DataFrame | None = None,
+    ) -> Tensor:
+        """[R, width]: log p under the law where held, NaN (keeps log q) elsewhere (the first
+        `width` pool columns; None: all)."""
+        held = torch.from_numpy(self.held(table, keys))[:, None]
+        law = pool.law_edge_prob()[:, :width]
+        return torch.where(held, torch.log(law), torch.nan)
+
+    def first_factors(
+        self, pool: PoolBatch, table: pa.Table, width: int, keys: pd.DataFrame
+    ) -> dict[str, Tensor]:
+        """The rule as an `evaluate_traces` first factor (`first_factor=`)."""
+        return {self.name: self.first_factor(pool, table, width, keys)}
 
     def scores(self, pool: PoolBatch, table: pa.Table) -> Tensor:
         """[R, P]: exact root first factor (log p under the law) where held, draft factor elsewhere."""
-        held = torch.from_numpy(self.held(table))[:, None]
-        first = torch.where(held, torch.log(pool.law_edge_prob()), torch.nan)  # NaN keeps log q
+        first = self.first_factor(pool, table)
         return replace_first_factor(pool.draft_logprob, pool.depth, first, pool.parent)
 
     def __call__(self, pool: PoolBatch, table: pa.Table) -> dict[str, Tensor]:

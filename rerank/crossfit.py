@@ -181,6 +181,48 @@ def check_grouped(prompt_ids: np.ndarray, folds: np.ndarray) -> None:
         )
 
 
+_INNER_STREAM = 1  # keeps the inner split's random stream apart from the halves' (stream 0)
+
+
+def inner_validation(
+    prompt_ids: np.ndarray, share: float, seed: int = 0, tasks: np.ndarray | None = None
+) -> np.ndarray:
+    """Rows of the prompts held out to choose capacity by early stopping (bool per row).
+
+    Run on the rows of ONE training half: the split never sees the predicted half.
+    Grouped by prompt (a prompt's rounds share context) and stratified by task:
+    each task's distinct prompts (sorted, then shuffled by a stream seeded with
+    (seed, task)) are spread evenly over [0, 1); the ``round(share * n)`` prompts
+    with the lowest positions are held out (at least one, never all), so every
+    task gives about ``share`` of its prompts. The split depends only on the set of
+    prompts, their tasks and ``seed``, not on row order.
+    """
+    ids = np.asarray(prompt_ids).astype(str)
+    if not 0.0 < share < 1.0:
+        raise ValueError(
+            f"The 'rerank.model.validation_share' must be in (0, 1). Got {share!r} instead."
+        )
+    uniq, per_task = _prompt_tasks(ids, tasks)
+    if uniq.size < 2:
+        raise ValueError(
+            f"early stopping needs >= 2 training prompts (one to hold out); the training half "
+            f"has {uniq.size}. Use a fixed capacity (rerank.model.early_stopping=false)."
+        )
+    position = np.empty(uniq.size)
+    for task in np.unique(per_task):
+        members = np.flatnonzero(per_task == task)  # sorted ids: independent of row order
+        rng = np.random.default_rng([seed, zlib.crc32(str(task).encode("utf-8")), _INNER_STREAM])
+        # members[perm[j]] sits at (j + u) / n: evenly spread, a seeded offset u per task
+        position[members[rng.permutation(members.size)]] = (
+            np.arange(members.size) + rng.random()
+        ) / members.size
+    n_val = min(max(1, round(share * uniq.size)), uniq.size - 1)
+    held = np.zeros(uniq.size, dtype=bool)
+    held[np.argsort(position, kind="stable")[:n_val]] = True
+    _, inverse = np.unique(ids, return_inverse=True)
+    return held[inverse]
+
+
 def fold_masks(folds: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """Yield ``(f, train_mask, predict_mask)`` for f = 0, 1 (train on 1-f, predict f)."""
     folds = np.asarray(folds)

@@ -32,12 +32,36 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 import torch
+from numba import njit, prange
 from torch import Tensor
 
-from decode.select.values import matched_budget, pearl_curves, subtree_ranks
+from decode.select.values import matched_budget
 from rerank.pool_chunks import PoolChunk, iter_pool_chunks
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
 from specrank.laws import law_name
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _exceed_bins(order, anc, below, law, budgets):  # fmt: skip
+    """p(g|c) placed at the draft position of g's b-th descendant, for each budget b. [n_b, R, P].
+
+    One scan of each round's draft order counts every first-level candidate's
+    descendants as they enter the draft tree (`below`: valid, depth >= 2).
+    """
+    n_rounds, width = order.shape
+    out = np.zeros((budgets.shape[0], n_rounds, width), dtype=law.dtype)
+    for r in prange(n_rounds):
+        count = np.zeros(width, dtype=np.int64)
+        for j in range(width):
+            u = order[r, j]
+            if not below[r, u]:
+                continue
+            g = anc[r, u]
+            count[g] += 1
+            for i in range(budgets.shape[0]):
+                if count[g] == budgets[i]:
+                    out[i, r, j] = law[r, g]
+    return out
 
 
 def _pad_edge(a: np.ndarray, width: int) -> np.ndarray:
@@ -54,8 +78,11 @@ class DrawSizeSums:
     curves: dict[float, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def add(self, chunk: PoolChunk) -> None:
+        self.merge(self.part(chunk))
+
+    def part(self, chunk: PoolChunk) -> dict[float, tuple[dict[str, float], dict[str, np.ndarray]]]:
+        """A chunk's sums per temperature (computed anywhere; `merge` them in chunk order)."""
         pool, ctx, order = chunk.pool, chunk.ctx, chunk.order
-        width = pool.shape[1]
         law, anc = ctx.law, ctx.first_ancestor
         first = (pool.depth == 1) & pool.valid
         below = (pool.depth >= 2) & pool.valid
@@ -75,30 +102,37 @@ class DrawSizeSums:
             kept = n_desc.clamp(max=max(b - 1, 0))  # descendants root-draw keeps below each g
             terms[f"rd_size@{b}"] = 1 + (law1 * kept).sum(-1)
             terms[f"rd_top@{b}"] = p_top * (1 + n_desc_top.clamp(max=max(b - 1, 0)))
-        _, size = pearl_curves(ctx, order)  # [R, P]: 1 + E|d_X1 ∩ T_b| at b = 1..P
+        _, size = chunk.pearl  # [R, P]: 1 + E|d_X1 ∩ T_b| at b = 1..P
         below_top = torch.gather(below & (anc == top), -1, order)
         curves = {
             "pearl_size": size,
             "pearl_top": p_top[:, None] * (1 + torch.cumsum(below_top, -1, dtype=torch.float32)),
         }
-        perm, group, rank_below = subtree_ranks(ctx)
-        entry_pos = torch.gather(chunk.rank, -1, perm)  # draft position of each sorted entry
-        entry_mass = torch.gather(law, -1, group.clamp(max=width - 1))
-        for b in self.budgets:
-            hit = (group < width) & (rank_below == b - 1)  # g's B-th descendant in draft order
-            bins = torch.zeros_like(law).scatter_add_(
-                -1, entry_pos, torch.where(hit, entry_mass, 0)
-            )
-            curves[f"exceed@{b}"] = torch.cumsum(bins, -1)
+        bins = _exceed_bins(
+            order.contiguous().numpy(), anc.contiguous().numpy(),
+            below.contiguous().numpy(), law.contiguous().numpy(),
+            np.asarray(self.budgets, dtype=np.int64),
+        )  # fmt: skip
+        for j, b in enumerate(self.budgets):
+            curves[f"exceed@{b}"] = torch.cumsum(torch.from_numpy(bins[j]), -1)
         temperature = chunk.temperature
+        out = {}
         for t in np.unique(temperature):
             rows = torch.from_numpy(temperature == t)
-            acc = self.scalars.setdefault(float(t), {})
-            for k, v in terms.items():
-                acc[k] = acc.get(k, 0.0) + float(v[rows].sum(dtype=torch.float64))
-            store = self.curves.setdefault(float(t), {})
-            for k, v in curves.items():
-                new = v[rows].sum(0, dtype=torch.float64).numpy()
+            out[float(t)] = (
+                {k: float(v[rows].sum(dtype=torch.float64)) for k, v in terms.items()},
+                {k: v[rows].sum(0, dtype=torch.float64).numpy() for k, v in curves.items()},
+            )
+        return out
+
+    def merge(self, part: dict[float, tuple[dict[str, float], dict[str, np.ndarray]]]) -> None:
+        """Add a chunk's sums (chunk after chunk: the float sums' order is fixed)."""
+        for t, (scalars, curves) in part.items():
+            acc = self.scalars.setdefault(t, {})
+            for k, v in scalars.items():
+                acc[k] = acc.get(k, 0.0) + v
+            store = self.curves.setdefault(t, {})
+            for k, new in curves.items():
                 old = store.get(k, np.zeros(1))
                 w = max(len(new), len(old))
                 store[k] = _pad_edge(old, w) + _pad_edge(new, w)

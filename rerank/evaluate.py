@@ -1,8 +1,9 @@
 """Evaluate every selection rule on the same recorded pools (SPEC §6, issue 6).
 
 Streams a trace store in chunks of rounds; for each chunk it builds the dense
-pools, turns every first-factor source into candidate scores and asks
-`decode.select.values` for the value of each rule at each budget. The result is a
+pools, turns every first-factor source into first-level log factors and asks
+`decode.select.values` for the value of each rule at each budget (and feeds the
+same pools and draft order to the report accumulators of `rerank.reports`). The result is a
 per-round table (keys, breakdown fields, `<rule>@B<b>` values) from which
 `rerank.summary` computes gains and intervals.
 
@@ -17,22 +18,28 @@ are missing, never zero).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
+from numba import njit
 from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
 from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, list_matrix, pool_batch_from_table
-from decode.select.ranking import leading_factor_edges, path_sum, pool_levels
+from decode.select.ranking import pool_levels
 from decode.select.values import RULES, evaluate_pools
+from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, chunk_of, iter_trace_chunks
+from specrank.memory import release_freed_heap
 
-ROUND_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]
+_TRIM_EVERY = 4  # chunks between returns of the heap's free pages
 RETAINED_ROWS = {"cache": "fl_cache_logprob", "same": "fl_same_logprob", "prev": "fl_prev_logprob"}
 TRACE_COLUMNS = sorted(
     set(POOL_COLUMNS) | set(ROUND_KEYS) | set(RETAINED_ROWS.values()) | {"category"}
@@ -54,12 +61,29 @@ class PromptCurves:
     def add(
         self, temperature: np.ndarray, prompt_id: np.ndarray, curves: dict[str, Tensor]
     ) -> None:
-        """Add a chunk's `curve/<name>` tensors ([R, P]) to the per-prompt sums."""
-        keys = pd.MultiIndex.from_arrays([temperature.astype(np.float64), prompt_id])
-        for name, curve in curves.items():
+        """Add a chunk's `curve/<name>` tensors ([R, P]) to the per-prompt sums.
+
+        Each chunk's sums are pandas' `groupby().sum()` of the float64 curves, bit for
+        bit (its compensated summation, `_group_sums`), without building a DataFrame.
+        """
+        self.merge(self.part(temperature, prompt_id, curves))
+
+    @staticmethod
+    def part(
+        temperature: np.ndarray, prompt_id: np.ndarray, curves: dict[str, Tensor]
+    ) -> list[tuple[str, list, np.ndarray]]:
+        """A chunk's per-prompt sums of each curve (computed anywhere; `merge` in chunk order)."""
+        labels, groups = pd.MultiIndex.from_arrays(
+            [temperature.astype(np.float64), prompt_id]
+        ).factorize()
+        return [(name, list(groups), _group_sums(curve.float().contiguous().numpy(), labels,
+                                                 len(groups))) for name, curve in curves.items()]  # fmt: skip
+
+    def merge(self, part: list[tuple[str, list, np.ndarray]]) -> None:
+        """Add a chunk's sums to the running per-prompt sums."""
+        for name, groups, sums in part:
             store = self.sums.setdefault(name, {})
-            sums = pd.DataFrame(curve.double().numpy()).groupby(keys).sum()
-            for key, row in zip(sums.index, sums.to_numpy(), strict=True):
+            for key, row in zip(groups, sums, strict=True):
                 if key in store and store[key].shape != row.shape:
                     raise ValueError(f"pools of different sizes within prompt {key[1]!r}")
                 store[key] = store.get(key, 0.0) + row
@@ -68,6 +92,31 @@ class PromptCurves:
         """[n_prompts, P] sums of curve `name` in the order of `prompts`."""
         store, t = self.sums[name], float(temperature)
         return np.stack([store[(t, p)] for p in prompts])
+
+
+@njit(cache=True, nogil=True)
+def _group_sums(values: np.ndarray, labels: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per-group column sums of float32 rows in float64, as pandas' group_sum computes them.
+
+    Row by row, Kahan-compensated; NaN skipped; a compensation made NaN by an
+    infinite value reset to 0 (pandas GH#53606). [n_groups, P] float64.
+    """
+    n_rows, width = values.shape
+    total = np.zeros((n_groups, width), dtype=np.float64)
+    comp = np.zeros((n_groups, width), dtype=np.float64)
+    for i in range(n_rows):
+        g = labels[i]
+        for j in range(width):
+            val = np.float64(values[i, j])
+            if val != val:
+                continue
+            y = val - comp[g, j]
+            t = total[g, j] + y
+            comp[g, j] = t - total[g, j] - y
+            if comp[g, j] != comp[g, j]:
+                comp[g, j] = 0.0
+            total[g, j] = t
+    return total
 
 
 @dataclass
@@ -87,10 +136,9 @@ def first_level_matrix(values: pa.ChunkedArray | pa.Array, width: int) -> np.nda
     return list_matrix(values, np.nan, np.float32, width)[0]
 
 
-def _first_factor_scores(pool: PoolBatch, levels, first_logprob: Tensor) -> Tensor:
-    """Scores with the depth-1 factor replaced wherever `first_logprob` is not NaN. [R, P]."""
-    edge = leading_factor_edges(pool.draft_logprob, first_logprob, pool.depth, 1, levels)
-    return path_sum(edge, pool.parent, levels)
+def _first_width(pool: PoolBatch, levels) -> int:
+    """Leading pool columns that hold every depth-1 candidate: the first level, or the pool."""
+    return levels[0][1] if levels else pool.shape[1]
 
 
 @dataclass
@@ -102,24 +150,28 @@ class LearnedFactors:
     minutes at paper scale.
     """
 
-    rounds: pd.MultiIndex  # unique ROUND_KEYS, one per row of the matrices
+    codes: RoundCodes  # integer codes of round keys
+    rounds: pd.Index  # the code of each row of the matrices (unique)
     log_phat: dict[str, np.ndarray]  # name -> [n_rounds, n_first] float32, NaN where absent
 
     @classmethod
     def from_predictions(cls, preds: pd.DataFrame, names: Sequence[str]) -> LearnedFactors:
-        codes, rounds = pd.MultiIndex.from_frame(preds[ROUND_KEYS]).factorize()
+        codes = RoundCodes(preds[ROUND_KEYS])
+        row, rounds = pd.factorize(codes.encode(preds))
         cand = preds["cand_index"].to_numpy(np.int64)
         n_first = int(cand.max()) + 1 if len(cand) else 0
         log_phat = {}
         for name in names:
             mat = np.full((len(rounds), n_first), np.nan, dtype=np.float32)
-            mat[codes, cand] = np.log(np.clip(preds[name].to_numpy(np.float64), PROB_FLOOR, 1.0))
+            mat[row, cand] = np.log(np.clip(preds[name].to_numpy(np.float64), PROB_FLOOR, 1.0))
             log_phat[name] = mat
-        return cls(rounds, log_phat)
+        index = pd.Index(rounds)
+        index.get_indexer(index[:1])  # its hash table, built before lookups from threads
+        return cls(codes, index, log_phat)
 
     def rows(self, keys: pd.DataFrame) -> np.ndarray:
         """Matrix row of each of a chunk's rounds (-1: no predictions for it)."""
-        return self.rounds.get_indexer(pd.MultiIndex.from_frame(keys[ROUND_KEYS]))
+        return self.rounds.get_indexer(self.codes.encode(keys))
 
     def matrix(self, row: np.ndarray, name: str, width: int) -> Tensor:
         """Dense [R, width] log phat for the rounds at `row` (NaN where a round has none)."""
@@ -127,7 +179,7 @@ class LearnedFactors:
         if mat.shape[1] > width:
             raise ValueError(
                 f"predictions '{name}' name first-level candidate {mat.shape[1] - 1}, but the "
-                f"pools hold {width} candidates: the predictions come from other traces"
+                f"pools' first level spans {width} columns: the predictions come from other traces"
             )
         out = np.full((len(row), width), np.nan, dtype=np.float32)
         found = row >= 0
@@ -135,29 +187,34 @@ class LearnedFactors:
         return torch.from_numpy(out)
 
 
-def _scores_for_chunk(
+def _factors_for_chunk(
     pool: PoolBatch,
     table: pa.Table,
     keys: pd.DataFrame,
     plan: EvalPlan,
     learned: LearnedFactors | None,
-    extra_factor: Callable[[PoolBatch, pa.Table], dict[str, Tensor]] | None,
+    levels,
 ) -> dict[str, Tensor]:
-    width = pool.shape[1]
-    levels = pool_levels(pool.parent, pool.depth)
-    scores: dict[str, Tensor] = {}
+    """First-level log factors of every learned and substituted rule. [R, n] each.
+
+    n covers the depth-1 candidates (the first level when every round shares the
+    layout); NaN keeps the draft factor (`decode.select.values.evaluate_pools`).
+    """
+    width = _first_width(pool, levels)
+    depth1 = pool.depth[:, :width] == 1
+    factors: dict[str, Tensor] = {}
     row = learned.rows(keys) if learned else None
     for name in learned.log_phat if learned else ():
         log_phat = learned.matrix(row, name, width)
-        missing = torch.isnan(log_phat) & (pool.depth == 1)
+        missing = torch.isnan(log_phat) & depth1
         if missing.any():
             rows = torch.nonzero(missing.any(1)).flatten()[:3].tolist()
             raise ValueError(
                 f"predictions '{name}' lack first-level candidates of {int(missing.any(1).sum())} "
                 f"rounds (e.g. {keys.iloc[rows].to_dict('records')}); every round needs a prediction"
             )
-        scores[name] = _first_factor_scores(pool, levels, log_phat)
-    draft_first = pool.draft_logprob
+        factors[name] = log_phat
+    draft_first = pool.draft_logprob[:, :width]
     for row in plan.substitutions:
         r = torch.from_numpy(first_level_matrix(table[RETAINED_ROWS[row]], width))
         # A row is absent when all its entries are null (NaN: keep the draft factor);
@@ -165,36 +222,46 @@ def _scores_for_chunk(
         # row's continuation token, SPEC §5): log 0 = -inf.
         present = ~torch.isnan(r).all(dim=-1, keepdim=True)
         r = torch.where(present & torch.isnan(r), -torch.inf, r)
-        scores[f"sub_{row}"] = _first_factor_scores(pool, levels, r)
+        factors[f"sub_{row}"] = r
         for w in plan.mixture_weights:
-            mix = (1 - w) * draft_first + w * r  # nan where the row is absent -> draft factor
-            scores[f"mix_{row}_w{w:g}"] = _first_factor_scores(pool, levels, mix)
-    if extra_factor is not None:
-        scores.update(extra_factor(pool, table))
-    return scores
+            # nan where the row is absent -> draft factor
+            factors[f"mix_{row}_w{w:g}"] = (1 - w) * draft_first + w * r
+    return factors
+
+
+FIELD_COLUMNS = [*ROUND_KEYS, "task", "category", "root_entropy"]  # the table's round fields
 
 
 def _round_fields(table: pa.Table, pool: PoolBatch) -> pd.DataFrame:
-    """Keys and breakdown fields of each round of the chunk."""
-    frame = table.select(
-        [*ROUND_KEYS, "task", "category", "root_entropy", "root_argmax"]
-    ).to_pandas()
+    """Keys and breakdown fields of each round of the chunk (converted from Arrow once).
+
+    A deep copy: the zero-copy columns of `to_pandas` would keep the chunk's whole read
+    buffer alive in every table that holds them (the report accumulators, the per-round
+    table), tens of MB per chunk at paper scale.
+    """
+    frame = table.select(FIELD_COLUMNS).to_pandas().copy(deep=True)
     # the drafter's top first token (draft rank 0 among depth-1 candidates) vs the target's argmax
     first_draft = torch.where(pool.depth == 1, pool.draft_logprob, -torch.inf)
     top = torch.argmax(first_draft, dim=-1)  # ties -> lowest pool index, the SPEC tie-break
-    frame["draft_top_is_argmax"] = (
-        torch.gather(pool.token, -1, top[:, None])[:, 0].numpy() == frame["root_argmax"].to_numpy()
+    root_argmax = table["root_argmax"].to_numpy()
+    frame["draft_top_is_argmax"] = torch.gather(pool.token, -1, top[:, None])[:, 0].numpy() == (
+        root_argmax
     )
-    return frame.drop(columns=["root_argmax"])
+    return frame
 
 
-def iter_trace_chunks(
-    dataset: ds.Dataset, chunk_rounds: int, columns: Sequence[str] = TRACE_COLUMNS
-) -> Iterator[pa.Table]:
-    """The trace store `chunk_rounds` rounds at a time, reading only `columns`."""
-    for batch in dataset.to_batches(columns=list(columns), batch_size=chunk_rounds):
-        if batch.num_rows:
-            yield pa.Table.from_batches([batch])
+class ChunkConsumer(Protocol):
+    """Something fed every chunk of the evaluation pass (the `rerank.reports` accumulators).
+
+    `part` computes a chunk's contribution (in any thread); `merge` adds it, chunk
+    after chunk in the traces' order.
+    """
+
+    columns: Sequence[str]  # trace columns it reads beyond the pool's
+
+    def part(self, chunk: PoolChunk) -> Any: ...
+
+    def merge(self, part: Any) -> None: ...
 
 
 def evaluate_traces(
@@ -205,45 +272,112 @@ def evaluate_traces(
     extra_factor: Callable[[PoolBatch, pa.Table], dict[str, Tensor]] | None = None,
     chunk_rounds: int = 8192,
     curves: PromptCurves | None = None,
+    first_factor: Callable[[PoolBatch, pa.Table, int, pd.DataFrame], dict[str, Tensor]]
+    | None = None,
+    consumers: Sequence[ChunkConsumer] = (),
+    workers: int = 1,
 ) -> pd.DataFrame:
     """One row per round: keys, task, root entropy, first-token match, `<rule>@B<b>` values.
 
     `predictions` holds ROUND_KEYS + `cand_index` + one probability column per
     name in `learned` (out-of-fold). `extra_factor(pool, table)` may add rules
-    given as full candidate scores (e.g. per-depth calibration). `curves`, when
-    given, collects per-prompt curves: PEARL's for the matched-size variant,
-    draft's for node-equivalent budgets.
+    given as full candidate scores (e.g. per-depth calibration),
+    `first_factor(pool, table, n, keys)` rules given as log factors of the leading n
+    pool columns, which hold the first level ([R, n], NaN keeps the draft factor;
+    e.g. root selection after covered rounds; `keys`: the chunk's ROUND_KEYS). `curves`, when given, collects
+    per-prompt curves: PEARL's for the matched-size variant, draft's for
+    node-equivalent budgets. Every `consumers` entry is fed each chunk's pool,
+    context and draft order (`rerank.pool_chunks.PoolChunk`), built once for both.
+    `workers` chunks are evaluated at once (`_in_order`); their contributions are
+    merged in chunk order, so the results do not depend on `workers`.
     """
     if learned and predictions is None:
         raise ValueError(f"learned rules {list(learned)} need a predictions table")
     factors = LearnedFactors.from_predictions(predictions, learned) if learned else None
-    parts = []
-    for table in iter_trace_chunks(dataset, chunk_rounds):
+    columns = sorted(set(TRACE_COLUMNS).union(*(c.columns for c in consumers)))
+    want_pearl = "pearl" in plan.rules or curves is not None
+
+    def one_chunk(table: pa.Table) -> tuple:
+        """Everything a chunk contributes; pure, so chunks can run in parallel."""
         pool = pool_batch_from_table(table)
-        keys = table.select(ROUND_KEYS).to_pandas()
-        scores = _scores_for_chunk(pool, table, keys, plan, factors, extra_factor)
+        frame = _round_fields(table, pool)
+        keys = frame[[*ROUND_KEYS, "task"]]
+        ctx = order = pearl = None
+        reports = []
+        if consumers:
+            chunk = chunk_of(table, pool, keys)
+            reports = [consumer.part(chunk) for consumer in consumers]
+            if plan.top_m == 0:  # the values' context is the reports' (no restriction)
+                ctx, order = chunk.ctx, chunk.order
+                pearl = chunk.pearl if want_pearl else None  # the draw-size report's, once
+        levels = ctx.levels if ctx is not None else pool_levels(pool.parent, pool.depth)
+        firsts = _factors_for_chunk(pool, table, keys, plan, factors, levels)
+        if first_factor is not None:
+            firsts.update(first_factor(pool, table, _first_width(pool, levels), keys))
         values = evaluate_pools(
             pool,
             plan.budgets,
             plan.rules,
             plan.top_m,
-            extra_scores=scores,
+            extra_scores=extra_factor(pool, table) if extra_factor is not None else None,
             curves=curves is not None,
             curve_rules=plan.curve_rules,
+            first_factors=firsts,
+            ctx=ctx,
+            draft_order=order,
+            pearl=pearl,
         )
+        curve_part = None
         if curves is not None:
             names = [n for n in values if n.startswith("curve/")]
-            curves.add(
+            curve_part = curves.part(
                 table["temperature"].to_numpy(),
                 table["prompt_id"].to_numpy(zero_copy_only=False),
                 {n.removeprefix("curve/"): values.pop(n) for n in names},
             )
-        frame = _round_fields(table, pool)
         cols = {}
         for name, v in values.items():
             for j, b in enumerate(plan.budgets):
                 cols[f"{name}@B{b}"] = v[:, j].double().numpy()
-        parts.append(pd.concat([frame, pd.DataFrame(cols)], axis=1))
+        return pd.concat([frame, pd.DataFrame(cols)], axis=1), curve_part, reports
+
+    parts = []
+    for i, (frame, curve_part, reports) in enumerate(
+        _in_order(one_chunk, iter_trace_chunks(dataset, chunk_rounds, columns), workers)
+    ):
+        if curve_part is not None:
+            curves.merge(curve_part)
+        for consumer, part in zip(consumers, reports, strict=True):
+            consumer.merge(part)
+        parts.append(frame)
+        if i % _TRIM_EVERY == _TRIM_EVERY - 1:
+            release_freed_heap()  # the results kept fragment the heap (specrank.memory)
     if not parts:
         raise ValueError("the trace store holds no rounds")
     return pd.concat(parts, ignore_index=True)
+
+
+def _in_order(fn: Callable, items: Iterator, workers: int) -> Iterator:
+    """fn(item) for each item, `workers` at a time, yielded in the items' order.
+
+    Workers are threads with one compute thread each (torch's pool set to 1 for
+    the duration; the compiled kernels follow torch's count and release the GIL):
+    on two cores two chunks at once beat one chunk on two threads, whose
+    parallel regions wait on each other. At most `workers` chunks are in flight.
+    """
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            pending: deque[Future] = deque()
+            for item in items:
+                if len(pending) == workers:
+                    yield pending.popleft().result()
+                pending.append(pool.submit(fn, item))
+            while pending:
+                yield pending.popleft().result()
+    finally:
+        torch.set_num_threads(threads)

@@ -166,6 +166,11 @@ _LEAF_DEFAULTS = {
 }  # fmt: skip
 
 
+def forest_of(estimator: Any, kind: str) -> Forest:
+    """The node table of a fitted estimator of `kind` ("lgbm" or "hgb")."""
+    return forest_from_lightgbm(estimator) if kind == "lgbm" else forest_from_hgb(estimator)
+
+
 # -- LightGBM -----------------------------------------------------------------------------------
 
 

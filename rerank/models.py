@@ -6,34 +6,44 @@ first-level candidate: under greedy decoding whether it is the target's argmax
 (regressor on ``label_target_prob``). The selector then ranks by
 ``log phat(x1) + log q(x2) + ...``.
 
-Capacity is the paper's (400 iterations, learning rate 0.05, <= 63 leaves) for
-both libraries; everything else is left at matching defaults (min 20 rows per
-leaf, no L2, 255 bins). HGB's early stopping is switched off: by default it
-turns on above 10,000 rows and holds out a random (not prompt-grouped) tenth,
-which would both change the capacity and leak rounds of a prompt.
+Capacity and the libraries' settings live in `rerank.boosting`: the paper's
+fixed 400 x 0.05 x 63 leaves, or early stopping on a prompt-grouped inner split
+of the training half.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-import lightgbm as lgb
 import numpy as np
 import pandas as pd
-from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
 from calibrate.isotonic import PROB_FLOOR
 from features.schema import BASE_FEATURES, EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES
+from rerank.boosting import (
+    CATEGORICAL,
+    PAPER_CAPACITY,
+    Capacity,
+    estimator_iterations,
+    fit_estimator,
+)
 from rerank.crossfit import check_grouped, fold_masks
+from rerank.forest import ForestError, forest_of
+from rerank.forest_eval import flat_forest, predict_proba
 from rerank.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
 from specrank.laws import law_kind
 
+log = logging.getLogger(__name__)
 KINDS = ("hgb", "lgbm")
+PREDICT_ROUTES = ("library", "forest")
 LAWS = ("greedy", "sampling")
 TOKEN_PRIOR = "token_prior"
 FEATURE_SETS: dict[str, list[str]] = {
@@ -51,18 +61,8 @@ FEATURE_SETS: dict[str, list[str]] = {
     ],
 }
 LABEL_OF_LAW = {"greedy": "label_is_argmax", "sampling": "label_target_prob"}
-CATEGORICAL = ("task",)
 # HGB bins a categorical feature into at most 255 values (one kept for missing).
 _MAX_CATEGORIES = 254
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """Boosting capacity, the same for both libraries (paper defaults)."""
-
-    n_iter: int = 400
-    learning_rate: float = 0.05
-    max_leaves: int = 63
 
 
 def feature_list(feature_set: str) -> list[str]:
@@ -166,15 +166,39 @@ class FittedReranker:
     token_prior: TokenPrior
     train_fingerprint: str
     seed: int = 0
-    capacity: Capacity = field(default_factory=Capacity)
+    capacity: Capacity = PAPER_CAPACITY
     # Distinct prompts of the training half: lets anyone audit that a prediction
     # never came from a model that saw its prompt.
     train_prompts: tuple[str, ...] = ()
 
-    def predict_matrix(self, X: np.ndarray, n_threads: int | None = None) -> np.ndarray:
-        """phat (float64, clipped to [PROB_FLOOR, 1]) for a design matrix."""
+    @property
+    def n_iter(self) -> int:
+        """Boosting iterations the model holds (with early stopping: the count chosen)."""
+        return estimator_iterations(self.estimator, self.kind)
+
+    def predict_matrix(
+        self, X: np.ndarray, n_threads: int | None = None, route: str = "library"
+    ) -> np.ndarray:
+        """phat (float64, clipped to [PROB_FLOOR, 1]) for a design matrix.
+
+        ``route``: "library", the library's own predictor; "forest", the same trees
+        walked row by row (`rerank.forest_eval.predict_proba`: the libraries' raw
+        scores bit for bit, and several times faster than HGB's tree-by-tree predictor
+        on many rows). A model the forest cannot represent exactly (`ForestError`)
+        is predicted by the library, with a warning.
+        """
         if X.shape[1] != len(self.features):
             raise ValueError(f"matrix has {X.shape[1]} columns; the model expects {self.features}")
+        if route not in PREDICT_ROUTES:
+            raise ValueError(f"route must be one of {PREDICT_ROUTES}; got {route!r}")
+        if route == "forest":
+            try:
+                flat = flat_forest(forest_of(self.estimator, self.kind))
+            except ForestError as err:
+                log.warning("%s %s: the library predicts (%s)", self.feature_set, self.kind, err)
+            else:
+                raw = predict_proba(flat, X, n_threads)
+                return np.clip(raw, PROB_FLOOR, 1.0)
         if self.kind == "lgbm":
             raw = self.estimator.predict(X, num_threads=n_threads or 0)
         else:
@@ -209,69 +233,6 @@ def _check_args(frame: pd.DataFrame, kind: str, law: str) -> None:
         raise ValueError(f"law={law!r} but the frame's temperature makes it {found!r}")
 
 
-def fit_estimator(
-    X: np.ndarray,
-    y: np.ndarray,
-    features: list[str],
-    kind: str,
-    law: str,
-    capacity: Capacity,
-    seed: int,
-    n_threads: int | None,
-) -> Any:
-    """One library's estimator fitted on a design matrix (columns = ``features``)."""
-    cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
-    if law == "greedy" and np.unique(y).size < 2:
-        raise ValueError(
-            f"greedy classifier: the training rows hold only label {np.unique(y).tolist()}; "
-            f"both classes are needed"
-        )
-    if kind == "hgb":
-        cls = HistGradientBoostingClassifier if law == "greedy" else HistGradientBoostingRegressor
-        est = cls(
-            max_iter=capacity.n_iter,
-            learning_rate=capacity.learning_rate,
-            max_leaf_nodes=capacity.max_leaves,
-            early_stopping=False,
-            categorical_features=[j in cat_idx for j in range(len(features))],
-            random_state=seed,
-        )
-        # scikit-learn 1.9's binning crashes on a column that is NaN in every training
-        # row ("window shape cannot be larger than input array shape"), e.g. a retained
-        # row never present in a small half. Such a column carries no information, so a
-        # constant stands in for it while fitting; the trees never split on it, and
-        # prediction (where the column may hold values) is unaffected.
-        empty = np.isnan(X).all(axis=0)
-        if empty.any():
-            X = X.copy()
-            X[:, empty] = 0.0
-        with threadpool_limits(limits=n_threads, user_api="openmp"):
-            est.fit(X, y.astype(np.int64) if law == "greedy" else y)
-        # The column order travels inside the model file (as LightGBM's own feature names
-        # do), so loading checks the sidecar against the model itself. Not
-        # `feature_names_in_`: scikit-learn would then warn on every numpy predict.
-        est.specrank_features_ = list(features)
-        return est
-    params = {
-        "objective": "binary" if law == "greedy" else "regression",
-        "learning_rate": capacity.learning_rate,
-        "num_leaves": capacity.max_leaves,
-        "min_data_in_leaf": 20,
-        "min_sum_hessian_in_leaf": 1e-3,
-        "lambda_l2": 0.0,
-        "max_bin": 255,
-        "deterministic": True,
-        "force_col_wise": True,
-        "seed": seed,
-        "num_threads": n_threads or 0,
-        "verbosity": -1,
-    }
-    data = lgb.Dataset(
-        X, label=y, feature_name=list(features), categorical_feature=cat_idx, params=params
-    )
-    return lgb.train(params, data, num_boost_round=capacity.n_iter)
-
-
 def fit_reranker(
     frame: pd.DataFrame,
     feature_set: str,
@@ -280,7 +241,7 @@ def fit_reranker(
     categories: Sequence[str] | None = None,
     seed: int = 0,
     n_threads: int | None = None,
-    capacity: Capacity = Capacity(),
+    capacity: Capacity = PAPER_CAPACITY,
     pseudo_count: float = DEFAULT_PSEUDO_COUNT,
 ) -> FittedReranker:
     """Fit one reranker on all rows of ``frame`` (they form the training half).
@@ -295,7 +256,9 @@ def fit_reranker(
     tokens = frame["token"].to_numpy()
     prior, full = token_prior_features(tokens, y, np.ones(len(frame), bool), pseudo_count)
     X = design_matrix(frame, features, cats, prior)
-    est = fit_estimator(X, y, features, kind, law, capacity, seed, n_threads)
+    groups = frame["prompt_id"].to_numpy() if "prompt_id" in frame.columns else None
+    est = fit_estimator(X, y, features, kind, law, capacity, seed, n_threads,
+                        groups=groups, tasks=frame["task"].to_numpy())  # fmt: skip
     fp = frame_fingerprint(frame, _fingerprint_columns(frame, features, law))
     return FittedReranker(
         kind, law, feature_set, features, cats, est, full, fp, seed, capacity, _prompts(frame)
@@ -312,6 +275,13 @@ def _fingerprint_columns(frame: pd.DataFrame, features: list[str], law: str) -> 
     keys = [c for c in ("prompt_id", "round_index", "cand_index", "token") if c in frame.columns]
     feats = [f for f in features if f != TOKEN_PRIOR and f not in keys]
     return [*keys, *feats, LABEL_OF_LAW[law]]
+
+
+def fold_workers(n_threads: int | None, n_fits: int) -> tuple[int, int]:
+    """(fits at once, threads per fit) for `n_threads` in all (None: every core)."""
+    total = n_threads or len(os.sched_getaffinity(0))
+    workers = max(1, min(n_fits, total))
+    return workers, max(1, total // workers)
 
 
 @dataclass
@@ -337,14 +307,19 @@ def crossfit_predict(
     seed: int = 0,
     n_threads: int | None = None,
     categories: Sequence[str] | None = None,
-    capacity: Capacity = Capacity(),
+    capacity: Capacity = PAPER_CAPACITY,
     pseudo_count: float = DEFAULT_PSEUDO_COUNT,
+    sample_weight: np.ndarray | None = None,
+    route: str = "forest",
 ) -> CrossfitResult:
     """Out-of-fold phat (float64 in [PROB_FLOOR, 1]) for every row of one law's frame.
 
     ``folds`` come from `rerank.crossfit.prompt_halves` (checked constant
     within each prompt). Task categories are fixed from the whole frame
-    unless declared. The token prior is computed inside each fold.
+    unless declared. The token prior is computed inside each fold, and so is
+    early stopping's inner split (`rerank.boosting`): neither reads the
+    predicted half. ``sample_weight`` (one per row) weighs the training rows' loss.
+    ``route`` predicts the held-out half (`FittedReranker.predict_matrix`).
     """
     _check_args(frame, kind, law)
     folds = np.asarray(folds)
@@ -355,20 +330,43 @@ def crossfit_predict(
     cats = task_categories(frame, categories)
     y = _labels(frame, law)
     tokens = frame["token"].to_numpy()
-    # Built once; only the prior column changes between folds.
+    # Built once; each fold's copy gets its own prior column.
     X = design_matrix(frame, features, cats, np.zeros(len(frame), np.float32))
     j_prior = features.index(TOKEN_PRIOR)
     fp_cols = _fingerprint_columns(frame, features, law)
     row_hashes = _row_hashes(frame, fp_cols)
     prompt_ids = frame["prompt_id"].to_numpy().astype(str)
+    tasks = frame["task"].to_numpy()
+    if sample_weight is not None:
+        sample_weight = np.asarray(sample_weight, dtype=np.float64)
+        if sample_weight.shape != (len(frame),):
+            raise ValueError(
+                f"sample_weight has shape {sample_weight.shape}; expected ({len(frame)},)"
+            )
     phat = np.full(len(frame), np.nan, dtype=np.float64)
+    masks = list(fold_masks(folds))
+    workers, fit_threads = fold_workers(n_threads, len(masks))
+
+    def fit_fold(train: np.ndarray) -> tuple[Any, TokenPrior, np.ndarray, float]:
+        prior, full = token_prior_features(tokens, y, train, pseudo_count)
+        X_train = X[train]  # a copy: each fold sets its own prior column
+        X_train[:, j_prior] = prior[train]
+        t0 = time.perf_counter()
+        est = fit_estimator(
+            X_train, y[train], features, kind, law, capacity, seed, fit_threads,
+            sample_weight=None if sample_weight is None else sample_weight[train],
+            groups=prompt_ids[train], tasks=tasks[train],
+        )  # fmt: skip
+        return est, full, prior, time.perf_counter() - t0
+
+    # The two folds fit at once, one thread each on two cores: OpenMP's barriers inside
+    # one multi-threaded fit wait on a descheduled thread whenever the machine is busy
+    # (fits several times slower than one thread; bench/bench_online.py --small-fit).
+    with ThreadPoolExecutor(workers) as pool:
+        fitted = list(pool.map(fit_fold, [train for _, train, _ in masks]))
     models: list[FittedReranker] = []
     seconds: list[float] = []
-    for _, train, predict in fold_masks(folds):
-        X[:, j_prior], full = token_prior_features(tokens, y, train, pseudo_count)
-        t0 = time.perf_counter()
-        est = fit_estimator(X[train], y[train], features, kind, law, capacity, seed, n_threads)
-        seconds.append(time.perf_counter() - t0)
+    for (_, train, predict), (est, full, prior, secs) in zip(masks, fitted, strict=True):
         model = FittedReranker(
             kind=kind,
             law=law,
@@ -382,6 +380,9 @@ def crossfit_predict(
             capacity=capacity,
             train_prompts=tuple(np.unique(prompt_ids[train]).tolist()),
         )
-        phat[predict] = model.predict_matrix(X[predict], n_threads)
+        X_predict = X[predict]
+        X_predict[:, j_prior] = prior[predict]
+        phat[predict] = model.predict_matrix(X_predict, n_threads, route=route)
         models.append(model)
+        seconds.append(secs)
     return CrossfitResult(phat, folds.astype(np.int8), (models[0], models[1]), tuple(seconds))

@@ -5,6 +5,8 @@ A saved reranker is a folder:
     model.txt | model.skops   LightGBM's own text model, or scikit-learn via `skops.io`
     reranker.json             sidecar: kind, law, feature list, task categories,
                               candidate schema version, training-data fingerprint,
+                              the capacity settings and the iterations the model
+                              holds (chosen by early stopping, or the fixed count),
                               the model file's sha256, the token-prior table, and a
                               sha256 of the sidecar's own content
 
@@ -101,7 +103,8 @@ def save_reranker(
         "train_fingerprint": model.train_fingerprint,
         "train_prompts": list(model.train_prompts),
         "seed": model.seed,
-        "capacity": vars(model.capacity),
+        "capacity": vars(model.capacity),  # the settings, early stopping's included
+        "n_iter": model.n_iter,  # the iterations the model holds (early stopping: chosen)
         "model_file": model_file.name,
         "model_sha256": sha256_file(model_file),
         "token_prior": model.token_prior.to_dict(),
@@ -225,7 +228,7 @@ def load_reranker(
         raise RerankerLoadError(path, ["the model file stores no feature names to check"])
     if list(in_model) != features:
         raise RerankerLoadError(path, _list_diff(features, list(in_model)))
-    return FittedReranker(
+    loaded = FittedReranker(
         kind=kind,
         law=meta["law"],
         feature_set=meta["feature_set"],
@@ -238,6 +241,13 @@ def load_reranker(
         capacity=Capacity(**meta["capacity"]),
         train_prompts=tuple(meta["train_prompts"]),
     )
+    # sidecars written before early stopping carry no count (their models hold n_iter)
+    if "n_iter" in meta and meta["n_iter"] != loaded.n_iter:
+        raise RerankerLoadError(
+            path,
+            [f"the model holds {loaded.n_iter} iterations; the sidecar records {meta['n_iter']}"],
+        )
+    return loaded
 
 
 def _load_estimator(path: Path, kind: str, model_file: Path) -> Any:

@@ -3,7 +3,9 @@
 The report accumulators (`rerank.coverage`, `rerank.draw_sizes`,
 `rerank.row_agreement`) all need the same per-chunk quantities: the dense pool,
 the path probabilities under each round's law and the full draft order. They
-are built here once per chunk so one pass over the trace store feeds them all.
+are built once per chunk, by `rerank.evaluate.evaluate_traces` (which needs
+them for the rule values too) or by `iter_pool_chunks`, so one pass over the
+trace store feeds every accumulator.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
@@ -20,8 +23,45 @@ from torch import Tensor
 
 from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, list_matrix, pool_batch_from_table
 from decode.select.ranking import rank_order, ranks_of_order
-from decode.select.values import PoolContext, pool_context
-from rerank.evaluate import ROUND_KEYS, iter_trace_chunks
+from decode.select.values import PoolContext, pearl_curves, pool_context
+
+ROUND_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]
+_SERIES = ROUND_KEYS[:-1]  # a prompt's rounds under one recording configuration
+
+
+def _key_column(keys: pd.DataFrame, name: str) -> np.ndarray:
+    values = keys[name].to_numpy()
+    return values.astype(np.float64) if name == "temperature" else values
+
+
+class RoundCodes:
+    """One int64 per round key (ROUND_KEYS): lookups hash one integer, not five columns.
+
+    Built from a key table; `encode` gives another table's codes, -1 for a key
+    whose prompt, temperature, rule or budget the table never saw (or a round
+    index outside its range), so such rounds are found nowhere.
+    """
+
+    def __init__(self, keys: pd.DataFrame) -> None:
+        self.levels = [pd.Index(pd.unique(_key_column(keys, c))) for c in _SERIES]
+        for level in self.levels:  # build the hash tables now: lookups may run in threads
+            level.get_indexer(level[:1])
+        rounds = keys["round_index"].to_numpy(np.int64)
+        self.span = int(rounds.max()) + 2 if rounds.size else 2  # round -1 .. max
+        if np.prod([len(lv) + 1 for lv in self.levels], dtype=np.float64) * self.span > 2**62:
+            raise ValueError("too many distinct round keys for 64-bit codes")
+
+    def encode(self, keys: pd.DataFrame, shift: int = 0) -> np.ndarray:
+        """int64 code of each key with its round index moved by `shift` (-1: not in the table)."""
+        code = np.zeros(len(keys), dtype=np.int64)
+        ok = np.ones(len(keys), dtype=bool)
+        for level, name in zip(self.levels, _SERIES, strict=True):
+            at = level.get_indexer(_key_column(keys, name))
+            ok &= at >= 0
+            code = code * len(level) + at
+        r = keys["round_index"].to_numpy(np.int64) + shift + 1
+        ok &= (r >= 0) & (r < self.span)
+        return np.where(ok, code * self.span + r, -1)
 
 
 @dataclass(eq=False)
@@ -33,6 +73,15 @@ class PoolChunk:
     ctx: PoolContext
     order: Tensor  # int64 pool indices best-first under draft ranking (whole pool)
     rank: Tensor  # int64 draft rank of every candidate (0 = best; padding ranks last)
+    known_keys: pd.DataFrame | None = None  # ROUND_KEYS + task, when the caller has them
+
+    @cached_property
+    def keys(self) -> pd.DataFrame:
+        """ROUND_KEYS and task of each round (converted from Arrow once per chunk)."""
+        if self.known_keys is not None:
+            return self.known_keys
+        # a copy: zero-copy columns would keep the chunk's read buffer alive wherever kept
+        return self.table.select([*ROUND_KEYS, "task"]).to_pandas().copy(deep=True)
 
     @property
     def temperature(self) -> np.ndarray:
@@ -46,17 +95,39 @@ class PoolChunk:
         )
 
     @cached_property
+    def pearl(self) -> tuple[Tensor, Tensor]:
+        """PEARL's value and expected tree size at every pre-draw budget 1..P. [R, P] each."""
+        return pearl_curves(self.ctx, self.order)
+
+    @cached_property
     def path_prob_ordered(self) -> Tensor:
         """[R, P] target path probability P(u) under the law, in draft order."""
         return torch.gather(self.ctx.path_prob, -1, self.order)
 
 
-def chunk_of(table: pa.Table) -> PoolChunk:
+def chunk_of(
+    table: pa.Table, pool: PoolBatch | None = None, keys: pd.DataFrame | None = None
+) -> PoolChunk:
     """Dense pools, law path probabilities and the full draft order of a trace table."""
-    pool = pool_batch_from_table(table)
+    pool = pool_batch_from_table(table) if pool is None else pool
     ctx = pool_context(pool)
     order = rank_order(ctx.draft, ctx.restrict)
-    return PoolChunk(table, pool, ctx, order, ranks_of_order(order))
+    return PoolChunk(table, pool, ctx, order, ranks_of_order(order), keys)
+
+
+def iter_trace_chunks(
+    dataset: ds.Dataset, chunk_rounds: int, columns: Sequence[str]
+) -> Iterator[pa.Table]:
+    """The trace store `chunk_rounds` rounds at a time, reading only `columns`.
+
+    Read ahead by at most one file and two batches: Arrow's defaults (4 files, 16
+    batches) buffer gigabytes of decoded pools while the evaluation works.
+    """
+    batches = dataset.to_batches(columns=list(columns), batch_size=chunk_rounds,
+                                 batch_readahead=2, fragment_readahead=1)  # fmt: skip
+    for batch in batches:
+        if batch.num_rows:
+            yield pa.Table.from_batches([batch])
 
 
 def iter_pool_chunks(

@@ -16,16 +16,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import torch
 
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
-from decode.select.pool_batch import PoolBatch, pool_batch_from_table
+from decode.select.pool_batch import PoolBatch
 from decode.select.ranking import path_sum, pool_levels
+from rerank.boosting import PAPER_CAPACITY, Capacity
 from rerank.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
-from rerank.evaluate import ROUND_KEYS, iter_trace_chunks
 from rerank.models import LABEL_OF_LAW, FittedReranker, crossfit_predict
+from rerank.pool_chunks import ROUND_KEYS, iter_trace_chunks
 from specrank.laws import law_kind
+from specrank.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,21 @@ class FirstFactorPredictions:
     rules: list[str]
     models: dict[str, tuple[FittedReranker, FittedReranker]] = field(default_factory=dict)
     fit_seconds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # The candidate-table row (position) of each row of `frame`, when made from that table.
+    rows: np.ndarray | None = None
+
+    def joined(self, candidates: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+        """`columns` of each prediction's candidate beside the prediction frame.
+
+        What `candidates.merge(frame, on=ROUND_KEYS + cand_index)` gives, in the same
+        order within each temperature, without a join of the whole candidate table.
+        """
+        keys = [*ROUND_KEYS, "cand_index"]
+        if self.rows is None:
+            return candidates[list(dict.fromkeys([*keys, *columns]))].merge(self.frame, on=keys)
+        extra = [c for c in columns if c not in self.frame.columns]
+        part = candidates[extra].take(self.rows).reset_index(drop=True)
+        return pd.concat([self.frame.reset_index(drop=True), part], axis=1)
 
 
 def predict_first_factors(
@@ -92,8 +111,9 @@ def predict_first_factors(
     seed: int = 0,
     n_threads: int | None = None,
     rank_q_bins: int = 1,
+    capacity: Capacity = PAPER_CAPACITY,
 ) -> FirstFactorPredictions:
-    """Cross-fitted phat of every learned first-factor rule, per law.
+    """Cross-fitted phat of every learned first-factor rule, per law (rerankers of ``capacity``).
 
     ``rank_q_bins``: draft-probability bins within each draft rank of the rank control.
     """
@@ -101,9 +121,13 @@ def predict_first_factors(
     models: dict[str, tuple[FittedReranker, FittedReranker]] = {}
     seconds: dict[str, tuple[float, float]] = {}
     categories = sorted(candidates["task"].unique())
-    for temperature, frame in candidates.groupby("temperature", sort=True):
+    temperatures = candidates["temperature"].to_numpy()
+    positions = []
+    for temperature in np.unique(temperatures):  # a half's rows at a time, not a sorted copy
         law = law_kind(float(temperature))
-        frame = frame.reset_index(drop=True)
+        rows = np.flatnonzero(temperatures == temperature)
+        positions.append(rows)
+        frame = candidates.take(rows).reset_index(drop=True)
         fold = frame["prompt_id"].map(folds).to_numpy()
         if np.isnan(fold.astype(float)).any():
             raise ValueError("candidate rows with prompts outside the fold map")
@@ -121,13 +145,16 @@ def predict_first_factors(
                 seed=seed,
                 n_threads=n_threads,
                 categories=categories,
+                capacity=capacity,
             )
             out[name] = res.phat
+            release_freed_heap()  # the fits' transient matrices
             models[f"{name}/T{temperature:g}"] = res.models
             seconds[f"{name}/T{temperature:g}"] = res.fit_seconds
             if name not in rules:
                 rules.append(name)
-            log.info("%s at T=%g: fitted in %.1f s + %.1f s", name, temperature, *res.fit_seconds)
+            log.info("%s at T=%g: fitted in %.1f s + %.1f s, %d + %d iterations", name,
+                     temperature, *res.fit_seconds, *(m.n_iter for m in res.models))  # fmt: skip
         if "rank_control" in calibrators:
             # the draft-rank control: the other half's mean label at the candidate's draft rank
             y = frame[LABEL_OF_LAW[law]].to_numpy()
@@ -144,17 +171,64 @@ def predict_first_factors(
             if "iso_q1" not in rules:
                 rules.append("iso_q1")
         parts.append(out)
-    return FirstFactorPredictions(pd.concat(parts, ignore_index=True), rules, models, seconds)
-
-
-def _edge_arrays(pool: PoolBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-edge (draft prob, depth, law target prob) of valid pool entries, flattened."""
-    v = pool.valid.numpy()
-    return (
-        np.exp(pool.draft_logprob.numpy()[v].astype(np.float64)),
-        pool.depth.numpy()[v],
-        pool.law_edge_prob().numpy()[v].astype(np.float64),
+    return FirstFactorPredictions(
+        pd.concat(parts, ignore_index=True), rules, models, seconds, np.concatenate(positions)
     )
+
+
+# What the per-depth maps read of the traces (fit_per_depth_maps reads nothing else).
+EDGE_COLUMNS = ["prompt_id", "temperature", "root_argmax", "cand_parent", "cand_depth",
+                "cand_token", "cand_draft_logprob", "cand_target_prob", "cand_target_argmax"]  # fmt: skip
+
+
+class _FlatEdges:
+    """A trace table's pool edges as flat arrays in row-major pool order (no dense pools).
+
+    The same values `decode.select.pool_batch.pool_batch_from_table` would put in the
+    valid entries of its dense tensors, in the order a row-major mask reads them;
+    columns stay Arrow's own buffers until the kept edges are gathered.
+    """
+
+    def __init__(self, table: pa.Table) -> None:
+        parent = table["cand_parent"].combine_chunks()
+        self.lengths = pc.list_value_length(parent).fill_null(0).to_numpy().astype(np.int64)
+        self.starts = np.cumsum(self.lengths) - self.lengths
+        self.width = int(self.lengths.max(initial=0))
+        fills = {"cand_parent": -1, "cand_depth": 0, "cand_token": -1,
+                 "cand_draft_logprob": -np.inf, "cand_target_prob": 0.0, "cand_target_argmax": -1}  # fmt: skip
+        self.flat = {}
+        for name, fill in fills.items():
+            values = table[name].combine_chunks().flatten()
+            values = values.fill_null(fill) if values.null_count else values
+            self.flat[name] = values.to_numpy(zero_copy_only=False)
+        self.root_argmax = table["root_argmax"].to_numpy().astype(np.int64)
+        self.greedy = table["temperature"].to_numpy().astype(np.float32) == 0
+
+    def positions(self, rows: np.ndarray, pick: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(flat position, row) of edges `pick` of the edge list of `rows` (row by row, pool order)."""
+        ends = np.cumsum(self.lengths[rows])
+        at = np.searchsorted(ends, pick, side="right")  # which of `rows` holds each edge
+        row = rows[at]
+        within = pick - (ends[at] - self.lengths[row])
+        return self.starts[row] + within, row
+
+    def arrays(self, pos: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Per-edge (draft prob, depth, law target prob) at flat positions `pos` of rows `row`."""
+        f = self.flat
+        parent = f["cand_parent"][pos].astype(np.int64)
+        # the target's argmax at the edge's parent prefix (the root row at depth 1)
+        parent_argmax = np.where(
+            parent >= 0,
+            f["cand_target_argmax"][self.starts[row] + np.maximum(parent, 0)].astype(np.int64),
+            self.root_argmax[row],
+        )
+        greedy_edge = (f["cand_token"][pos].astype(np.int64) == parent_argmax).astype(np.float32)
+        law = np.where(self.greedy[row], greedy_edge, f["cand_target_prob"][pos].astype(np.float32))
+        return (
+            np.exp(f["cand_draft_logprob"][pos].astype(np.float32).astype(np.float64)),
+            f["cand_depth"][pos].astype(np.int64),
+            law.astype(np.float64),
+        )
 
 
 def fit_per_depth_maps(
@@ -164,25 +238,28 @@ def fit_per_depth_maps(
 
     The map for fold f is fitted on pool edges of fold 1-f prompts: at most
     `max_edges` per (temperature, half), thinned uniformly while streaming so
-    paper-scale traces never sit in memory.
+    paper-scale traces never sit in memory. Only the kept edges are gathered
+    (`_FlatEdges`); the thinning draws one uniform number per edge.
     """
     rng = np.random.default_rng(seed)
     n_rounds = dataset.count_rows()
     buckets: dict[tuple[float, int], list[tuple[np.ndarray, ...]]] = {}
     rate = None
-    for table in iter_trace_chunks(dataset, chunk_rounds):
-        pool = pool_batch_from_table(table)
+    for table in iter_trace_chunks(dataset, chunk_rounds, EDGE_COLUMNS):
+        edges = _FlatEdges(table)
         if rate is None:  # ~4 (temperature, half) groups share the rounds: oversample 4x
-            rate = min(1.0, 4 * max_edges / max(1, n_rounds * pool.shape[1]))
+            rate = min(1.0, 4 * max_edges / max(1, n_rounds * edges.width))
         prompt_fold = table["prompt_id"].to_pandas().map(folds).to_numpy()
         temps = table["temperature"].to_numpy()
         for t in np.unique(temps):
             for half in (0, 1):
                 rows = np.flatnonzero((temps == t) & (prompt_fold == half))
                 if rows.size:
-                    x, d, y = _edge_arrays(_slice(pool, torch.from_numpy(rows)))
-                    keep = rng.random(x.size) < rate
-                    buckets.setdefault((float(t), half), []).append((x[keep], d[keep], y[keep]))
+                    # one uniform number per edge of these rows, in pool order
+                    keep = np.flatnonzero(rng.random(int(edges.lengths[rows].sum())) < rate)
+                    buckets.setdefault((float(t), half), []).append(
+                        edges.arrays(*edges.positions(rows, keep))
+                    )
     maps = {}
     for (t, half), chunks in buckets.items():
         x, d, y = (np.concatenate(c) for c in zip(*chunks, strict=True))
@@ -195,10 +272,6 @@ def fit_per_depth_maps(
     return maps
 
 
-def _slice(pool: PoolBatch, rows: torch.Tensor) -> PoolBatch:
-    return PoolBatch(**{k: getattr(pool, k)[rows] for k in pool.__dataclass_fields__})
-
-
 def per_depth_scores(
     pool: PoolBatch,
     prompt_ids: np.ndarray,
@@ -209,8 +282,8 @@ def per_depth_scores(
     fold = np.array([folds[p] for p in prompt_ids])
     temps = pool.temperature.numpy()
     logf = torch.full(pool.shape, -torch.inf)
-    q = np.exp(pool.draft_logprob.numpy().astype(np.float64))
     depth = pool.depth.numpy()
+    levels = pool_levels(pool.parent, pool.depth)
     for t in np.unique(temps):
         for f in np.unique(fold[temps == t]):
             if (float(t), int(f)) not in maps:
@@ -221,7 +294,18 @@ def per_depth_scores(
         rows = np.flatnonzero((temps == np.float32(t)) & (fold == f))
         if rows.size == 0:
             continue
-        cal = iso.predict(q[rows].reshape(-1), depth[rows].reshape(-1)).reshape(rows.size, -1)
+        q = np.exp(pool.draft_logprob.numpy()[rows].astype(np.float64))
+        if levels:  # each depth's columns at once: the same values PerDepthIsotonic maps
+            cal = np.empty_like(q)
+            for d, (lo, hi) in enumerate(levels, start=1):
+                if d not in iso.maps_:  # as PerDepthIsotonic.predict refuses it
+                    raise ValueError(
+                        f"no map for depth(s) [{d}]: the training half had edges at depths "
+                        f"{sorted(iso.maps_)} only"
+                    )
+                cal[:, lo:hi] = iso.maps_[d].predict(q[:, lo:hi].ravel()).reshape(rows.size, -1)
+        else:
+            cal = iso.predict(q.reshape(-1), depth[rows].reshape(-1)).reshape(rows.size, -1)
         logf[rows] = torch.from_numpy(np.log(np.clip(cal, PROB_FLOOR, 1.0)).astype(np.float32))
     logf = torch.where(pool.valid, logf, -torch.inf)
     return path_sum(logf, pool.parent, pool_levels(pool.parent, pool.depth))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rerank.evaluate import ROUND_KEYS
 from rerank.models import LABEL_OF_LAW
 from rerank.predict import FirstFactorPredictions
 from specrank.laws import law_kind
@@ -30,7 +29,7 @@ def prediction_quality(candidates: pd.DataFrame, preds: FirstFactorPredictions) 
     decoding only rounds whose first level holds the target's token count
     (`top1_rounds` says how many rounds each figure averages).
     """
-    frame = candidates.merge(preds.frame, on=[*ROUND_KEYS, "cand_index"], how="inner")
+    frame = preds.joined(candidates, [*LABEL_OF_LAW.values(), "draft_prob"])
     rows = []
     for temperature, part in frame.groupby("temperature"):
         label = part[LABEL_OF_LAW[law_kind(float(temperature))]].to_numpy(np.float64)

@@ -1,7 +1,9 @@
 """The issue-14 report tables of a run: retained rows, coverage, draw-rule sizes.
 
-`report_tables` reads the trace store once (every accumulator shares each
-chunk's dense pool and draft ranking) and returns DataFrames for the job to
+`ReportAccumulators` collects them chunk by chunk: fed by the evaluation pass
+(`rerank.evaluate.evaluate_traces(consumers=...)`, which builds each chunk's
+dense pool and draft ranking once for the rule values and the reports alike),
+or by `report_tables`, a pass of its own. Both return DataFrames for the job to
 write as CSV and log:
 
   row_agreement   law x row kind: availability, TV mean/median, argmax agreement (Tables 23, 26)
@@ -21,8 +23,50 @@ import pyarrow.dataset as ds
 
 from rerank.coverage import COVERAGE_COLUMNS, CoverageRounds
 from rerank.draw_sizes import DrawSizeSums, size_means
-from rerank.pool_chunks import iter_pool_chunks
+from rerank.pool_chunks import PoolChunk, iter_pool_chunks
 from rerank.row_agreement import ROW_COLUMNS, RowRounds, agreement_tables
+
+
+class ReportAccumulators:
+    """Every report accumulator, fed one `PoolChunk` at a time (a `ChunkConsumer`)."""
+
+    def __init__(self, budgets: Sequence[int], top_ms: Sequence[int] = (100,),
+                 frontier_ks: Sequence[int] = (40,)) -> None:  # fmt: skip
+        budgets = sorted(set(budgets))
+        if not budgets or budgets[0] < 1:
+            raise ValueError(f"The 'budgets' must be a non-empty list of ints >= 1. Got {budgets}.")
+        self.columns = [*ROW_COLUMNS, *COVERAGE_COLUMNS]
+        self.rows = RowRounds()
+        self.coverage = CoverageRounds(budgets, list(top_ms), list(frontier_ks))
+        self.sizes = DrawSizeSums(budgets)
+
+    def add(self, chunk: PoolChunk) -> None:
+        self.merge(self.part(chunk))
+
+    def part(self, chunk: PoolChunk) -> tuple:
+        """A chunk's contributions, computed in any thread; `merge` them in chunk order."""
+        return self.rows.part(chunk), self.coverage.part(chunk), self.sizes.part(chunk)
+
+    def merge(self, part: tuple) -> None:
+        rows, coverage, sizes = part
+        self.rows.merge(rows)
+        self.coverage.merge(coverage)
+        self.sizes.merge(sizes)
+
+    def tables(
+        self, per_round: pd.DataFrame | None, n_resamples: int, seed: int
+    ) -> dict[str, pd.DataFrame]:
+        """The report tables (module doc) of everything added."""
+        agreement, match = agreement_tables(self.rows)
+        out = {
+            "row_agreement": agreement,
+            "row_match": match,
+            "coverage": self.coverage.table(n_resamples, seed),
+            "draw_sizes": self.sizes.table(),
+        }
+        if per_round is not None and any(c.startswith("size/") for c in per_round.columns):
+            out["size_means"] = size_means(per_round, n_resamples, seed)
+        return out
 
 
 def report_tables(
@@ -35,23 +79,8 @@ def report_tables(
     top_ms: Sequence[int] = (100,),
     frontier_ks: Sequence[int] = (40,),
 ) -> dict[str, pd.DataFrame]:
-    """Every report table (module doc) from one chunked pass over the traces."""
-    budgets = sorted(set(budgets))
-    if not budgets or budgets[0] < 1:
-        raise ValueError(f"The 'budgets' must be a non-empty list of ints >= 1. Got {budgets}.")
-    rows, coverage = RowRounds(), CoverageRounds(budgets, list(top_ms), list(frontier_ks))
-    sizes = DrawSizeSums(budgets)
-    for chunk in iter_pool_chunks(dataset, chunk_rounds, [*ROW_COLUMNS, *COVERAGE_COLUMNS]):
-        rows.add(chunk)
-        coverage.add(chunk)
-        sizes.add(chunk)
-    agreement, match = agreement_tables(rows)
-    out = {
-        "row_agreement": agreement,
-        "row_match": match,
-        "coverage": coverage.table(n_resamples, seed),
-        "draw_sizes": sizes.table(),
-    }
-    if per_round is not None and any(c.startswith("size/") for c in per_round.columns):
-        out["size_means"] = size_means(per_round, n_resamples, seed)
-    return out
+    """Every report table (module doc) from one chunked pass over the traces of its own."""
+    acc = ReportAccumulators(budgets, top_ms, frontier_ks)
+    for chunk in iter_pool_chunks(dataset, chunk_rounds, acc.columns):
+        acc.add(chunk)
+    return acc.tables(per_round, n_resamples, seed)

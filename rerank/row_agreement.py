@@ -38,8 +38,7 @@ import torch
 
 from decode.select.pool_batch import list_matrix
 from decode.tree.retained import TOKEN_ONLY_MAX
-from rerank.evaluate import ROUND_KEYS
-from rerank.pool_chunks import PoolChunk, iter_pool_chunks
+from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from specrank.laws import law_name
 
 SCALAR_ROWS = {"matched": "matched", "cache": "cache", "same": "same", "preceding": "prev"}
@@ -104,8 +103,13 @@ class RowRounds:
     agree: list[np.ndarray] = field(default_factory=list)  # [R, 25] 1/0, NaN past the list
 
     def add(self, chunk: PoolChunk) -> None:
+        self.merge(self.part(chunk))
+
+    def part(self, chunk: PoolChunk) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+        """A chunk's rows (computed anywhere; `merge` them in chunk order)."""
         t = chunk.table
-        frame = t.select([*ROUND_KEYS, "covered"]).to_pandas()
+        frame = chunk.keys[ROUND_KEYS].reset_index(drop=True)
+        frame["covered"] = t["covered"].to_numpy(zero_copy_only=False)
         for kind, col in SCALAR_ROWS.items():
             frame[f"{kind}_tv"] = _nan_if_null(t[f"{col}_tv"])
             frame[f"{kind}_agree"] = _nan_if_null(t[f"{col}_argmax_agree"])
@@ -114,10 +118,15 @@ class RowRounds:
         frame["n_token_only"] = (
             t["token_only_tv"].combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
         )
-        self.frames.append(frame)
-        self.tv.append(list_matrix(t["token_only_tv"], np.nan, np.float64, _LIST)[0])
+        tv = list_matrix(t["token_only_tv"], np.nan, np.float64, _LIST)[0]
         agree = t["token_only_argmax_agree"].combine_chunks().cast(pa.list_(pa.float64()))
-        self.agree.append(list_matrix(agree, np.nan, np.float64, _LIST)[0])
+        return frame, tv, list_matrix(agree, np.nan, np.float64, _LIST)[0]
+
+    def merge(self, part: tuple[pd.DataFrame, np.ndarray, np.ndarray]) -> None:
+        frame, tv, agree = part
+        self.frames.append(frame)
+        self.tv.append(tv)
+        self.agree.append(agree)
 
     def _joined(self) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
         """All rounds with their predecessor's rebuild; token-only path mask [R, 25]."""
@@ -125,9 +134,8 @@ class RowRounds:
             raise ValueError("the trace store holds no rounds")
         frame = pd.concat(self.frames, ignore_index=True)
         tv, agree = np.concatenate(self.tv), np.concatenate(self.agree)
-        index = pd.MultiIndex.from_frame(frame[ROUND_KEYS])
-        prev = frame[ROUND_KEYS].assign(round_index=frame["round_index"] - 1)
-        at = index.get_indexer(pd.MultiIndex.from_frame(prev))
+        codes = RoundCodes(frame[ROUND_KEYS])
+        at = pd.Index(codes.encode(frame)).get_indexer(codes.encode(frame, shift=-1))
         split = (at >= 0) & (frame["n_list"].to_numpy()[np.maximum(at, 0)] == frame["n_token_only"])
         bits = np.where(split, frame["path_bits"].to_numpy()[np.maximum(at, 0)], 0)
         on_path = ((bits[:, None] >> np.arange(_LIST)) & 1).astype(bool)

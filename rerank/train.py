@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,11 +38,12 @@ from rerank.config import (
     SWEEP_BUDGETS,
     MlflowConfig,
     RerankConfig,
+    RerankModelConfig,
 )
 from rerank.coverage import RootIfCovered
 from rerank.crossfit import SCHEMES
-from rerank.evaluate import RETAINED_ROWS, ROUND_KEYS, EvalPlan, PromptCurves, evaluate_traces
-from rerank.models import FEATURE_SETS, KINDS, LABEL_OF_LAW
+from rerank.evaluate import RETAINED_ROWS, EvalPlan, PromptCurves, evaluate_traces
+from rerank.models import FEATURE_SETS, KINDS, LABEL_OF_LAW, Capacity
 from rerank.persist import save_reranker
 from rerank.plots import reliability_table, write_plots
 from rerank.predict import (
@@ -53,7 +55,7 @@ from rerank.predict import (
     predict_first_factors,
 )
 from rerank.quality import prediction_quality
-from rerank.reports import report_tables
+from rerank.reports import ReportAccumulators
 from rerank.summary import (
     choose_mixture_weights,
     law_draws,
@@ -65,7 +67,7 @@ from specrank import config as _schema  # noqa: F401  (registers the Hydra schem
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
 from specrank.cli import run_entry_point
 from specrank.laws import law_kind, law_name
-from specrank.memory import retain_freed_heap
+from specrank.memory import release_freed_heap, retain_freed_heap
 from specrank.paths import project_path
 from specrank.shard_store import SchemaError
 from specrank.tracking import metric_key, parent_run
@@ -125,6 +127,7 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
     """Cross-fit the rerankers and the q1 calibration on the candidate table (SPEC §8)."""
     t0 = time.perf_counter()
     candidates = candidate_store(project_path(rerank.features)).read().to_pandas()
+    release_freed_heap()  # the Arrow table's buffers, now converted
     folds = fold_map(
         candidates["prompt_id"].to_numpy(), rerank.halves, seed, candidates["task"].to_numpy()
     )
@@ -138,6 +141,7 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
         seed,
         rerank.model.n_threads,
         rerank.rank_q_bins,
+        capacity=model_capacity(rerank.model),
     )
     seconds = time.perf_counter() - t0
     return Fitted(candidates, folds, preds, prediction_quality(candidates, preds), seconds)
@@ -147,22 +151,19 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int) -> Evaluation:
     """Every rule on the recorded pools, out of fold, with paired bootstrap intervals (SPEC §9)."""
     folds, preds = fitted.folds, fitted.preds
     dataset = trace_store(project_path(rerank.traces)).dataset()
-    # Rules given as whole candidate scores: root selection after covered rounds only
-    # (a decoder without a root pass, App. D.10) and the per-depth calibration.
-    extras = [RootIfCovered.from_dataset(dataset)]
+    # Root selection after covered rounds only (a decoder without a root pass, App. D.10),
+    # as a first factor; the per-depth calibration, as whole candidate scores.
+    root_if_covered = RootIfCovered.from_dataset(dataset)
+    extra = None
     if "per_depth" in rerank.calibrators:
         maps = fit_per_depth_maps(
             dataset, folds, rerank.calibration_edges, seed, rerank.chunk_rounds
         )
+        release_freed_heap()
 
-        def per_depth(pool, table):
+        def extra(pool, table):
             ids = table["prompt_id"].to_numpy(zero_copy_only=False)
             return {"per_depth": per_depth_scores(pool, ids, folds, maps)}
-
-        extras.append(per_depth)
-
-    def extra(pool, table):
-        return {name: score for f in extras for name, score in f(pool, table).items()}
 
     budgets = sorted(set(rerank.budgets) | (set(SWEEP_BUDGETS) if rerank.sweep else set()))
     rerankers = [f"{fs}_{rerank.model.kind}" for fs in rerank.feature_sets]
@@ -170,9 +171,13 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int) -> Evaluation:
                     mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m,
                     curve_rules=["root", *rerankers])  # fmt: skip
     curves = PromptCurves()  # per-prompt curves: matched-size PEARL, node-equivalent budgets
+    # retained rows, coverage, draw-rule sizes: fed by the same pass over the traces
+    acc = ReportAccumulators(budgets) if rerank.reports else None
     per_round = evaluate_traces(
-        dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves
-    )
+        dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves,
+        first_factor=root_if_covered.first_factors, consumers=[acc] if acc else [],
+        workers=rerank.workers or len(os.sched_getaffinity(0)),
+    )  # fmt: skip
     per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
     per_round, mix_weights = choose_mixture_weights(per_round)
     draws = law_draws(per_round, rerank.n_resamples, seed, curves=curves)  # one set of resamples
@@ -184,11 +189,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int) -> Evaluation:
         [results_table(summary), comparisons_table(comparisons), variants_text(variants)]
     )
     groups = breakdown_gains(per_round, rerank.n_resamples, seed)
-    reports = {}
-    if rerank.reports:  # retained rows, coverage, draw-rule sizes (one more pass over the traces)
-        reports = report_tables(
-            dataset, per_round, budgets, rerank.n_resamples, seed, rerank.chunk_rounds
-        )
+    reports = acc.tables(per_round, rerank.n_resamples, seed) if acc else {}
     reports["halves"] = halves_table(fitted.candidates, folds)
     reports["variants"] = variants
     return Evaluation(
@@ -210,7 +211,7 @@ def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> list[Path]:
     ev.per_round.to_parquet(out_dir / "per_round_values.parquet", index=False)
     fitted.preds.frame.to_parquet(out_dir / "oof_predictions.parquet", index=False)
     (out_dir / "results.txt").write_text(ev.table + "\n")
-    merged = fitted.candidates.merge(fitted.preds.frame, on=[*ROUND_KEYS, "cand_index"])
+    merged = fitted.preds.joined(fitted.candidates, [*LABEL_OF_LAW.values(), "draft_prob"])
     parts = []
     for temperature, part in merged.groupby("temperature"):
         label = part[LABEL_OF_LAW[law_kind(float(temperature))]].to_numpy(np.float64)
@@ -278,8 +279,20 @@ def log_run(
                     metric_key("fit_s", name): secs[fold]
                     for name, secs in fitted.preds.fit_seconds.items()
                 }
+                # the iterations each model holds (early stopping: the count it chose)
+                mlflow.log_params({metric_key("n_iter", name): pair[fold].n_iter
+                                   for name, pair in fitted.preds.models.items()})  # fmt: skip
                 mlflow.log_metrics(fold_metrics | _quality_metrics(fitted.quality, fold))
         return run.info.run_id
+
+
+def model_capacity(model: RerankModelConfig) -> Capacity:
+    """The boosting capacity of the `rerank.model` settings."""
+    return Capacity(
+        n_iter=model.n_iter, learning_rate=model.learning_rate, max_leaves=model.max_leaves,
+        early_stopping=model.early_stopping, patience=model.patience,
+        validation_share=model.validation_share, refit=model.refit,
+    )  # fmt: skip
 
 
 def check_settings(rerank: RerankConfig) -> None:
@@ -287,6 +300,16 @@ def check_settings(rerank: RerankConfig) -> None:
     check_choice("rerank.model.kind", rerank.model.kind, KINDS)
     if rerank.model.n_threads is not None:
         check_int("rerank.model.n_threads", rerank.model.n_threads, 1)
+    check_int("rerank.model.n_iter", rerank.model.n_iter, 1)
+    check_real("rerank.model.learning_rate", rerank.model.learning_rate, 0.0, low_open=True)
+    check_int("rerank.model.max_leaves", rerank.model.max_leaves, 2)
+    check_int("rerank.model.patience", rerank.model.patience, 1)
+    share = rerank.model.validation_share
+    check_real("rerank.model.validation_share", share, 0.0, 1.0, low_open=True)
+    if share == 1.0:  # every training prompt held out: nothing left to fit
+        raise ValueError(
+            f"The 'rerank.model.validation_share' must be in (0, 1). Got {share!r} instead."
+        )
     check_subset("rerank.feature_sets", rerank.feature_sets, list(FEATURE_SETS))
     check_subset("rerank.calibrators", rerank.calibrators, CALIBRATORS)
     check_int("rerank.rank_q_bins", rerank.rank_q_bins, 1)
@@ -304,6 +327,8 @@ def check_settings(rerank: RerankConfig) -> None:
     check_int("rerank.n_resamples", rerank.n_resamples, 1)
     check_int("rerank.calibration_edges", rerank.calibration_edges, 1)
     check_int("rerank.chunk_rounds", rerank.chunk_rounds, 1)
+    if rerank.workers is not None:
+        check_int("rerank.workers", rerank.workers, 1)
     comparison_pairs(rerank)  # parsed and checked against the run's rules
 
 

@@ -61,6 +61,10 @@ PAPER = {
     "select.budget": 59,
     "select.top_m": 160,
     "rerank.model.kind": "hgb",
+    "rerank.model.n_iter": 400,  # fixed: no early stopping
+    "rerank.model.learning_rate": 0.05,
+    "rerank.model.max_leaves": 63,
+    "rerank.model.early_stopping": False,
     "rerank.halves": "even_odd",
     "rerank.budgets": [8, 59],
     "rerank.feature_sets": ["base", "rows"],

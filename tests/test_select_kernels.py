@@ -30,7 +30,7 @@ from decode.select.ranking import (
     top_b,
     torch_route,
 )
-from decode.select.values import RULES, evaluate_pools
+from decode.select.values import DRAW_RULES, RULES, evaluate_pools, lead_factor_scores, pool_context
 from specrank.paths import PROJECT_ROOT
 from tests.random_pools import random_pool_batch, random_tree
 
@@ -173,3 +173,43 @@ def test_compiled_route_keeps_torchs_thread_count():
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1"]
+
+
+@pytest.mark.parametrize("top_m", [0, 25])
+def test_fused_first_factor_values_equal_the_scores_route(top_m):
+    """One compiled pass (scores, top k, values) gives what each rule's scores give, exactly.
+
+    Rounds of both laws in one batch (root_softmax copies root under sampling); first
+    factors with ties, -inf, partly NaN and all-NaN rounds (copied from draft).
+    """
+    rng = np.random.default_rng(12)
+    pool = random_pool_batch(rng, 90, [6, 12, 12, 8], temperature=1.0, tie_values=True)
+    pool.temperature[::3] = 0.0  # every third round greedy
+    n1 = 6
+    lead = torch.from_numpy(  # log 1, log 0.5, log 0.25 and log 0 = -inf
+        rng.choice(np.float32([0.0, -0.6931472, -1.3862944, -np.inf]), size=(90, n1))
+    )
+    lead[rng.random((90, n1)) < 0.2] = torch.nan
+    lead[::4] = torch.nan  # rounds without the factor: draft selection's values
+    firsts = {"learned": lead, "shuffled": lead[torch.randperm(90)]}
+    budgets = [1, 3, 8, 20, 38, 80]
+    curve_rules = ["root", "learned"]
+
+    def run():
+        return evaluate_pools(pool, budgets, RULES, top_m=top_m, first_factors=firsts,
+                              curves=True, curve_rules=curve_rules)  # fmt: skip
+
+    fused = run()
+    with torch_route():  # the reference: scores per rule, ranked and valued by torch
+        ref = run()
+    # ... and the same first factors given as whole scores on the compiled route
+    ctx = pool_context(pool, top_m)
+    scores = {k: lead_factor_scores(ctx, v) for k, v in firsts.items()}
+    as_scores = evaluate_pools(pool, budgets, RULES, top_m=top_m, extra_scores=scores,
+                               curves=True, curve_rules=curve_rules)  # fmt: skip
+    assert list(fused) == list(ref) == list(as_scores)  # the same rules in the same order
+    exact = [n for n in ref if n.split("/")[-1] not in DRAW_RULES]
+    for name in exact:
+        assert torch.equal(fused[name], ref[name]), name
+        assert torch.equal(fused[name], as_scores[name]), name
+    assert not torch.equal(fused["learned"], fused["draft"])  # the factors do move the values

@@ -40,7 +40,7 @@ def _key(score: np.float32, index: int, width: int, valid: bool) -> np.int64:
     return (key32 << 32) | (width - 1 - index)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def layout_holds(
     depth: np.ndarray, parent: np.ndarray, layout: np.ndarray, level_start: np.ndarray
 ) -> bool:
@@ -61,7 +61,7 @@ def layout_holds(
     return not bad.any()
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def path_reduce(edge: np.ndarray, parent: np.ndarray, product: bool) -> tuple[np.ndarray, bool]:
     """Path sums (or products) of per-edge values in one sweep per round.
 
@@ -84,7 +84,7 @@ def path_reduce(edge: np.ndarray, parent: np.ndarray, product: bool) -> tuple[np
     return out, not bad.any()
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def first_level_ancestor(parent: np.ndarray) -> tuple[np.ndarray, bool]:
     """Pool index of each candidate's depth-1 ancestor; ok=False outside pool order."""
     n_rounds, width = parent.shape
@@ -152,50 +152,225 @@ def _pop(heap: np.ndarray, n: int) -> np.int64:
     return top
 
 
-@njit(parallel=True, cache=True)
+@njit(inline="always", cache=True)
+def _rank_row(
+    score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int, out: np.ndarray
+) -> bool:
+    """The first k pool indices of one round best-first into `out`; False if a score is NaN/+inf.
+
+    Small k scans the pool once with a k-entry min-heap of keys (O(P log k));
+    large k sorts every key.
+    """
+    width = score.shape[0]
+    nan = False
+    if not 4 * k < width:
+        keys = np.empty(width, dtype=np.int64)
+        for i in range(width):
+            s = np.float32(score[i])
+            nan |= not (s < np.inf)  # NaN or +inf
+            keys[i] = _key(s, i, width, valid[i] if has_valid else True)
+        keys = np.sort(keys)
+        for j in range(k):
+            out[j] = _index(keys[width - 1 - j], width)
+        return not nan
+    heap = np.empty(k, dtype=np.int64)
+    for i in range(width):
+        s = np.float32(score[i])
+        nan |= not (s < np.inf)  # NaN or +inf
+        key = _key(s, i, width, valid[i] if has_valid else True)
+        if i < k:
+            heap[i] = key
+            if i == k - 1:
+                for j in range(k // 2 - 1, -1, -1):
+                    _sift_down(heap, k, j)
+        elif key > heap[0]:
+            heap[0] = key
+            _sift_down(heap, k, 0)
+    # pop the heap from its smallest key: best-first order fills from the back
+    for j in range(k - 1, -1, -1):
+        out[j] = _index(_pop(heap, j + 1), width)
+    return not nan
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def rank_order(
     score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int
 ) -> tuple[np.ndarray, bool]:
     """The first k pool indices best-first by the SPEC tie-break. [R, k] int64.
 
-    Small k scans the pool once with a k-entry min-heap of keys (O(P log k));
-    large k sorts every key. Returns ok=False if a score is NaN or +inf (the caller raises).
+    Returns ok=False if a score is NaN or +inf (the caller raises).
     """
-    n_rounds, width = score.shape
+    n_rounds = score.shape[0]
     out = np.empty((n_rounds, k), dtype=np.int64)
     nan = np.zeros(n_rounds, dtype=np.bool_)
-    use_heap = 4 * k < width
     for r in prange(n_rounds):
-        if not use_heap:
-            keys = np.empty(width, dtype=np.int64)
-            for i in range(width):
-                s = np.float32(score[r, i])
-                nan[r] |= not (s < np.inf)  # NaN or +inf
-                keys[i] = _key(s, i, width, valid[r, i] if has_valid else True)
-            keys = np.sort(keys)
-            for j in range(k):
-                out[r, j] = _index(keys[width - 1 - j], width)
-            continue
-        heap = np.empty(k, dtype=np.int64)
-        for i in range(width):
-            s = np.float32(score[r, i])
-            nan[r] |= not (s < np.inf)  # NaN or +inf
-            key = _key(s, i, width, valid[r, i] if has_valid else True)
-            if i < k:
-                heap[i] = key
-                if i == k - 1:
-                    for j in range(k // 2 - 1, -1, -1):
-                        _sift_down(heap, k, j)
-            elif key > heap[0]:
-                heap[0] = key
-                _sift_down(heap, k, 0)
-        # pop the heap from its smallest key: best-first order fills from the back
-        for j in range(k - 1, -1, -1):
-            out[r, j] = _index(_pop(heap, j + 1), width)
+        nan[r] = not _rank_row(score[r], valid[r] if has_valid else valid[0], has_valid, k, out[r])
     return out, not nan.any()
 
 
-@njit(parallel=True, cache=True)
+@njit(inline="always", cache=True)
+def _merge_rank_row(
+    score: np.ndarray,
+    valid: np.ndarray,
+    has_valid: bool,
+    draft_order: np.ndarray,
+    first: np.ndarray,
+    n_groups: int,
+    k: int,
+    out: np.ndarray,
+) -> bool:
+    """`_rank_row` for scores whose first-level factors alone differ from draft's.
+
+    Every candidate belongs to one first-level subtree (`first`: its depth-1
+    ancestor, in 0..n_groups-1). Each subtree's candidates, laid out in the
+    draft order, are sorted by their ranking keys (an insertion sort: the draft
+    order already nearly sorts them, a shared first factor moving them
+    together), then the sorted subtrees are merged by key. Sorted lists merged
+    by unique keys give the order one sort of all keys gives, whatever the
+    starting arrangement, which only sets the cost: about one comparison per
+    candidate instead of a heap or a sort of the pool.
+    """
+    width = score.shape[0]
+    nan = False
+    keys = np.empty(width, dtype=np.int64)
+    for i in range(width):
+        s = np.float32(score[i])
+        nan |= not (s < np.inf)  # NaN or +inf
+        keys[i] = _key(s, i, width, valid[i] if has_valid else True)
+    start = np.zeros(n_groups + 1, dtype=np.int64)
+    for i in range(width):
+        start[first[i] + 1] += 1
+    for g in range(n_groups):
+        start[g + 1] += start[g]
+    fill = start[:n_groups].copy()
+    lists = np.empty(width, dtype=np.int64)  # keys, grouped by subtree, in draft order
+    for j in range(width):
+        u = draft_order[j]
+        g = first[u]
+        lists[fill[g]] = keys[u]
+        fill[g] += 1
+    for g in range(n_groups):  # insertion sort, best first
+        for a in range(start[g] + 1, start[g + 1]):
+            item = lists[a]
+            b = a - 1
+            while b >= start[g] and lists[b] < item:
+                lists[b + 1] = lists[b]
+                b -= 1
+            lists[b + 1] = item
+    heap = np.empty(n_groups, dtype=np.int64)  # ~key of each subtree's next candidate
+    head = start[:n_groups].copy()
+    n = 0
+    for g in range(n_groups):
+        if head[g] < start[g + 1]:
+            _push(heap, n, ~lists[head[g]])
+            n += 1
+    for j in range(k):
+        key = ~_pop(heap, n)
+        n -= 1
+        u = _index(key, width)
+        out[j] = u
+        g = first[u]
+        head[g] += 1
+        if head[g] < start[g + 1]:
+            _push(heap, n, ~lists[head[g]])
+            n += 1
+    return not nan
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def lead_factor_values(
+    draft_logprob: np.ndarray,
+    parent: np.ndarray,
+    lead: np.ndarray,
+    path_prob: np.ndarray,
+    valid: np.ndarray,
+    has_valid: bool,
+    k: int,
+    at: np.ndarray,
+    curve: bool,
+    copy: np.ndarray,
+    nan_copies: bool,
+    src_values: np.ndarray,
+    src_curve: np.ndarray,
+    draft_order: np.ndarray,
+    first: np.ndarray,
+    n_groups: int,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Values of a rule whose leading factors are replaced, per round in one pass.
+
+    What `decode.select.values` computes from a rule's scores, fused: scores =
+    path sums of per-edge log factors, `lead[r, i]` for the first L pool columns
+    where not NaN and the draft factor elsewhere (the same float32 sums as
+    `path_reduce`); the best-first top k (`_rank_row`); the cumulative path
+    probability in that order, accumulated in float64 and rounded to float32 as
+    torch's CPU cumsum does, read at positions `at` (-1: the empty tree, 0).
+    `curve` keeps the whole cumulative curve ([R, k]; k must then be the pool).
+    With `n_groups` > 0 (first-level factors only, `draft_order` the whole pool's,
+    `first` each candidate's depth-1 ancestor) the ranking merges the subtrees
+    (`_merge_rank_row`); else it takes the heap or sort of `_rank_row`.
+    Rounds known to rank like a source rule are copied from its outputs
+    (`src_values`, `src_curve`): those with `copy[r]`, and with `nan_copies`
+    those whose leading factors are all NaN (the source is then draft selection).
+    Returns (values [R, len(at)] float32, curve [R, k or 0] float32, status):
+    status 0 ok, 1 a parent after its child (not pool order), 2 a NaN/+inf score.
+    """
+    n_rounds, width = draft_logprob.shape
+    n_lead = lead.shape[1]
+    values = np.zeros((n_rounds, at.shape[0]), dtype=np.float32)
+    curves = np.empty((n_rounds, k if curve else 0), dtype=np.float32)
+    status = np.zeros(n_rounds, dtype=np.int64)
+    for r in prange(n_rounds):
+        same = copy[r]
+        if nan_copies and not same:
+            same = True
+            for i in range(n_lead):
+                if not np.isnan(lead[r, i]):
+                    same = False
+                    break
+        if same:
+            values[r] = src_values[r]
+            if curve:
+                curves[r] = src_curve[r]
+            continue
+        score = np.empty(width, dtype=np.float32)
+        for i in range(width):
+            e = draft_logprob[r, i]
+            if i < n_lead and not np.isnan(lead[r, i]):
+                e = lead[r, i]
+            p = parent[r, i]
+            if p < 0:
+                score[i] = e
+            elif p < i:
+                score[i] = score[p] + e
+            else:
+                status[r] = 1
+                break
+        if status[r]:
+            continue
+        order = np.empty(k, dtype=np.int64)
+        ok_valid = valid[r] if has_valid else valid[0]
+        if n_groups > 0:
+            ok = _merge_rank_row(score, ok_valid, has_valid, draft_order[r], first[r], n_groups,
+                                 k, order)  # fmt: skip
+        else:
+            ok = _rank_row(score, ok_valid, has_valid, k, order)
+        if not ok:
+            status[r] = 2
+            continue
+        acc = 0.0
+        mass = np.empty(k, dtype=np.float32)
+        for j in range(k):
+            acc += path_prob[r, order[j]]
+            mass[j] = np.float32(acc)
+        for b in range(at.shape[0]):
+            if at[b] >= 0:
+                values[r, b] = mass[at[b]]
+        if curve:
+            curves[r] = mass
+    return values, curves, status.max()
+
+
+@njit(parallel=True, cache=True, nogil=True)
 def draw_curves(
     draft: np.ndarray,
     valid: np.ndarray,
