@@ -13,8 +13,11 @@ round), per-stage ms per round, and the reranker's features + predict time per
 round in microseconds and as a share of the round and of drafting.
 
 Rerankers: --reranker-t0 / --reranker-t1 (folders written by save_reranker), or
-fitted here at the paper's capacity (400 trees, <= 63 leaves) on traces recorded
-from prompts outside the benchmark's (cached under bench/.cache/). Also reported:
+fitted here as `rerank.train` fits them by default (--kind, --feature-set
+rows_matched, --capacity default: early stopping; `paper`: the fixed 400 trees) on
+traces recorded from prompts outside the benchmark's (cached under bench/.cache/).
+The per-round cost is measured with the paper-capacity model too, in the same run
+(--cost-baseline), and printed as a ratio. Also reported:
 phat latency of each prediction route for one round's first level (--rows rows),
 as ratios to LightGBM's / scikit-learn's own predictor measured in the same run.
 
@@ -63,16 +66,19 @@ from decode.record import record_traces
 from features.extract import extract
 from features.schema import candidate_store
 from rerank.boosting import Capacity
+from rerank.config import RerankConfig, RerankModelConfig
 from rerank.forest_eval import compile_forest, link, prepare, walk_numpy
 from rerank.models import fit_reranker
 from rerank.online import PREDICTORS, OnlinePredictor, forest_of, load_online_reranker
 from rerank.persist import save_reranker
+from rerank.train import model_capacity
 from specrank.paths import project_path
 from tests.tiny_models import build_tiny_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(__file__).resolve().parent / ".cache"
 PAPER_CAPACITY = Capacity()  # 400 iterations, learning rate 0.05, <= 63 leaves
+DEFAULT_FEATURE_SET = RerankConfig().feature_sets[-1]  # rows_matched: the default job's best
 
 
 def load_pair(model: str, device: str, dtype: str) -> tuple[ModelPair, str]:
@@ -126,28 +132,41 @@ def settings(
     return OnlineSettings(base, rule, score, record=False)
 
 
+def capacity_of(name: str) -> Capacity:
+    """`default`: the `rerank.model` defaults (early stopping); `paper`: the fixed 400 iterations."""
+    return PAPER_CAPACITY if name == "paper" else model_capacity(RerankModelConfig())
+
+
 def fitted(
-    pair: ModelPair, name: str, fit: list[Prompt], temperature: float, kind: str, max_new: int
-) -> Path:
-    """A reranker for `temperature`'s law at the paper's capacity, fitted on `fit` (cached)."""
+    pair: ModelPair, name: str, fit: list[Prompt], temperature: float, kind: str, max_new: int,
+    feature_set: str = DEFAULT_FEATURE_SET, capacity: str = "default",
+) -> Path:  # fmt: skip
+    """A reranker for `temperature`'s law fitted on `fit` (traces and model cached).
+
+    `feature_set` and `capacity` (`capacity_of`) as `rerank.train` fits them by default:
+    what a user plugs in after `make run`.
+    """
     root = CACHE / f"online-{name}-{kind}-{len(fit)}x{max_new}"
-    out = root / f"rows_T{temperature:g}"
+    out = root / f"{feature_set}_{capacity}_T{temperature:g}"
     if (out / "reranker.json").exists():
         return out
-    s = settings("draft", temperature, 59, max_new, score="pool").base
-    traces = root / f"traces_T{temperature:g}"
+    traces, features = root / f"traces_T{temperature:g}", root / f"features_T{temperature:g}"
     t0 = time.perf_counter()
-    record_traces(traces, pair, fit, s, 8, {"bench": "online", "T": temperature}, progress=False)
-    t1 = time.perf_counter()
-    extract(traces, root / f"features_T{temperature:g}", log=lambda _: None)
-    frame = candidate_store(root / f"features_T{temperature:g}").read().to_pandas()
+    if not (features / "manifest.json").exists():
+        s = settings("draft", temperature, 59, max_new, score="pool").base
+        record_traces(traces, pair, fit, s, 8, {"bench": "online", "T": temperature},
+                      progress=False)  # fmt: skip
+        extract(traces, features, log=lambda _: None)
+    frame = candidate_store(features).read().to_pandas()
     law = "greedy" if temperature == 0 else "sampling"
+    t1 = time.perf_counter()
+    model = fit_reranker(frame, feature_set, kind, law, n_threads=None,
+                         capacity=capacity_of(capacity))  # fmt: skip
     t2 = time.perf_counter()
-    model = fit_reranker(frame, "rows", kind, law, n_threads=None, capacity=PAPER_CAPACITY)
-    t3 = time.perf_counter()
     # recording the fitting prompts dominates; the fit itself is about a second (issue 19.3)
-    print(f"{kind} {law} reranker: recorded {len(fit)} prompts in {t1 - t0:.1f} s, extracted "
-          f"in {t2 - t1:.1f} s, fitted on {len(frame):,} candidates in {t3 - t2:.1f} s")  # fmt: skip
+    print(f"{kind} {law} {feature_set} reranker ({capacity} capacity, {model.n_iter} trees): "
+          f"traces ready in {t1 - t0:.1f} s, fitted on {len(frame):,} candidates in "
+          f"{t2 - t1:.1f} s")  # fmt: skip
     return save_reranker(model, out)
 
 
@@ -164,9 +183,10 @@ def small_fit_frame(n: int):
 def small_fit_profile(frame, kind: str, law: str) -> list[dict]:
     """Where a small fit's time goes: set-up (design matrix, priors), binning, iterations.
 
-    Per thread count (1, and the library default of all cores): the whole
-    `fit_reranker` at the paper's capacity, and the library alone with 1 and 400
-    iterations (LightGBM: binning is `Dataset.construct`, timed on its own).
+    Per thread count (1, and every core: given explicitly, since `n_threads=None`
+    fits this small run on one thread, `rerank.boosting`): the whole `fit_reranker`
+    at the paper's capacity, and the library alone with 1 and 400 iterations
+    (LightGBM: binning is `Dataset.construct`, timed on its own).
     """
     import lightgbm as lgb
 
@@ -181,8 +201,8 @@ def small_fit_profile(frame, kind: str, law: str) -> list[dict]:
     X = design_matrix(frame, features, task_categories(frame), prior)
     setup = time.perf_counter() - t0
     rows = []
-    for threads in (1, None):
-        rec = {"kind": kind, "threads": threads or "all", "rows": len(frame), "setup_s": setup}
+    for threads in (1, len(os.sched_getaffinity(0))):
+        rec = {"kind": kind, "threads": threads, "rows": len(frame), "setup_s": setup}
         t = time.perf_counter()
         fit_reranker(frame, "rows", kind, law, n_threads=threads, capacity=PAPER_CAPACITY)
         rec["fit_reranker_s"] = time.perf_counter() - t
@@ -193,7 +213,7 @@ def small_fit_profile(frame, kind: str, law: str) -> list[dict]:
             rec[f"library_{n_iter}_s"] = time.perf_counter() - t
         if kind == "lgbm":
             t = time.perf_counter()
-            lgb.Dataset(X, label=y, params={"num_threads": threads or 0, "verbosity": -1,
+            lgb.Dataset(X, label=y, params={"num_threads": threads, "verbosity": -1,
                                             "max_bin": 255}).construct()  # fmt: skip
             rec["binning_s"] = time.perf_counter() - t
         rec["per_iteration_ms"] = 1000 * (
@@ -310,7 +330,12 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--budgets", type=int, nargs="+", default=[8, 59])
     ap.add_argument("--rules", nargs="+", default=["draft", "root_draw", "reranker"])
-    ap.add_argument("--kind", choices=["lgbm", "hgb"], default="lgbm")
+    ap.add_argument("--kind", choices=["lgbm", "hgb"], default=RerankModelConfig().kind)
+    ap.add_argument("--feature-set", default=DEFAULT_FEATURE_SET, help="of the fitted rerankers")
+    ap.add_argument("--capacity", choices=["default", "paper"], default="default",
+                    help="fitted rerankers: the job's default (early stopping) or the paper's 400")  # fmt: skip
+    ap.add_argument("--cost-baseline", choices=["paper", "none"], default="paper",
+                    help="per-round cost also with the paper-capacity reranker (ratios)")  # fmt: skip
     ap.add_argument("--reranker-t0")
     ap.add_argument("--reranker-t1")
     ap.add_argument("--fit-prompts", type=int, default=24)
@@ -349,19 +374,34 @@ def main() -> None:
         for t in args.temperatures:
             predictor = None
             if "reranker" in args.rules:
-                path = given.get(t) or fitted(pair, name, fit, t, args.kind, args.max_new_tokens)
+                path = given.get(t) or fitted(pair, name, fit, t, args.kind, args.max_new_tokens,
+                                              args.feature_set, args.capacity)  # fmt: skip
                 model = load_online_reranker(str(path), t, "unused")
                 predictor = OnlinePredictor(model, pair.device, args.predictor)
                 result[f"predictor_T{t:g}"] = {"route": predictor.route, "kind": model.kind,
                                                "predictor": args.predictor,
                                                **predictor_latency(model, pair.device, args.rows)}  # fmt: skip
                 s = settings("reranker", t, max(args.budgets), args.max_new_tokens)
-                cost = round_cost(pair, bench[: args.cost_prompts], s, predictor, args.cost_reps)
-                result[f"round_cost_T{t:g}"] = cost
-                print(f"T={t:g} B={max(args.budgets)} reranker features + predict of one round "
-                      f"({cost['rounds']} rounds, {model.kind}, route {predictor.route}): "
-                      + "; ".join(f"{label} " + ", ".join(f"{k} {v:.0f}" for k, v in cost[label].items())
-                                  + " us" for label in ("in_decode", "repeated")), flush=True)  # fmt: skip
+                costs = {"this": (model, predictor)}
+                if args.cost_baseline == "paper" and not given.get(t) and args.capacity != "paper":
+                    base = load_online_reranker(str(fitted(
+                        pair, name, fit, t, args.kind, args.max_new_tokens, args.feature_set,
+                        "paper")), t, "unused")  # fmt: skip
+                    costs["paper"] = (base, OnlinePredictor(base, pair.device, args.predictor))
+                for label, (m, pred) in costs.items():
+                    cost = round_cost(pair, bench[: args.cost_prompts], s, pred, args.cost_reps)
+                    cost["trees"] = m.n_iter
+                    result[f"round_cost_T{t:g}" + ("" if label == "this" else f"_{label}")] = cost
+                    print(f"T={t:g} B={max(args.budgets)} reranker features + predict of one round "
+                          f"({cost['rounds']} rounds, {m.kind} {m.feature_set}, {m.n_iter} trees"
+                          f"{', paper capacity' if label == 'paper' else ''}, route {pred.route}): "
+                          + "; ".join(f"{lab} " + ", ".join(f"{k} {v:.0f}" for k, v in cost[lab].items())
+                                      + " us" for lab in ("in_decode", "repeated")), flush=True)  # fmt: skip
+                if "paper" in costs:
+                    a, b = (result[f"round_cost_T{t:g}{x}"]["in_decode"] for x in ("", "_paper"))
+                    print(f"T={t:g} in decode, this / paper-capacity reranker: features + predict "
+                          f"{a['features_and_predict'] / b['features_and_predict']:.2f}x, "
+                          f"total {a['total'] / b['total']:.2f}x", flush=True)  # fmt: skip
             baselines = {}
             for p in bench:
                 ids = encode_prompt(pair.tokenizer, p.text)

@@ -39,7 +39,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import psutil
 from scipy.special import expit
 
 from bench.bench_extract import CACHE, PAPER_PROMPTS, PAPER_ROUNDS, paper_traces
@@ -134,6 +133,15 @@ def bench_law(frame: pd.DataFrame, law: str, capacity: Capacity) -> dict:
     return res
 
 
+def _rss_gb(pid: int) -> float:
+    """Resident memory of a process (Linux /proc; 0 where it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e9
+    except OSError:
+        return 0.0
+
+
 def run_job(root: Path, overrides: list[str], tmp: Path, rss_limit_gb: float = 7.5) -> dict:
     """Wall seconds, CPU seconds and peak RSS of `python -m rerank.train` run in the code tree `root`.
 
@@ -149,8 +157,7 @@ def run_job(root: Path, overrides: list[str], tmp: Path, rss_limit_gb: float = 7
         pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
         if pid:
             break
-        rss = psutil.Process(proc.pid).memory_info().rss / 1e9
-        if rss > rss_limit_gb:
+        if _rss_gb(proc.pid) > rss_limit_gb:
             proc.kill()
             raise RuntimeError(f"{' '.join(cmd)} passed {rss_limit_gb} GB resident; stopped")
         time.sleep(0.5)

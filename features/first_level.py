@@ -15,10 +15,12 @@ draft probability itself (the drafter's exact top-1 mass).
 How: compiled per-round loops (numba: `features.kernels`, and `features.subtree`
 for the pool below each candidate) write every feature into one block per dtype,
 so a round costs a few calls whatever R is (the online decoder's R = 1 used to
-pay ~150 small numpy calls). Exponentials and logs are numpy's, taken on whole
-arrays between the kernels (numba's differ in the last bit on some inputs), and
-sums keep numpy's pairwise order, so the values are bitwise those of the former
-numpy implementation. Sums run over a round's own n1 candidates, never over a
+pay ~150 small numpy calls), and the kernels run inside one compiled call
+(`_features`). Sums keep numpy's pairwise order; exponentials and logs are the
+compiled code's (libm's), which differ from numpy's vectorised ones in the last bit
+on some inputs: the values equal the former numpy implementation to float rounding
+(`tests/test_features.py`), and online and offline values are bitwise equal (one
+code path). Sums run over a round's own n1 candidates, never over a
 batch's padding, so a round's values never depend on its batch.
 """
 
@@ -28,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from features.kernels import draft_mass, fill
 from features.rounds import FL_ROWS, INT_FIELDS, SCALAR_FIELDS, RoundArrays, RoundBlocks
@@ -164,29 +167,50 @@ def first_level_features(rounds: RoundArrays) -> FirstLevelFeatures:
 
 def features_of_blocks(b: RoundBlocks) -> FirstLevelFeatures:
     """`first_level_features` of rounds given as `RoundBlocks` (the online decoder's call)."""
-    depth = b.cand_depth
-    n1, cum, error = pool_pass(depth, b.cand_parent, b.cand_draft_logprob)
+    o32, oi32, ob, error, width = _features(
+        b.cand_depth, b.cand_parent, b.cand_draft_logprob, b.cand_token, b.cand_expanded,
+        b.rows, b.scalars, b.ints, b.token_only_argmax,
+    )  # fmt: skip
     for code, (r, i, value) in enumerate(error.tolist()):
         if r >= 0:
-            raise pool_error(code, r, i, value, depth)
-    width = int(n1.max(initial=0))
-    if b.rows.shape != (len(FL_ROWS), depth.shape[0], width):
+            raise pool_error(code, r, i, value, b.cand_depth)
+    if b.rows.shape != (len(FL_ROWS), b.cand_depth.shape[0], width):
         raise ValueError(
-            f"RoundBlocks.rows: expected shape {(len(FL_ROWS), depth.shape[0], width)}, "
+            f"RoundBlocks.rows: expected shape {(len(FL_ROWS), b.cand_depth.shape[0], width)}, "
             f"found {b.rows.shape}"
         )
+    return FirstLevelFeatures(o32, oi32, ob)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _features(depth, parent, logprob, token, expanded, rows, scalars, ints, only_argmax):
+    """Every kernel step in one call: (o32, oi32, ob, pool_pass errors, first-level width).
+
+    One call per round keeps the online decoder's cost low once the models' passes have
+    evicted the interpreter's caches (each call from Python pays its dispatch again).
+    Returns empty blocks, with the error or a width other than the rows' (the caller
+    raises), before any step reads past what the pool holds.
+    """
+    n1, cum, error = pool_pass(depth, parent, logprob)
+    width = np.int64(n1.max()) if n1.size else np.int64(0)
+    bad = (error[:, 0] >= 0).any() or rows.shape[1] != depth.shape[0] or rows.shape[2] != width
+    if bad:
+        return (np.empty((len(F32), 0), np.float32), np.empty((len(I32), 0), np.int32),
+                np.empty((len(B8), 0), np.bool_), error, width)  # fmt: skip
     e = np.exp(cum)  # [R, P]: q(x1) at depth 1, exp(cumulative score) below
     qn, mass, n = draft_mass(e, n1, width)
-    log_qn = np.log(qn, out=np.zeros_like(qn), where=qn > 0)
+    log_qn = np.zeros_like(qn)
+    for r in range(qn.shape[0]):
+        for i in range(qn.shape[1]):
+            if qn[r, i] > 0:
+                log_qn[r, i] = np.log(qn[r, i])
     o32 = np.empty((len(F32), n), dtype=np.float32)
     oi32 = np.empty((len(I32), n), dtype=np.int32)
     ob = np.empty((len(B8), n), dtype=np.bool_)
-    subtree_stats(depth, b.cand_parent, cum, e, n1, o32, oi32, _SUB32, _SUBI32)
-    fill(
-        n1, b.cand_token, b.cand_expanded, cum, e, qn, log_qn, mass, b.rows, b.scalars, b.ints,
-        b.token_only_argmax, o32, oi32, ob, OUT_ROWS,
-    )  # fmt: skip
-    return FirstLevelFeatures(o32, oi32, ob)
+    subtree_stats(depth, parent, cum, e, n1, o32, oi32, _SUB32, _SUBI32)
+    fill(n1, token, expanded, cum, e, qn, log_qn, mass, rows, scalars, ints, only_argmax,
+         o32, oi32, ob, OUT_ROWS)  # fmt: skip
+    return o32, oi32, ob, error, width
 
 
 class FirstLevelFeatures(Mapping):

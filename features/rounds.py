@@ -246,6 +246,8 @@ class RoundBlocks:
             )
         depth = np.asarray(cand_depth)
         n1 = int(np.count_nonzero(depth == 1))
+        # Few array calls: each costs several microseconds once a model pass has evicted
+        # the interpreter's caches, which is the state the decoder calls this in.
         block = np.full((len(FL_ROWS), 1, n1), np.nan, dtype=np.float32)
         for i, name in enumerate(FL_ROWS):  # an absent row stays NaN
             x = rows[name]
@@ -257,24 +259,31 @@ class RoundBlocks:
                 block[i, 0] = x
         nan = float("nan")
         scalars = np.array(
-            [[nan if prev_accepted is None else prev_accepted]]
-            + [[nan if rows[k] is None else rows[k]] for k in ROW_SCALARS],
+            [nan if prev_accepted is None else prev_accepted]
+            + [nan if rows[k] is None else rows[k] for k in ROW_SCALARS],
             dtype=np.float32,
-        )
+        )[:, None]
         ints = np.array(
-            [[root_token], [prompt_length], [round_index], [tokens_before]]
-            + [[-1 if rows[k] is None else rows[k]] for k in ROW_ARGMAX],
+            [root_token, prompt_length, round_index, tokens_before]
+            + [-1 if rows[k] is None else rows[k] for k in ROW_ARGMAX],
             dtype=np.int32,
-        )
+        )[:, None]
         only = np.full((1, TOKEN_ONLY_WIDTH), -1, dtype=np.int32)
         argmax = rows["token_only_argmax"]
-        only[0, : len(argmax)] = argmax
+        if len(argmax):
+            only[0, : len(argmax)] = argmax
+        logprob = cand_draft_logprob
+        if not (isinstance(logprob, np.ndarray) and logprob.dtype == np.float32):
+            logprob = np.asarray(logprob, dtype=np.float32)
+        expanded = cand_expanded
+        if not (isinstance(expanded, np.ndarray) and expanded.dtype == np.bool_):
+            expanded = np.asarray(expanded, dtype=bool)
         return cls(
             cand_token=np.asarray(cand_token)[None],
             cand_parent=np.asarray(cand_parent)[None],
             cand_depth=depth[None],
-            cand_draft_logprob=np.asarray(cand_draft_logprob, dtype=np.float32)[None],
-            cand_expanded=np.asarray(cand_expanded, dtype=bool)[None],
+            cand_draft_logprob=logprob[None],
+            cand_expanded=expanded[None],
             rows=block,
             scalars=scalars,
             ints=ints,

@@ -85,7 +85,9 @@ class RerankConfig:
     reports: bool = True
     n_resamples: int = DEFAULT_RESAMPLES  # paired prompt-bootstrap resamples
     calibration_edges: int = 2_000_000  # pool edges sampled per half to fit per-depth maps
-    chunk_rounds: int = 2048  # rounds per evaluation batch (bounds memory: ~0.3 GB each)
+    # rounds per evaluation batch: bounds memory (two batches in flight at 2048 rounds hold
+    # about 1.3 GB at paper scale)
+    chunk_rounds: int = 2048
     workers: int | None = None  # batches evaluated at once, one thread each (None: one per core)
 
 

@@ -14,6 +14,12 @@ walk, any torch device: decisions at all M nodes at once, then pointer jumping:
     (a fixed ~10 kernels whatever the depth: what a GPU wants; on a CPU the
     numpy walk touches only the ~depth x T nodes on the paths and is faster)
 sum: raw [N] = base + sum over trees of value[leaf] (float64); link: identity | logistic
+
+batch (offline, `predict_proba`): a compiled walk of every row through every tree in
+    turn (rows in parallel), on the node table itself (no Xv copy), summing the leaf
+    values in the libraries' own order with their own link functions: the libraries'
+    predictions bit for bit (`tests/test_fast_paths.py`), several times faster than
+    scikit-learn's tree-by-tree predictor on the held-out half of a paper-scale fit.
 """
 
 from __future__ import annotations

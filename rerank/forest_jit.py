@@ -38,8 +38,8 @@ import numpy as np
 from numba import njit
 
 from calibrate.isotonic import PROB_FLOOR
-from rerank.forest import ForestError
-from rerank.forest_eval import CompiledForest, prepare
+from rerank.forest import MAX_CATEGORY, ForestError
+from rerank.forest_eval import LGB_ZERO, CompiledForest, prepare
 
 MAX_COLUMN = 2**16 - 1  # Xv columns a node can name (16 bits)
 MAX_OFFSET = 2**15 - 1  # preorder distance to a right child (15 bits): trees < 32k nodes
@@ -58,6 +58,16 @@ class JitForest:
     base: float
     logistic: bool
     sigmoid: float
+    # `forest_eval.prepare`'s input rules, as arrays for `_design_xv` (E encoded columns,
+    # K categorical nodes)
+    enc_column: np.ndarray  # [E] int64 input column HGB re-encodes
+    enc_values: np.ndarray  # [E, V] float64 its training values (NaN padding)
+    cat_column: np.ndarray  # [K] int64
+    cat_left: np.ndarray  # [K] int64 masks
+    cat_known: np.ndarray  # [K] int64 masks
+    cat_missing_left: np.ndarray  # [K] bool
+    cat_floor: float
+    lightgbm: bool
 
 
 def jit_forest(c: CompiledForest) -> JitForest:
@@ -92,6 +102,11 @@ def jit_forest(c: CompiledForest) -> JitForest:
     thr = np.ascontiguousarray(c.threshold[old], dtype=np.float32).view(np.int32)
     node[:, 0] = np.where(internal, thr, np.cumsum(leaf) - 1)  # leaves: their value's index
     node[:, 1] = np.where(internal, feature[old] | (1 << 16) | (offset << 17), 0)
+    enc = f.encode
+    width = max((len(v) for _, v in enc), default=0)
+    enc_values = np.full((len(enc), width), np.nan, dtype=np.float64)
+    for e, (_, v) in enumerate(enc):
+        enc_values[e, : len(v)] = v
     return JitForest(
         compiled=c,
         node=node,
@@ -101,6 +116,14 @@ def jit_forest(c: CompiledForest) -> JitForest:
         base=float(f.base),
         logistic=f.link == "logistic",
         sigmoid=float(f.sigmoid),
+        enc_column=np.asarray([col for col, _ in enc], dtype=np.int64),
+        enc_values=enc_values,
+        cat_column=np.ascontiguousarray(c.cat_column, dtype=np.int64),
+        cat_left=np.ascontiguousarray(c.cat_left, dtype=np.int64),
+        cat_known=np.ascontiguousarray(c.cat_known, dtype=np.int64),
+        cat_missing_left=np.ascontiguousarray(c.cat_missing_left, dtype=np.bool_),
+        cat_floor=float(c.cat_floor),
+        lightgbm=bool(f.lightgbm),
     )
 
 
@@ -111,8 +134,39 @@ def phat(j: JitForest, X: np.ndarray) -> np.ndarray:
 
 
 def log_phat(j: JitForest, X: np.ndarray) -> np.ndarray:
-    """log phat [N] float32, phat clipped to [PROB_FLOOR, 1] as `predict_matrix` clips it."""
-    return np.log(np.clip(phat(j, X), PROB_FLOOR, 1.0)).astype(np.float32)
+    """log phat [N] float32, phat clipped to [PROB_FLOOR, 1] as `predict_matrix` clips it.
+
+    X [N, F]; when it is the transpose of a C-ordered [F, N] block (what
+    `OnlinePredictor.design` returns), `prepare` and the log run inside the compiled
+    call (`_design_log_phat`): one call per round instead of a dozen array ops, which
+    is what a round pays once the models' passes have evicted the interpreter's caches.
+    The log is the compiled code's (libm's) on both routes: numpy's vectorised log may
+    differ from it in the last bit of the float64 before the cast.
+    """
+    if X.ndim == 2 and X.T.flags.c_contiguous and X.T.dtype == np.float32:
+        if X.shape[1] != j.compiled.forest.n_features:
+            raise ValueError(
+                f"forest input: expected [N, {j.compiled.forest.n_features}] float32, got {X.shape}"
+            )
+        return _design_log_phat(
+            X.T, j.node, j.node_threshold, j.value, j.roots, j.base, j.logistic, j.sigmoid,
+            j.enc_column, j.enc_values, j.cat_column, j.cat_left, j.cat_known,
+            j.cat_missing_left, np.float32(j.cat_floor), j.lightgbm,
+        )  # fmt: skip
+    return _clip_log(phat(j, X))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _clip_log_one(p):
+    return np.float32(math.log(min(max(p, PROB_FLOOR), 1.0)))
+
+
+@njit(cache=True, nogil=True)
+def _clip_log(p):
+    out = np.empty(p.size, dtype=np.float32)
+    for i in range(p.size):
+        out[i] = _clip_log_one(p[i])
+    return out
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -129,49 +183,109 @@ def _lane(k, t, s, x, node, thr, value, roots):
     return k, t, s
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _predict(Xv, node, thr, value, roots, base, logistic, sigmoid):
-    n = Xv.shape[0]
+@njit(cache=True, nogil=True, inline="always")
+def _walk(x, node, thr, value, roots):
+    """Sum of the leaf values row x reaches, eight lanes (lane j walks trees j, j + 8, ...)."""
     T = roots.size
-    # Read ahead: one load per cache line of the nodes and the values, independent
-    # loads the hardware streams in, so that the walk below finds them cached.
+    k0 = roots[0] if T > 0 else -1
+    k1 = roots[1] if T > 1 else -1
+    k2 = roots[2] if T > 2 else -1
+    k3 = roots[3] if T > 3 else -1
+    k4 = roots[4] if T > 4 else -1
+    k5 = roots[5] if T > 5 else -1
+    k6 = roots[6] if T > 6 else -1
+    k7 = roots[7] if T > 7 else -1
+    t0, t1, t2, t3, t4, t5, t6, t7 = 0, 1, 2, 3, 4, 5, 6, 7
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    while max(k0, k1, k2, k3, k4, k5, k6, k7) >= 0:
+        if k0 >= 0:
+            k0, t0, s0 = _lane(k0, t0, s0, x, node, thr, value, roots)
+        if k1 >= 0:
+            k1, t1, s1 = _lane(k1, t1, s1, x, node, thr, value, roots)
+        if k2 >= 0:
+            k2, t2, s2 = _lane(k2, t2, s2, x, node, thr, value, roots)
+        if k3 >= 0:
+            k3, t3, s3 = _lane(k3, t3, s3, x, node, thr, value, roots)
+        if k4 >= 0:
+            k4, t4, s4 = _lane(k4, t4, s4, x, node, thr, value, roots)
+        if k5 >= 0:
+            k5, t5, s5 = _lane(k5, t5, s5, x, node, thr, value, roots)
+        if k6 >= 0:
+            k6, t6, s6 = _lane(k6, t6, s6, x, node, thr, value, roots)
+        if k7 >= 0:
+            k7, t7, s7 = _lane(k7, t7, s7, x, node, thr, value, roots)
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _read_ahead(node, value):
+    """One load per cache line of the nodes and the values (streamed by the hardware), so
+    that the walk finds them cached; returns 0.0 built from the loads so they are kept."""
     ahead = 0
     for k in range(0, node.shape[0], 8):
         ahead += node[k, 1]
     for k in range(0, value.size, 8):
         ahead += np.int32(value[k] > 0)
+    return 0.0 * ahead  # 0 * a finite int is 0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _link(s, logistic, sigmoid):
+    return 1.0 / (1.0 + math.exp(-sigmoid * s)) if logistic else s
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _predict(Xv, node, thr, value, roots, base, logistic, sigmoid):
+    n = Xv.shape[0]
     out = np.zeros(n)
-    out[0:1] += 0.0 * ahead  # keeps the loads (0 * a finite int is 0)
+    out[0:1] += _read_ahead(node, value)
     for i in range(n):
-        x = Xv[i]
-        # eight lanes (independent chains); lane j walks trees j, j + 8, ...
-        k0 = roots[0] if T > 0 else -1
-        k1 = roots[1] if T > 1 else -1
-        k2 = roots[2] if T > 2 else -1
-        k3 = roots[3] if T > 3 else -1
-        k4 = roots[4] if T > 4 else -1
-        k5 = roots[5] if T > 5 else -1
-        k6 = roots[6] if T > 6 else -1
-        k7 = roots[7] if T > 7 else -1
-        t0, t1, t2, t3, t4, t5, t6, t7 = 0, 1, 2, 3, 4, 5, 6, 7
-        s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
-        while max(k0, k1, k2, k3, k4, k5, k6, k7) >= 0:
-            if k0 >= 0:
-                k0, t0, s0 = _lane(k0, t0, s0, x, node, thr, value, roots)
-            if k1 >= 0:
-                k1, t1, s1 = _lane(k1, t1, s1, x, node, thr, value, roots)
-            if k2 >= 0:
-                k2, t2, s2 = _lane(k2, t2, s2, x, node, thr, value, roots)
-            if k3 >= 0:
-                k3, t3, s3 = _lane(k3, t3, s3, x, node, thr, value, roots)
-            if k4 >= 0:
-                k4, t4, s4 = _lane(k4, t4, s4, x, node, thr, value, roots)
-            if k5 >= 0:
-                k5, t5, s5 = _lane(k5, t5, s5, x, node, thr, value, roots)
-            if k6 >= 0:
-                k6, t6, s6 = _lane(k6, t6, s6, x, node, thr, value, roots)
-            if k7 >= 0:
-                k7, t7, s7 = _lane(k7, t7, s7, x, node, thr, value, roots)
-        s = (((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))) + out[i] + base
-        out[i] = 1.0 / (1.0 + math.exp(-sigmoid * s)) if logistic else s
+        s = _walk(Xv[i], node, thr, value, roots) + out[i] + base
+        out[i] = _link(s, logistic, sigmoid)
+    return out
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _design_log_phat(XT, node, thr, value, roots, base, logistic, sigmoid, enc_column,
+                     enc_values, cat_column, cat_left, cat_known, cat_missing_left, cat_floor,
+                     lightgbm):  # fmt: skip
+    """`_clip_log(_predict(prepare(XT.T)))` for a design matrix given as its [F, N] rows.
+
+    Each row's Xv is built as `forest_eval.prepare` builds it (re-encoded columns,
+    LightGBM's zero rule, virtual categorical columns, the -inf copy), then walked.
+    """
+    n_features, n = XT.shape
+    n_cat = cat_column.size
+    width = n_features + n_cat
+    x = np.empty(2 * width, dtype=np.float32)
+    out = np.empty(n, dtype=np.float32)
+    ahead = _read_ahead(node, value)
+    for i in range(n):
+        for f in range(n_features):
+            x[f] = XT[f, i]
+        for e in range(enc_column.size):  # HGB: the index of the exact training value
+            col = enc_column[e]
+            v = np.float64(x[col])
+            code = np.float32(np.nan)
+            for c in range(enc_values.shape[1]):
+                if v == enc_values[e, c]:
+                    code = np.float32(c)
+                    break
+            x[col] = code
+        if lightgbm:
+            for f in range(n_features):
+                if abs(x[f]) <= LGB_ZERO:  # NaN compares False and stays NaN
+                    x[f] = 0.0
+        for k in range(n_cat):
+            v = x[cat_column[k]]
+            in_range = v >= cat_floor and v < MAX_CATEGORY + 1  # False for NaN
+            bit = np.int64(1) << (np.int64(v) if in_range else np.int64(0))  # truncates
+            in_left = in_range and (cat_left[k] & bit) != 0
+            known = in_range and (cat_known[k] & bit) != 0
+            go_left = cat_missing_left[k] if not in_left and not known else in_left
+            x[n_features + k] = 0.0 if go_left else 1.0
+        for f in range(width):
+            x[width + f] = -np.inf if np.isnan(x[f]) else x[f]
+        s = _walk(x, node, thr, value, roots) + (ahead if i == 0 else 0.0) + base
+        out[i] = _clip_log_one(_link(s, logistic, sigmoid))
     return out

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from numba import njit
 from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
@@ -190,21 +191,30 @@ class OnlinePredictor:
     def design(self, features: Mapping, tokens: np.ndarray, task: str) -> np.ndarray:
         """X [n1, F] float32, column for column what `rerank.models.design_matrix` builds.
 
-        Filled into [F, n1] and returned transposed (a view; the forest's `prepare` and
-        the libraries copy it into their own layout anyway). From `FirstLevelFeatures`
-        (the decoder's) in three block copies, from any other mapping name by name.
+        Filled into [F, n1] and returned transposed (a view; the compiled walk reads the
+        [F, n1] rows, the libraries copy it into their own layout). From
+        `FirstLevelFeatures` (the decoder's) in one compiled call (`_design_rows`), from
+        any other mapping name by name; the same float32 values either way.
         """
         m = self.model
+        task_code = np.float32(m.categories.index(task) if task in m.categories else np.nan)
+        if isinstance(features, FirstLevelFeatures):  # the decoder's: one compiled call
+            (d32, r32), (di, ri), (db, rb) = self._layout.rows
+            prior = self._prior if self._prior is not None else _NO_PRIOR
+            XT = _design_rows(
+                *features.blocks, d32, r32, di, ri, db, rb, tokens, prior.table, prior.top,
+                -1 if self._prior_column is None else self._prior_column,
+                -1 if self._task_column is None else self._task_column, task_code,
+                len(m.features),
+            )  # fmt: skip
+            return XT.T
         XT = np.empty((len(m.features), tokens.shape[0]), dtype=np.float32)
-        if isinstance(features, FirstLevelFeatures):
-            features.design_rows(XT, self._layout)
-        else:
-            for j in self._feature_columns:
-                XT[j] = features[m.features[j]]
+        for j in self._feature_columns:
+            XT[j] = features[m.features[j]]
         if self._prior_column is not None:
             XT[self._prior_column] = self._prior(tokens)
         if self._task_column is not None:  # index in the model's categories; NaN if unknown
-            XT[self._task_column] = m.categories.index(task) if task in m.categories else np.nan
+            XT[self._task_column] = task_code
         return XT.T
 
     def first_logprob(self, X: np.ndarray) -> Tensor:
@@ -238,3 +248,40 @@ class _PriorTable:
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         return self.table[np.minimum(tokens, self.top)]
+
+
+class _NoPrior:
+    table = np.zeros(1, dtype=np.float32)
+    top = 0
+
+
+_NO_PRIOR = _NoPrior()
+
+
+@njit(cache=True, nogil=True)
+def _design_rows(o32, oi32, ob, d32, r32, di, ri, db, rb, tokens, prior_table, prior_top,
+                 prior_column, task_column, task_code, n_features):  # fmt: skip
+    """X^T [F, n1] float32 from the feature blocks: block rows to their design columns (cast
+    as numpy's assignment casts), the token prior looked up (`_PriorTable`), the task code.
+
+    One call per round: each array call from Python costs microseconds once the models'
+    passes have evicted the interpreter's caches (`bench/bench_online.py`, per round).
+    """
+    n = tokens.shape[0]
+    XT = np.empty((n_features, n), dtype=np.float32)
+    for a in range(d32.size):
+        for i in range(n):
+            XT[d32[a], i] = o32[r32[a], i]
+    for a in range(di.size):
+        for i in range(n):
+            XT[di[a], i] = np.float32(oi32[ri[a], i])
+    for a in range(db.size):
+        for i in range(n):
+            XT[db[a], i] = np.float32(1.0) if ob[rb[a], i] else np.float32(0.0)
+    if prior_column >= 0:
+        for i in range(n):
+            XT[prior_column, i] = prior_table[min(tokens[i], prior_top)]
+    if task_column >= 0:
+        for i in range(n):
+            XT[task_column, i] = task_code
+    return XT

@@ -120,8 +120,8 @@ def iter_trace_chunks(
 ) -> Iterator[pa.Table]:
     """The trace store `chunk_rounds` rounds at a time, reading only `columns`.
 
-    Read ahead by at most one file and two batches: Arrow's defaults (4 files, 16
-    batches) buffer gigabytes of decoded pools while the evaluation works.
+    Read ahead by at most one file and two batches (Arrow's defaults: 4 files, 16
+    batches), so few decoded pools wait in memory while the evaluation works.
     """
     batches = dataset.to_batches(columns=list(columns), batch_size=chunk_rounds,
                                  batch_readahead=2, fragment_readahead=1)  # fmt: skip

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import rerank.forest_jit as forest_jit
+from calibrate.isotonic import PROB_FLOOR
 from decode.trace_schema import TRACE_SCHEMA
 from features.first_level import (
     FEATURE_DTYPES,
@@ -105,6 +106,26 @@ def test_compiled_walk_predicts_the_library(model):
         assert np.abs(forest_jit.phat(j, X[:rows]) - ref[:rows]).max() <= TOL
     # the design matrix arrives transposed from OnlinePredictor.design
     assert np.abs(forest_jit.phat(j, np.asfortranarray(X[:10])) - ref[:10]).max() <= TOL
+
+
+def test_design_rows_route_is_prepare_then_the_walk(model):
+    """log_phat of a design given as [F, N] rows (the decoder's layout: prepare compiled in)
+    equals the walk of `prepare`'s Xv bit for bit, on every input rule (NaN, codes, tiny)."""
+    m, temperature = model
+    j = forest_jit.jit_forest(compile_forest(forest_of(m)))
+    X = _inputs(m, temperature)
+    want = forest_jit.log_phat(j, X)  # X C-ordered: prepare, the walk, then the log
+    rows = np.ascontiguousarray(X.T)  # [F, N], C-ordered: its transpose takes the fused route
+    assert rows.T.flags.f_contiguous and not rows.T.flags.c_contiguous
+    np.testing.assert_array_equal(forest_jit.log_phat(j, rows.T), want)
+    for n in (1, 10):
+        np.testing.assert_array_equal(
+            forest_jit.log_phat(j, np.ascontiguousarray(X[:n].T).T), want[:n]
+        )
+    ref = np.log(np.clip(_library(m, X), PROB_FLOOR, 1.0))
+    assert np.abs(forest_jit.log_phat(j, rows.T) - ref).max() <= 1e-6  # float32 log phat
+    with pytest.raises(ValueError, match="forest input"):
+        forest_jit.log_phat(j, np.ascontiguousarray(X[:, 1:].T).T)
 
 
 def test_compiled_layout_is_preorder_with_every_leaf_once(model):
