@@ -169,22 +169,26 @@ def run_job(root: Path, overrides: list[str], tmp: Path, rss_limit_gb: float = 7
             "peak_gb": usage.ru_maxrss / 1e6, "run": tmp / "run"}  # fmt: skip
 
 
-def same_model_values(run: Path, traces: Path, features: Path) -> dict:
+def same_model_values(run: Path, traces: Path, features: Path, rerank=None) -> dict:
     """This code's rule values on a finished run's own out-of-fold predictions, vs that run's.
 
     The same fitted models (their saved predictions) evaluated by both code trees: every
     `<rule>@B<b>` value the run wrote is compared with what `rerank.train.evaluate` gives now.
+    `rerank`: the run's `RerankConfig` (default: the defaults on these stores).
     """
     from rerank.config import RerankConfig
     from rerank.predict import FirstFactorPredictions, fold_map
+    from rerank.quality import prediction_quality
     from rerank.train import Fitted, evaluate
 
-    rerank = RerankConfig(traces=str(traces), features=str(features))
+    if rerank is None:
+        rerank = RerankConfig(traces=str(traces), features=str(features))
     cands = candidate_store(features).read().to_pandas()
     folds = fold_map(cands["prompt_id"].to_numpy(), rerank.halves, 0, cands["task"].to_numpy())
     preds = pd.read_parquet(run / "oof_predictions.parquet")
     rules = [c for c in preds.columns if c not in {*ROUND_KEYS, "cand_index", "fold"}]
-    fitted = Fitted(cands, folds, FirstFactorPredictions(preds, rules), pd.DataFrame(), 0.0)
+    ffp = FirstFactorPredictions(preds, rules)
+    fitted = Fitted(cands, folds, ffp, prediction_quality(cands, ffp), 0.0)
     t0 = time.perf_counter()
     now = evaluate(rerank, fitted, seed=0).per_round
     seconds = time.perf_counter() - t0

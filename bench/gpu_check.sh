@@ -61,7 +61,7 @@ if [ "${ROUND_COST:-1}" != 0 ]; then
         for pred in auto compiled; do
             timeout 90 $PY -m bench.bench_online --device cuda --dtype bfloat16 --prompts 2 \
                 --max-new-tokens 96 --fit-prompts 16 --rules draft reranker --temperatures 0 \
-                --budgets 59 --cost-prompts 2 --predictor "$pred" \
+                --budgets 59 --cost-prompts 2 --cost-baseline none --predictor "$pred" \
                 --out "$OUT/round_cost_cuda_$pred.json" 2>&1 |
                 grep -e "of one round" -e "paper-capacity" -e " draft:" -e " reranker:" -e "^predictor_" |
                 tee -a "$FIG"

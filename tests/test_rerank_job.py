@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from bench.bench_rerankers import same_model_values
 from decode.config import PoolConfig, SelectConfig
 from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import write_synthetic_traces
@@ -119,6 +120,18 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
     )
     assert sorted(c.data.tags["fold"] for c in children) == ["0", "1"]
     assert any((tmp_path / "out" / "rerankers").iterdir())
+
+
+def test_a_runs_saved_predictions_give_its_rule_values_again(stores, tmp_path):
+    """`bench_rerankers --full-job --baseline`'s check: a run's out-of-fold predictions,
+    evaluated again from its files, give every per-round rule value it wrote, exactly."""
+    traces, features = stores
+    cfg = _config(traces, features, feature_sets=["rows"], calibrators=["iso_q1", "per_depth"])
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    train_and_evaluate(cfg, MlflowConfig(tracking_uri=uri), {}, 0, tmp_path / "out")
+    same = same_model_values(tmp_path / "out", traces, features, rerank=cfg)
+    assert same["columns"] > 20 and same["identical"] == same["columns"], same
+    assert same["max_abs_diff"] == 0.0
 
 
 def test_candidate_table_from_other_traces_is_refused(stores, tmp_path):

@@ -213,3 +213,23 @@ def test_fused_first_factor_values_equal_the_scores_route(top_m):
         assert torch.equal(fused[name], ref[name]), name
         assert torch.equal(fused[name], as_scores[name]), name
     assert not torch.equal(fused["learned"], fused["draft"])  # the factors do move the values
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_score_rule_values_equal_a_brute_force_sort_on_tied_scores(seed):
+    """A rule given as whole-candidate scores (the per-depth calibration's path sums of
+    isotonic steps tie often) takes the B best by (score, then lower pool index), whose
+    path probabilities sum to its value: checked against numpy's lexsort, not the kernels."""
+    rng = np.random.default_rng(seed)
+    pool = random_pool_batch(rng, 64, [10, 30, 40], tie_values=True)
+    steps = np.log(np.array([1.0, 0.5, 0.25], dtype=np.float32))  # a step map's few values
+    edge = torch.from_numpy(rng.choice(steps, pool.parent.shape).astype(np.float32))
+    score = torch.where(pool.valid, path_sum(edge, pool.parent), -torch.inf)
+    budgets = [1, 8, 59]
+    got = evaluate_pools(pool, budgets, rules=["draft"], extra_scores={"tied": score})["tied"]
+    path_prob = pool_context(pool).path_prob.numpy()
+    for r in range(pool.shape[0]):
+        idx = np.flatnonzero(pool.valid[r].numpy())
+        order = idx[np.lexsort((idx, -score[r, idx].numpy().astype(np.float64)))]
+        want = [path_prob[r, order[:b]].astype(np.float64).sum() for b in budgets]
+        np.testing.assert_allclose(got[r].numpy(), want, rtol=0, atol=1e-5)
