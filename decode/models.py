@@ -128,20 +128,29 @@ def load_eagle3_pair(cfg: ModelConfig) -> ModelPair:
     )
     ckpt = read_head(head_dir, target_cfg, cfg)
     target = load_causal_lm(cfg.target, cfg, "model.target")
-    rows = target.get_input_embeddings().num_embeddings
-    if rows < len(tok):
-        raise ValueError(
-            f"model.target: embedding table has {rows} rows but the tokenizer has {len(tok)} tokens"
-        )
+    _check_embeddings("target", target, len(tok))
     drafter = attach_head(ckpt, target, cfg)
-    ids = {
+    ids = _pair_ids(cfg, target_dir, head_dir) | head_ids(drafter, ckpt)
+    return ModelPair(target, drafter, tok, eos_token_ids(target, tok), ids)
+
+
+def _pair_ids(cfg: ModelConfig, target_dir: Path, drafter_dir: Path) -> dict[str, str]:
+    """What identifies a pair in the traces' manifest: the paths and their configs' sha256."""
+    return {
         "target": str(cfg.target),
         "drafter": str(cfg.drafter),
         "target_config_sha256": _config_sha(target_dir),
-        "drafter_config_sha256": _config_sha(head_dir),
-        **head_ids(drafter, ckpt),
+        "drafter_config_sha256": _config_sha(drafter_dir),
     }
-    return ModelPair(target, drafter, tok, eos_token_ids(target, tok), ids)
+
+
+def _check_embeddings(name: str, model, n_tokens: int) -> None:
+    """Every token id the tokenizer can produce must be a row of the model's embedding table."""
+    rows = model.get_input_embeddings().num_embeddings
+    if rows < n_tokens:
+        raise ValueError(
+            f"model.{name}: embedding table has {rows} rows but the tokenizer has {n_tokens} tokens"
+        )
 
 
 def load_model_pair(cfg: ModelConfig) -> ModelPair:
@@ -175,17 +184,7 @@ def load_model_pair(cfg: ModelConfig) -> ModelPair:
         )
     target = load_causal_lm(cfg.target, cfg, "model.target")
     drafter = load_causal_lm(cfg.drafter, cfg, "model.drafter")
-    # Every token id the tokenizer can produce must be a row of both embedding tables.
     for name, m in (("target", target), ("drafter", drafter)):
-        rows = m.get_input_embeddings().num_embeddings
-        if rows < len(tok_t):
-            raise ValueError(
-                f"model.{name}: embedding table has {rows} rows but the tokenizer has {len(tok_t)} tokens"
-            )
-    ids = {
-        "target": str(cfg.target),
-        "drafter": str(cfg.drafter),
-        "target_config_sha256": _config_sha(target_dir),
-        "drafter_config_sha256": _config_sha(drafter_dir),
-    }
+        _check_embeddings(name, m, len(tok_t))
+    ids = _pair_ids(cfg, target_dir, drafter_dir)
     return ModelPair(target, drafter, tok_t, eos_token_ids(target, tok_t), ids)

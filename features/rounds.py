@@ -156,40 +156,11 @@ class RoundArrays:
             _expect_shape(name, getattr(self, name), (R, width))
 
     @classmethod
-    def one_round(
-        cls,
-        *,
-        cand_token: np.ndarray,
-        cand_parent: np.ndarray,
-        cand_depth: np.ndarray,
-        cand_draft_logprob: np.ndarray,
-        cand_expanded: np.ndarray,
-        root_token: int,
-        prompt_length: int,
-        round_index: int,
-        tokens_before: int,
-        prev_accepted: int | None,
-        rows: dict,
-    ) -> RoundArrays:
-        """One round from 1-D pool arrays [P] and the retained-row inputs `rows` (R = 1).
-
-        `rows` holds exactly ROW_INPUTS (`decode.tree.retained.row_inputs`): first-level
-        arrays [n1] (NaN or None where a row is absent), scalars (None when absent) and
-        the token-only rows' argmaxes. This is the online decoder's entry point.
+    def one_round(cls, **round_inputs) -> RoundArrays:
+        """One round (R = 1) from `RoundBlocks.one_round`'s keywords: 1-D pool arrays [P],
+        the context and the retained-row inputs `rows` (`decode.tree.retained.row_inputs`).
         """
-        b = RoundBlocks.one_round(
-            cand_token=cand_token,
-            cand_parent=cand_parent,
-            cand_depth=cand_depth,
-            cand_draft_logprob=cand_draft_logprob,
-            cand_expanded=cand_expanded,
-            root_token=root_token,
-            prompt_length=prompt_length,
-            round_index=round_index,
-            tokens_before=tokens_before,
-            prev_accepted=prev_accepted,
-            rows=rows,
-        )
+        b = RoundBlocks.one_round(**round_inputs)
         return cls(
             cand_token=b.cand_token.astype(np.int32),
             cand_parent=b.cand_parent.astype(np.int32),

@@ -136,37 +136,25 @@ def phat(j: JitForest, X: np.ndarray) -> np.ndarray:
 def log_phat(j: JitForest, X: np.ndarray) -> np.ndarray:
     """log phat [N] float32, phat clipped to [PROB_FLOOR, 1] as `predict_matrix` clips it.
 
-    X [N, F]; when it is the transpose of a C-ordered [F, N] block (what
-    `OnlinePredictor.design` returns), `prepare` and the log run inside the compiled
-    call (`_design_log_phat`): one call per round instead of a dozen array ops, which
-    is what a round pays once the models' passes have evicted the interpreter's caches.
-    The log is the compiled code's (libm's) on both routes: numpy's vectorised log may
-    differ from it in the last bit of the float64 before the cast.
+    One compiled call (`_design_log_phat`): `prepare`, the walk and the log, on X's
+    [F, N] rows. `OnlinePredictor.design` returns the transpose of a C-ordered [F, N]
+    block, so the decoder's call copies nothing; one call per round instead of a dozen
+    array ops is what a round pays once the models' passes have evicted the caches.
+    The log is libm's (numpy's vectorised log may differ in the last bit).
     """
-    if X.ndim == 2 and X.T.flags.c_contiguous and X.T.dtype == np.float32:
-        if X.shape[1] != j.compiled.forest.n_features:
-            raise ValueError(
-                f"forest input: expected [N, {j.compiled.forest.n_features}] float32, got {X.shape}"
-            )
-        return _design_log_phat(
-            X.T, j.node, j.node_threshold, j.value, j.roots, j.base, j.logistic, j.sigmoid,
-            j.enc_column, j.enc_values, j.cat_column, j.cat_left, j.cat_known,
-            j.cat_missing_left, np.float32(j.cat_floor), j.lightgbm,
-        )  # fmt: skip
-    return _clip_log(phat(j, X))
+    n_features = j.compiled.forest.n_features
+    if X.ndim != 2 or X.shape[1] != n_features:
+        raise ValueError(f"forest input: expected [N, {n_features}] float32, got {X.shape}")
+    return _design_log_phat(
+        np.ascontiguousarray(X.T, dtype=np.float32), j.node, j.node_threshold, j.value,
+        j.roots, j.base, j.logistic, j.sigmoid, j.enc_column, j.enc_values, j.cat_column,
+        j.cat_left, j.cat_known, j.cat_missing_left, np.float32(j.cat_floor), j.lightgbm,
+    )  # fmt: skip
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _clip_log_one(p):
     return np.float32(math.log(min(max(p, PROB_FLOOR), 1.0)))
-
-
-@njit(cache=True, nogil=True)
-def _clip_log(p):
-    out = np.empty(p.size, dtype=np.float32)
-    for i in range(p.size):
-        out[i] = _clip_log_one(p[i])
-    return out
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -249,7 +237,7 @@ def _predict(Xv, node, thr, value, roots, base, logistic, sigmoid):
 def _design_log_phat(XT, node, thr, value, roots, base, logistic, sigmoid, enc_column,
                      enc_values, cat_column, cat_left, cat_known, cat_missing_left, cat_floor,
                      lightgbm):  # fmt: skip
-    """`_clip_log(_predict(prepare(XT.T)))` for a design matrix given as its [F, N] rows.
+    """The clipped log of `_predict(prepare(XT.T))` for a design matrix given as its [F, N] rows.
 
     Each row's Xv is built as `forest_eval.prepare` builds it (re-encoded columns,
     LightGBM's zero rule, virtual categorical columns, the -inf copy), then walked.

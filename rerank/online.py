@@ -167,10 +167,17 @@ class OnlinePredictor:
         self.route = "library"
         self._prior = _PriorTable(model) if TOKEN_PRIOR in model.features else None
         names = list(model.features)
-        self._layout = DesignLayout.of(names)
         self._prior_column = names.index(TOKEN_PRIOR) if TOKEN_PRIOR in names else None
         self._task_column = names.index("task") if "task" in names else None
         self._feature_columns = [j for j, n in enumerate(names) if n not in (TOKEN_PRIOR, "task")]
+        # `_design_rows`' fixed arguments: block rows -> design columns, the prior's table
+        p = self._prior
+        self._block_args = (
+            *(a for pair in DesignLayout.of(names).rows for a in pair),
+            np.zeros(1, np.float32) if p is None else p.table, 0 if p is None else p.top,
+            -1 if self._prior_column is None else self._prior_column,
+            -1 if self._task_column is None else self._task_column, len(names),
+        )  # fmt: skip
         if predictor == "library":
             return
         try:
@@ -199,15 +206,7 @@ class OnlinePredictor:
         m = self.model
         task_code = np.float32(m.categories.index(task) if task in m.categories else np.nan)
         if isinstance(features, FirstLevelFeatures):  # the decoder's: one compiled call
-            (d32, r32), (di, ri), (db, rb) = self._layout.rows
-            prior = self._prior if self._prior is not None else _NO_PRIOR
-            XT = _design_rows(
-                *features.blocks, d32, r32, di, ri, db, rb, tokens, prior.table, prior.top,
-                -1 if self._prior_column is None else self._prior_column,
-                -1 if self._task_column is None else self._task_column, task_code,
-                len(m.features),
-            )  # fmt: skip
-            return XT.T
+            return _design_rows(*features.blocks, tokens, task_code, *self._block_args).T
         XT = np.empty((len(m.features), tokens.shape[0]), dtype=np.float32)
         for j in self._feature_columns:
             XT[j] = features[m.features[j]]
@@ -250,17 +249,9 @@ class _PriorTable:
         return self.table[np.minimum(tokens, self.top)]
 
 
-class _NoPrior:
-    table = np.zeros(1, dtype=np.float32)
-    top = 0
-
-
-_NO_PRIOR = _NoPrior()
-
-
 @njit(cache=True, nogil=True)
-def _design_rows(o32, oi32, ob, d32, r32, di, ri, db, rb, tokens, prior_table, prior_top,
-                 prior_column, task_column, task_code, n_features):  # fmt: skip
+def _design_rows(o32, oi32, ob, tokens, task_code, d32, r32, di, ri, db, rb, prior_table,
+                 prior_top, prior_column, task_column, n_features):  # fmt: skip
     """X^T [F, n1] float32 from the feature blocks: block rows to their design columns (cast
     as numpy's assignment casts), the token prior looked up (`_PriorTable`), the task code.
 

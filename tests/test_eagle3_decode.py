@@ -23,7 +23,12 @@ from decode.prompts import encode_prompt
 from decode.tree.attention import forward_chain, new_cache
 from tests.eagle3_heads import eagle3_config, pocket_eagle3_config, tiny_target, write_head
 from tests.recording import decode_recorded
-from tests.test_decode_sampling import ALPHA, PROMPT, TINY_V, _chi_square_p, _exact_two_token_law
+from tests.test_decode_sampling import (
+    TINY_V,
+    _exact_two_token_law,
+    assert_samples_follow_the_target_law,
+    assert_sampling_is_seeded_per_prompt,
+)
 from tests.tiny_models import build_tiny_pair, one_thread
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
@@ -208,38 +213,12 @@ def _tiny_vocab(root):
 @pytest.mark.parametrize("n", [N_RUNS, pytest.param(3000, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("verifier", ["exhaustive", "eagle3"])
 def test_sampled_output_follows_the_target_law(tiny_vocab, verifier, n):
-    """Chi-square over the first two tokens, p > 1e-3 (as the standalone drafter's test)."""
-    target, drafter = tiny_vocab
-    s = DecodeSettings(
-        pool=PoolConfig(top_k=3, steps=2, expand=2),
-        select=SelectConfig(budget=5, top_m=8),
-        decode=DecodeConfig(temperature=1.0, verifier=verifier, max_new_tokens=2),
-    )
-    counts = np.zeros((TINY_V, TINY_V))
-    accepted = 0
-    with one_thread():
-        for i in range(n):
-            res = decode_recorded(target, drafter, PROMPT, s, frozenset(), prompt_id=f"p{i}")
-            counts[res.output[0], res.output[1]] += 1
-            accepted += sum(res.accepted)
-    assert accepted > n // 4  # drafts are accepted, not only continuations
-    p = _chi_square_p(counts.reshape(-1), _exact_two_token_law(target, 1.0).reshape(-1))
-    assert p > ALPHA, f"chi-square p = {p:.2e}"
+    """Chi-square over the first two tokens, as the standalone drafter's test."""
+    assert_samples_follow_the_target_law(*tiny_vocab, verifier, n)
 
 
 def test_sampling_is_seeded_per_prompt(tiny_vocab):
-    target, drafter = tiny_vocab
-    s = DecodeSettings(
-        pool=PoolConfig(top_k=3, steps=2, expand=2),
-        select=SelectConfig(budget=5, top_m=8),
-        decode=DecodeConfig(temperature=1.0, max_new_tokens=30),
-    )
-    with one_thread():
-        a, b, c = (
-            decode_recorded(target, drafter, PROMPT, s, frozenset(), prompt_id=i).output
-            for i in ("x", "x", "y")
-        )
-    assert a == b and a != c
+    assert_sampling_is_seeded_per_prompt(*tiny_vocab)
 
 
 def test_model_config_declares_the_new_settings():

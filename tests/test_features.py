@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from decode.trace_schema import TRACE_SCHEMA
 from features.first_level import FEATURE_DTYPES, first_level_features
-from features.from_trace import candidate_table, round_arrays
-from features.rounds import FL_ROWS, ROW_ARGMAX, ROW_SCALARS, RoundArrays
+from features.from_trace import candidate_table
+from features.rounds import RoundArrays
 from tests.fake_traces import random_round, random_trace
 
 LN2 = math.log(2.0)
@@ -347,54 +347,6 @@ def test_preceding_row_never_has_the_root_token(seed: int) -> None:
 
 
 # -- online (one round) = offline (a batch) --------------------------------------------------
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_one_round_equals_batch_bitwise(seed: int) -> None:
-    """The online decoder's call (R = 1, unpadded) gives the batch's values bit for bit."""
-    rounds = round_arrays(random_trace(seed, n_prompts=3, n_rounds=4))
-    batch = first_level_features(rounds)
-    n1 = rounds.n_first_level()
-    start = 0
-    for r in range(rounds.n_rounds):
-        P = int((rounds.cand_depth[r] > 0).sum())
-        k = int(n1[r])
-
-        def scalar(x: float) -> float | None:
-            return None if np.isnan(x) else float(x)
-
-        only = rounds.token_only_argmax[r]
-
-        one = first_level_features(
-            RoundArrays.one_round(
-                cand_token=rounds.cand_token[r, :P],
-                cand_parent=rounds.cand_parent[r, :P],
-                cand_depth=rounds.cand_depth[r, :P],
-                cand_draft_logprob=rounds.cand_draft_logprob[r, :P],
-                cand_expanded=rounds.cand_expanded[r, :P],
-                root_token=int(rounds.root_token[r]),
-                prompt_length=int(rounds.prompt_length[r]),
-                round_index=int(rounds.round_index[r]),
-                tokens_before=int(rounds.tokens_before[r]),
-                prev_accepted=scalar(rounds.prev_accepted[r]),
-                rows={
-                    **{name: getattr(rounds, name)[r, :k] for name in FL_ROWS},
-                    **{name: scalar(getattr(rounds, name)[r]) for name in ROW_SCALARS},
-                    **{
-                        name: None
-                        if getattr(rounds, name)[r] < 0
-                        else int(getattr(rounds, name)[r])
-                        for name in ROW_ARGMAX
-                    },
-                    "token_only_argmax": only[only >= 0],
-                },
-            )
-        )
-        for name in FEATURE_DTYPES:
-            np.testing.assert_array_equal(
-                one[name], batch[name][start : start + k], err_msg=name, strict=True
-            )
-        start += k
 
 
 def test_bad_pool_order_is_refused() -> None:

@@ -18,36 +18,13 @@ import torch
 import rerank.online as online_rerank
 from rerank.forest import ForestError, _mask, forest_from_hgb, forest_from_lightgbm
 from rerank.forest_eval import TorchForest, compile_forest, link, prepare, walk_numpy
-from rerank.models import design_matrix, fit_reranker
+from rerank.models import fit_reranker
 from rerank.online import OnlinePredictor
 from tests.candidate_frames import FAST, TASKS, make_candidate_frame
+from tests.forest_inputs import forest_inputs, library_predict
 from tests.tiny_models import one_thread
 
 TOL = 1e-12
-
-
-def _inputs(model, temperature: float) -> np.ndarray:
-    """A design matrix from a fresh frame, then perturbed where the libraries' rules differ."""
-    frame = make_candidate_frame(n_prompts=12, rounds=6, temperature=temperature, seed=9)
-    prior = model.token_prior.transform(frame["token"].to_numpy())
-    X = design_matrix(frame, model.features, model.categories, prior)
-    rng = np.random.default_rng(1)
-    X[rng.random(X.shape) < 0.1] = np.nan
-    task = model.features.index("task")
-    X[:60, task] = rng.choice([-1, -0.5, 0, 0.5, 1, 2, 3, 5, 70, np.nan], 60)
-    X[60:80] = 0.0
-    X[80:100] = np.float32(1e-38)  # subnormal: LightGBM reads |x| <= 1e-35 as 0
-    X[100:110] = -np.float32(1e-38)
-    return X
-
-
-def _library(model, X: np.ndarray) -> np.ndarray:
-    """The library's own prediction (unclipped)."""
-    if model.kind == "lgbm":
-        return model.estimator.predict(X, num_threads=1)
-    if model.law == "greedy":
-        return model.estimator.predict_proba(X)[:, 1]
-    return model.estimator.predict(X)
 
 
 @pytest.fixture(scope="module", params=[("lgbm", 0.0), ("lgbm", 1.0), ("hgb", 0.0), ("hgb", 1.0)])
@@ -62,14 +39,14 @@ def model(request):
         ), temperature
 
 
-def test_forest_walks_match_the_library(model):
+def test_forest_walks_match_thelibrary_predict(model):
     m, temperature = model
     forest = forest_from_lightgbm(m.estimator) if m.kind == "lgbm" else forest_from_hgb(m.estimator)
     c = compile_forest(forest)
     assert forest.n_trees == FAST.n_iter and forest.depth >= 4
     assert forest.categorical.any()  # the task splits are exercised
-    X = _inputs(m, temperature)
-    ref = _library(m, X)
+    X = forest_inputs(m, temperature)
+    ref = library_predict(m, X)
     ours_numpy = link(c, walk_numpy(c, prepare(c, X)))
     with one_thread():
         ours_torch = link(c, TorchForest(c, "cpu").raw(torch.from_numpy(prepare(c, X)))).numpy()
@@ -80,7 +57,7 @@ def test_forest_walks_match_the_library(model):
 @pytest.mark.parametrize("predictor", ["auto", "library", "forest", "compiled"])
 def test_online_predictor_routes_agree(model, predictor):
     m, temperature = model
-    X = _inputs(m, temperature)
+    X = forest_inputs(m, temperature)
     p = OnlinePredictor(m, torch.device("cpu"), predictor)
     # on a CPU, auto, forest and compiled all walk the forest with the compiled walk
     assert p.route == ("library" if predictor == "library" else "forest")
@@ -92,7 +69,7 @@ def test_online_predictor_routes_agree(model, predictor):
     assert np.abs(got - want).max() <= 1e-6  # float32 logs of phat equal to 1e-12
 
 
-def test_unrepresentable_models_fall_back_to_the_library(model, monkeypatch, caplog):
+def test_unrepresentable_models_fall_back_to_thelibrary_predict(model, monkeypatch, caplog):
     m, _ = model
     with pytest.raises(ForestError, match=r"category codes \[63\] exceed the fast path's range"):
         _mask([63], "split")
@@ -111,9 +88,9 @@ def test_unrepresentable_models_fall_back_to_the_library(model, monkeypatch, cap
 
 
 @pytest.mark.gpu
-def test_forest_on_cuda_matches_the_library(model):
+def test_forest_on_cuda_matches_thelibrary_predict(model):
     m, temperature = model
-    X = _inputs(m, temperature)
+    X = forest_inputs(m, temperature)
     p = OnlinePredictor(m, torch.device("cuda"), "auto")
     assert p.route == "forest" and p.torch_forest is not None
     got = p.first_logprob(X).cpu().numpy()

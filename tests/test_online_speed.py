@@ -14,6 +14,7 @@ Timings are `bench/bench_online.py`'s, never asserted here.
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import pyarrow as pa
@@ -33,38 +34,16 @@ from features.from_trace import candidate_table, round_arrays
 from features.kernels import pairwise_sum
 from features.rounds import FL_ROWS, ROW_ARGMAX, ROW_SCALARS, RoundArrays, RoundBlocks
 from rerank.forest_eval import compile_forest, link, prepare, walk_numpy
-from rerank.models import Capacity, design_matrix, fit_reranker
+from rerank.models import Capacity, fit_reranker
 from rerank.online import OnlinePredictor, forest_of
 from tests.candidate_frames import TASKS, make_candidate_frame
 from tests.fake_traces import random_trace
+from tests.forest_inputs import forest_inputs, library_predict
 from tests.tiny_models import one_thread
 
 TOL = 1e-12
 # 45 trees: five groups of eight and a tail of five (both loops of the walk)
 CAPACITY = Capacity(n_iter=45, learning_rate=0.1, max_leaves=31)
-
-
-def _inputs(model, temperature: float) -> np.ndarray:
-    """A design matrix with the inputs where the libraries' rules differ (NaN, codes, tiny)."""
-    frame = make_candidate_frame(n_prompts=12, rounds=6, temperature=temperature, seed=9)
-    prior = model.token_prior.transform(frame["token"].to_numpy())
-    X = design_matrix(frame, model.features, model.categories, prior)
-    rng = np.random.default_rng(1)
-    X[rng.random(X.shape) < 0.1] = np.nan
-    task = model.features.index("task")
-    X[:60, task] = rng.choice([-1, -0.5, 0, 0.5, 1, 2, 3, 5, 70, np.nan], 60)
-    X[60:80] = 0.0
-    X[80:100] = np.float32(1e-38)  # LightGBM reads |x| <= 1e-35 as 0
-    X[100:110] = -np.float32(1e-38)
-    return X
-
-
-def _library(model, X: np.ndarray) -> np.ndarray:
-    if model.kind == "lgbm":
-        return model.estimator.predict(X, num_threads=1)
-    if model.law == "greedy":
-        return model.estimator.predict_proba(X)[:, 1]
-    return model.estimator.predict(X)
 
 
 @pytest.fixture(
@@ -92,13 +71,13 @@ def model(request):
 # -- the compiled forest walk ---------------------------------------------------------------
 
 
-def test_compiled_walk_predicts_the_library(model):
+def test_compiled_walk_predicts_thelibrary_predict(model):
     m, temperature = model
     c = compile_forest(forest_of(m))
     assert c.forest.n_trees % 8 != 0  # the tail loop runs too
     j = forest_jit.jit_forest(c)
-    X = _inputs(m, temperature)
-    ref = _library(m, X)
+    X = forest_inputs(m, temperature)
+    ref = library_predict(m, X)
     ours = forest_jit.phat(j, X)
     assert np.abs(ours - ref).max() <= TOL
     assert np.abs(ours - link(c, walk_numpy(c, prepare(c, X)))).max() <= TOL
@@ -108,24 +87,26 @@ def test_compiled_walk_predicts_the_library(model):
     assert np.abs(forest_jit.phat(j, np.asfortranarray(X[:10])) - ref[:10]).max() <= TOL
 
 
-def test_design_rows_route_is_prepare_then_the_walk(model):
-    """log_phat of a design given as [F, N] rows (the decoder's layout: prepare compiled in)
-    equals the walk of `prepare`'s Xv bit for bit, on every input rule (NaN, codes, tiny)."""
+def test_log_phat_is_prepare_then_the_walk_then_the_log(model):
+    """log_phat (prepare, the walk and the log in one compiled call) equals the log of the
+    reference walk of `prepare`'s Xv bit for bit, on every input rule (NaN, codes, tiny),
+    whatever the layout of X: the decoder's transposed block or a C-ordered matrix."""
     m, temperature = model
     j = forest_jit.jit_forest(compile_forest(forest_of(m)))
-    X = _inputs(m, temperature)
-    want = forest_jit.log_phat(j, X)  # X C-ordered: prepare, the walk, then the log
-    rows = np.ascontiguousarray(X.T)  # [F, N], C-ordered: its transpose takes the fused route
-    assert rows.T.flags.f_contiguous and not rows.T.flags.c_contiguous
-    np.testing.assert_array_equal(forest_jit.log_phat(j, rows.T), want)
+    X = forest_inputs(m, temperature)
+    p = forest_jit.phat(j, X)
+    want = np.array([math.log(min(max(v, PROB_FLOOR), 1.0)) for v in p], dtype=np.float32)
+    rows = np.ascontiguousarray(X.T)  # [F, N]: what OnlinePredictor.design fills
+    for layout in (X, rows.T):
+        np.testing.assert_array_equal(forest_jit.log_phat(j, layout), want)
     for n in (1, 10):
         np.testing.assert_array_equal(
             forest_jit.log_phat(j, np.ascontiguousarray(X[:n].T).T), want[:n]
         )
-    ref = np.log(np.clip(_library(m, X), PROB_FLOOR, 1.0))
+    ref = np.log(np.clip(library_predict(m, X), PROB_FLOOR, 1.0))
     assert np.abs(forest_jit.log_phat(j, rows.T) - ref).max() <= 1e-6  # float32 log phat
     with pytest.raises(ValueError, match="forest input"):
-        forest_jit.log_phat(j, np.ascontiguousarray(X[:, 1:].T).T)
+        forest_jit.log_phat(j, X[:, 1:])
 
 
 def test_compiled_layout_is_preorder_with_every_leaf_once(model):
@@ -150,7 +131,7 @@ def test_route_falls_back_when_the_layout_cannot_hold_a_tree(model, monkeypatch,
     assert p.route == "library" and "more than 1 nodes" in caplog.text
     with pytest.raises(forest_jit.ForestError):
         OnlinePredictor(m, torch.device("cpu"), "compiled")
-    X = _inputs(m, temperature)[:10]
+    X = forest_inputs(m, temperature)[:10]
     want = np.log(m.predict_matrix(X, n_threads=1)).astype(np.float32)
     np.testing.assert_array_equal(p.first_logprob(X).numpy(), want)
 
@@ -160,7 +141,7 @@ def test_compiled_route_hands_log_phat_to_another_device(model):
     m, temperature = model
     p = OnlinePredictor(m, torch.device("meta"), "compiled")
     assert p.jit is not None and p.torch_forest is None
-    out = p.first_logprob(_inputs(m, temperature)[:10])
+    out = p.first_logprob(forest_inputs(m, temperature)[:10])
     assert out.device.type == "meta" and out.shape == (10,) and out.dtype == torch.float32
 
 
@@ -231,10 +212,14 @@ def _assert_same(a, b, start: int, k: int) -> None:
         )
 
 
-@pytest.mark.parametrize("sizes", [[10, 30, 40, 5], [9, 0], [4, 6, 3], [16, 20], [130, 12]])
-def test_online_entry_point_equals_both_others_bitwise(sizes: list[int]) -> None:
+@pytest.mark.parametrize(
+    "seed, sizes",
+    [(11, [10, 30, 40, 5]), (11, [9, 0]), (11, [4, 6, 3]), (11, [16, 20]), (11, [130, 12]),
+     *((seed, None) for seed in range(4))],  # None: pool shapes vary between rounds
+)  # fmt: skip
+def test_online_entry_point_equals_both_others_bitwise(seed: int, sizes: list[int] | None) -> None:
     """RoundBlocks.one_round (int64 pools) = RoundArrays.one_round = the batch, bit for bit."""
-    rounds = round_arrays(random_trace(11, n_prompts=2, n_rounds=4, level_sizes=sizes))
+    rounds = round_arrays(random_trace(seed, n_prompts=2, n_rounds=4, level_sizes=sizes))
     batch = first_level_features(rounds)
     n1 = rounds.n_first_level()
     start = 0
