@@ -165,8 +165,12 @@ def run_job(root: Path, overrides: list[str], tmp: Path, rss_limit_gb: float = 7
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} (in {root}) exited with {proc.returncode}")
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "peak_gb": usage.ru_maxrss / 1e6, "run": tmp / "run"}  # fmt: skip
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_gib": usage.ru_maxrss / 2**20,
+        "run": tmp / "run",
+    }  # fmt: skip (ru_maxrss: KiB)
 
 
 def same_model_values(run: Path, traces: Path, features: Path, rerank=None) -> dict:
@@ -238,11 +242,11 @@ def full_job(
             out[name] = run_job(root, overrides, Path(tmp) / name)
             r = out[name]
             print(f"  {name}: {r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU, "
-                  f"peak {r['peak_gb']:.2f} GB", flush=True)  # fmt: skip
+                  f"peak {r['peak_gib']:.2f} GiB", flush=True)  # fmt: skip
         if baseline is not None:
             b, c = out["baseline"], out["current"]
             print(f"  baseline / current: wall {b['wall_s'] / c['wall_s']:.2f}x, "
-                  f"peak memory {b['peak_gb'] / c['peak_gb']:.2f}x")  # fmt: skip
+                  f"peak memory {b['peak_gib'] / c['peak_gib']:.2f}x")  # fmt: skip
             same = same_model_values(b["run"], traces, features)
             out["same_model"] = same
             print(f"  the baseline's fitted models evaluated by this code: {same['identical']} of "

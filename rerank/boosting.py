@@ -67,20 +67,17 @@ def estimator_iterations(estimator: Any, kind: str) -> int:
     return int(estimator.num_trees() if kind == "lgbm" else estimator.n_iter_)
 
 
-def _check_fit_inputs(X: np.ndarray, y: np.ndarray, law: str, w: np.ndarray | None) -> None:
+def _check_fit_inputs(y: np.ndarray, law: str, w: np.ndarray | None) -> None:
     if law == "greedy" and np.unique(y).size < 2:
         raise ValueError(
             f"greedy classifier: the training rows hold only label {np.unique(y).tolist()}; "
             f"both classes are needed"
         )
-    if w is not None:
-        if w.shape != (X.shape[0],):
-            raise ValueError(f"sample_weight has shape {w.shape}; expected ({X.shape[0]},)")
-        if not np.isfinite(w).all() or (w < 0).any() or not w.sum() > 0:
-            raise ValueError(
-                "sample_weight must be finite and >= 0 with a positive sum; found "
-                f"min {np.nanmin(w)!r}, sum {np.nansum(w)!r}, {int((~np.isfinite(w)).sum())} non-finite"
-            )
+    if w is not None and (not np.isfinite(w).all() or (w < 0).any() or not w.sum() > 0):
+        raise ValueError(
+            "sample_weight must be finite and >= 0 with a positive sum; found "
+            f"min {np.nanmin(w)!r}, sum {np.nansum(w)!r}, {int((~np.isfinite(w)).sum())} non-finite"
+        )
 
 
 def fit_estimator(
@@ -95,6 +92,7 @@ def fit_estimator(
     sample_weight: np.ndarray | None = None,
     groups: np.ndarray | None = None,
     tasks: np.ndarray | None = None,
+    rows: np.ndarray | None = None,
 ) -> Any:
     """One library's estimator fitted on a design matrix (columns = ``features``).
 
@@ -102,13 +100,28 @@ def fit_estimator(
     with early stopping, the held-out loss that chooses the capacity.
     ``groups`` (the prompt of each row) and ``tasks`` (its task) form the inner
     split; early stopping needs ``groups``. ``n_threads``: see the module doc.
+    ``rows`` (indices into X and into every per-row argument; None: all rows) are
+    the training rows: the fit copies just those (cross-fitting passes one matrix for
+    both halves), and, with early stopping, the inner and held-out rows straight from X.
+    X stays float32: HGB's own float64 conversion then costs less than one of ours would.
     """
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    _check_fit_inputs(X, y, law, w)
-    if n_threads is None and X.shape[0] < SMALL_FIT_ROWS:
+    for name, per_row in (("y", y), ("sample_weight", w)):
+        if per_row is not None and per_row.shape != (X.shape[0],):
+            raise ValueError(f"{name} has shape {per_row.shape}; expected ({X.shape[0]},)")
+    if rows is not None:
+        rows = np.asarray(rows, dtype=np.int64)
+        y, w = y[rows], None if w is None else w[rows]
+        groups = None if groups is None else np.asarray(groups)[rows]
+        tasks = None if tasks is None else np.asarray(tasks)[rows]
+    n_rows = X.shape[0] if rows is None else rows.size
+    _check_fit_inputs(y, law, w)
+    if n_threads is None and n_rows < SMALL_FIT_ROWS:
         n_threads = 1
     if not capacity.early_stopping:
-        return _fit(X, y, w, features, kind, law, capacity, capacity.n_iter, seed, n_threads)[0]
+        X_fit = X if rows is None else X[rows]
+        return _fit(X_fit, y, w, features, kind, law, capacity, capacity.n_iter, seed,
+                    n_threads)[0]  # fmt: skip
     if groups is None:
         raise ValueError(
             "early stopping needs the prompt of every training row (groups=) for its "
@@ -116,15 +129,17 @@ def fit_estimator(
         )
     held = inner_validation(groups, capacity.validation_share, seed, tasks)
     inner = ~held
+    every = np.arange(X.shape[0]) if rows is None else rows
     w_in, w_held = (None, None) if w is None else (w[inner], w[held])
-    _check_fit_inputs(X[inner], y[inner], law, w_in)
+    _check_fit_inputs(y[inner], law, w_in)
     est, loss = _fit(
-        X[inner], y[inner], w_in, features, kind, law, capacity, capacity.n_iter, seed,
-        n_threads, valid=(X[held], y[held], w_held),
+        X[every[inner]], y[inner], w_in, features, kind, law, capacity, capacity.n_iter, seed,
+        n_threads, valid=(X[every[held]], y[held], w_held),
     )  # fmt: skip
     chosen = int(np.argmin(loss)) + 1  # first iteration with the lowest held-out loss
     if capacity.refit:
-        return _fit(X, y, w, features, kind, law, capacity, chosen, seed, n_threads)[0]
+        X_fit = X if rows is None else X[rows]
+        return _fit(X_fit, y, w, features, kind, law, capacity, chosen, seed, n_threads)[0]
     return _cut(est, kind, chosen)
 
 
@@ -168,19 +183,33 @@ def _fit(
         "lambda_l2": 0.0,
         "max_bin": 255,
         "deterministic": True,
-        "force_col_wise": True,
+        # Histograms built row by row: on one or two threads 1.35x faster than column by
+        # column at paper scale, with the same iterations and held-out loss (a 0.92M-row
+        # Rows+matched half: 29.5 s vs 39.9 s; notes of issue 19). The binned rows take twice
+        # the memory of the columns (tens of MB here). Forced, so LightGBM does not time both.
+        "force_row_wise": True,
         "seed": seed,
         "num_threads": n_threads or 0,
         "verbosity": -1,
     }
+    # Binned up front: the Datasets then keep no reference to the matrices (free_raw_data),
+    # and dropping ours frees the copies fit_estimator made for this fit while it trains
+    # (their last references: the arguments move into this frame).
     data = lgb.Dataset(
         X, label=y, weight=w, feature_name=list(features), categorical_feature=cat_idx,
         params=params,
-    )  # fmt: skip
+    ).construct()  # fmt: skip
+    del X
     if valid is None:
         return lgb.train(params, data, num_boost_round=n_iter), None
     Xv, yv, wv = valid
-    held = lgb.Dataset(Xv, label=yv, weight=wv, reference=data)
+    # the training set's features and categories, as lgb.train would set them (it cannot
+    # once the raw rows are freed)
+    held = lgb.Dataset(
+        Xv, label=yv, weight=wv, feature_name=list(features), categorical_feature=cat_idx,
+        params=params, reference=data,
+    ).construct()  # fmt: skip
+    del Xv, valid
     record: dict = {}
     callbacks = [
         lgb.early_stopping(capacity.patience, first_metric_only=True, verbose=False),

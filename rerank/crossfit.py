@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from calibrate.isotonic import DEFAULT_BINS, EqualCountIsotonic, PerDepthIsotonic
 from calibrate.rank_control import DraftRankMeans
@@ -34,25 +35,39 @@ def balance_tolerance(n_prompts: int) -> int:
     return max(1, n_prompts // BALANCE_SHARE)
 
 
-def _prompt_tasks(ids: np.ndarray, tasks: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted distinct prompts and the one task of each ("" for all when `tasks` is None)."""
-    uniq, first = np.unique(ids, return_index=True)
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(values.astype(str), return_inverse=True)`: sorted distinct strings, row codes.
+
+    Hashes the rows (pandas' factorize) and converts only the distinct values: a string
+    copy of every row (48 bytes per candidate at paper scale) and its sort are what this
+    avoids.
+    """
+    codes, distinct = pd.factorize(np.asarray(values).ravel(), use_na_sentinel=False)
+    names, inverse = np.unique(np.asarray(distinct).astype(str), return_inverse=True)
+    return names, inverse[codes]
+
+
+def _prompt_tasks(
+    ids: np.ndarray, tasks: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted distinct prompts, the one task of each ("" for all when `tasks` is None), and
+    the index of each row's prompt among them."""
+    uniq, inverse = _distinct(ids)
     if tasks is None:
-        return uniq, np.full(uniq.size, "", dtype=object)
-    tasks = np.asarray(tasks).astype(str)
-    if tasks.shape != ids.shape:
-        raise ValueError(f"prompt_ids shape {ids.shape} != tasks shape {tasks.shape}")
-    per_prompt = tasks[first]
-    _, inverse = np.unique(ids, return_inverse=True)
-    mixed = uniq[
-        np.bincount(inverse, weights=tasks != per_prompt[inverse], minlength=uniq.size) > 0
-    ]
+        return uniq, np.full(uniq.size, "", dtype=object), inverse
+    tasks = np.asarray(tasks)
+    if tasks.shape != np.shape(ids):
+        raise ValueError(f"prompt_ids shape {np.shape(ids)} != tasks shape {tasks.shape}")
+    task_names, task = _distinct(tasks)
+    _, first = np.unique(inverse, return_index=True)  # each prompt's first row
+    per_prompt = task[first]
+    mixed = uniq[np.bincount(inverse, weights=task != per_prompt[inverse], minlength=uniq.size) > 0]
     if mixed.size:
         raise ValueError(
             f"{mixed.size} prompt(s) carry more than one task, e.g. {mixed[:5].tolist()}; "
             f"a prompt's rows must share its task"
         )
-    return uniq, per_prompt
+    return uniq, task_names[per_prompt], inverse
 
 
 def _even_odd(uniq: np.ndarray, tasks: np.ndarray) -> np.ndarray:
@@ -135,14 +150,13 @@ def prompt_halves(
     Raises ValueError when either half would be empty: nothing could be
     trained for the other half.
     """
-    ids = np.asarray(prompt_ids).astype(str)
+    ids = np.asarray(prompt_ids)
     if ids.ndim != 1:
         raise ValueError(f"prompt_ids must be 1-D; got shape {ids.shape}")
     if ids.size == 0:
         raise ValueError("prompt_ids is empty: nothing to split")
     check_choice("rerank.halves", scheme, SCHEMES)
-    uniq, per_task = _prompt_tasks(ids, tasks)
-    _, inverse = np.unique(ids, return_inverse=True)
+    uniq, per_task, inverse = _prompt_tasks(ids, tasks)
     per_prompt = (
         _even_odd(uniq, per_task) if scheme == "even_odd" else _seeded(uniq, per_task, seed)
     )
@@ -161,14 +175,14 @@ def check_grouped(prompt_ids: np.ndarray, folds: np.ndarray) -> None:
     Run on persisted fold ids before trusting them: a prompt in both folds
     would be predicted by a model trained on some of its own rounds.
     """
-    ids = np.asarray(prompt_ids).astype(str)
+    ids = np.asarray(prompt_ids)
     folds = np.asarray(folds)
     if ids.shape != folds.shape:
         raise ValueError(f"prompt_ids shape {ids.shape} != folds shape {folds.shape}")
     bad_vals = np.setdiff1d(np.unique(folds), [0, 1])
     if bad_vals.size:
         raise ValueError(f"fold ids must be 0 or 1; found {bad_vals.tolist()}")
-    uniq, inverse = np.unique(ids, return_inverse=True)
+    uniq, inverse = _distinct(ids)
     lo = np.full(uniq.size, 2, dtype=np.int64)
     hi = np.full(uniq.size, -1, dtype=np.int64)
     np.minimum.at(lo, inverse, folds.astype(np.int64))
@@ -197,12 +211,11 @@ def inner_validation(
     task gives about ``share`` of its prompts. The split depends only on the set of
     prompts, their tasks and ``seed``, not on row order.
     """
-    ids = np.asarray(prompt_ids).astype(str)
     if not 0.0 < share < 1.0:
         raise ValueError(
             f"The 'rerank.model.validation_share' must be in (0, 1). Got {share!r} instead."
         )
-    uniq, per_task = _prompt_tasks(ids, tasks)
+    uniq, per_task, inverse = _prompt_tasks(np.asarray(prompt_ids), tasks)
     if uniq.size < 2:
         raise ValueError(
             f"early stopping needs >= 2 training prompts (one to hold out); the training half "
@@ -219,7 +232,6 @@ def inner_validation(
     n_val = min(max(1, round(share * uniq.size)), uniq.size - 1)
     held = np.zeros(uniq.size, dtype=bool)
     held[np.argsort(position, kind="stable")[:n_val]] = True
-    _, inverse = np.unique(ids, return_inverse=True)
     return held[inverse]
 
 

@@ -40,6 +40,7 @@ from rerank.forest import ForestError, forest_of
 from rerank.forest_eval import flat_forest, predict_proba
 from rerank.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
 from specrank.laws import law_kind
+from specrank.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
 KINDS = ("hgb", "lgbm")
@@ -325,18 +326,21 @@ def crossfit_predict(
     folds = np.asarray(folds)
     if folds.shape != (len(frame),):
         raise ValueError(f"folds has shape {folds.shape}; expected ({len(frame)},)")
-    check_grouped(frame["prompt_id"].to_numpy(), folds)
+    # Object arrays whose rows share one string per distinct id (8 bytes a row): a string
+    # per row, Python's or numpy's, would cost 50-100 bytes a row at every fit.
+    prompt_ids = frame["prompt_id"].astype("category").to_numpy()
+    tasks = frame["task"].astype("category").to_numpy()
+    check_grouped(prompt_ids, folds)
     features = feature_list(feature_set)
     cats = task_categories(frame, categories)
     y = _labels(frame, law)
     tokens = frame["token"].to_numpy()
-    # Built once; each fold's copy gets its own prior column.
+    # Built once for both folds. The folds' training halves are disjoint, so each sets its
+    # own training rows' prior column in place and fits on rows of this one matrix.
     X = design_matrix(frame, features, cats, np.zeros(len(frame), np.float32))
     j_prior = features.index(TOKEN_PRIOR)
     fp_cols = _fingerprint_columns(frame, features, law)
     row_hashes = _row_hashes(frame, fp_cols)
-    prompt_ids = frame["prompt_id"].to_numpy().astype(str)
-    tasks = frame["task"].to_numpy()
     if sample_weight is not None:
         sample_weight = np.asarray(sample_weight, dtype=np.float64)
         if sample_weight.shape != (len(frame),):
@@ -346,27 +350,27 @@ def crossfit_predict(
     phat = np.full(len(frame), np.nan, dtype=np.float64)
     masks = list(fold_masks(folds))
     workers, fit_threads = fold_workers(n_threads, len(masks))
+    priors = [token_prior_features(tokens, y, train, pseudo_count) for _, train, _ in masks]
+    for (_, train, _), (prior, _) in zip(masks, priors, strict=True):
+        X[train, j_prior] = prior[train]
 
-    def fit_fold(train: np.ndarray) -> tuple[Any, TokenPrior, np.ndarray, float]:
-        prior, full = token_prior_features(tokens, y, train, pseudo_count)
-        X_train = X[train]  # a copy: each fold sets its own prior column
-        X_train[:, j_prior] = prior[train]
+    def fit_fold(train: np.ndarray) -> tuple[Any, float]:
         t0 = time.perf_counter()
         est = fit_estimator(
-            X_train, y[train], features, kind, law, capacity, seed, fit_threads,
-            sample_weight=None if sample_weight is None else sample_weight[train],
-            groups=prompt_ids[train], tasks=tasks[train],
+            X, y, features, kind, law, capacity, seed, fit_threads, sample_weight=sample_weight,
+            groups=prompt_ids, tasks=tasks, rows=np.flatnonzero(train),
         )  # fmt: skip
-        return est, full, prior, time.perf_counter() - t0
+        return est, time.perf_counter() - t0
 
     # The two folds fit at once, one thread each on two cores: OpenMP's barriers inside
     # one multi-threaded fit wait on a descheduled thread whenever the machine is busy
     # (fits several times slower than one thread; bench/bench_online.py --small-fit).
     with ThreadPoolExecutor(workers) as pool:
         fitted = list(pool.map(fit_fold, [train for _, train, _ in masks]))
+    release_freed_heap()  # the fits' copies and bins, before the held-out halves' copies
     models: list[FittedReranker] = []
     seconds: list[float] = []
-    for (_, train, predict), (est, full, prior, secs) in zip(masks, fitted, strict=True):
+    for (_, train, predict), (est, secs), (prior, full) in zip(masks, fitted, priors, strict=True):
         model = FittedReranker(
             kind=kind,
             law=law,
@@ -378,9 +382,9 @@ def crossfit_predict(
             train_fingerprint=_digest(fp_cols, row_hashes[train]),
             seed=seed,
             capacity=capacity,
-            train_prompts=tuple(np.unique(prompt_ids[train]).tolist()),
+            train_prompts=tuple(np.unique(prompt_ids[train].astype(str)).tolist()),
         )
-        X_predict = X[predict]
+        X_predict = X[predict]  # the other fold's training rows: a copy with this fold's prior
         X_predict[:, j_prior] = prior[predict]
         phat[predict] = model.predict_matrix(X_predict, n_threads, route=route)
         models.append(model)

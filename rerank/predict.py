@@ -12,6 +12,7 @@ other half (`rerank.crossfit` conventions).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,10 +113,15 @@ def predict_first_factors(
     n_threads: int | None = None,
     rank_q_bins: int = 1,
     capacity: Capacity = PAPER_CAPACITY,
+    law_frame: Callable[[float], pd.DataFrame] | None = None,
 ) -> FirstFactorPredictions:
     """Cross-fitted phat of every learned first-factor rule, per law (rerankers of ``capacity``).
 
     ``rank_q_bins``: draft-probability bins within each draft rank of the rank control.
+    ``law_frame(temperature)``, when given, returns every column of that temperature's
+    rows, in the order they have in ``candidates``, which then needs only the keys,
+    `task` and `temperature` (the job reads one law's features at a time that way); by
+    default each law's rows are taken from ``candidates``.
     """
     parts, rules = [], []
     models: dict[str, tuple[FittedReranker, FittedReranker]] = {}
@@ -127,7 +133,11 @@ def predict_first_factors(
         law = law_kind(float(temperature))
         rows = np.flatnonzero(temperatures == temperature)
         positions.append(rows)
-        frame = candidates.take(rows).reset_index(drop=True)
+        if law_frame is None:
+            frame = candidates.take(rows).reset_index(drop=True)
+        else:
+            frame = law_frame(float(temperature))
+            _check_same_rows(frame, candidates, rows, float(temperature))
         fold = frame["prompt_id"].map(folds).to_numpy()
         if np.isnan(fold.astype(float)).any():
             raise ValueError("candidate rows with prompts outside the fold map")
@@ -171,9 +181,32 @@ def predict_first_factors(
             if "iso_q1" not in rules:
                 rules.append("iso_q1")
         parts.append(out)
+        del frame  # the next law's rows take its place
+        release_freed_heap()
     return FirstFactorPredictions(
         pd.concat(parts, ignore_index=True), rules, models, seconds, np.concatenate(positions)
     )
+
+
+def _check_same_rows(
+    frame: pd.DataFrame, candidates: pd.DataFrame, rows: np.ndarray, temperature: float
+) -> None:
+    """A law's rows as `law_frame` gave them must be `candidates`' rows `rows`, in order."""
+    keys = [*ROUND_KEYS, "cand_index"]
+    if len(frame) != rows.size:
+        raise ValueError(
+            f"law_frame({temperature:g}) gave {len(frame)} rows; the candidate table has "
+            f"{rows.size} at T={temperature:g}"
+        )
+    for key in keys:  # Series compared as Series: no Python string per row
+        got = frame[key].reset_index(drop=True)
+        want = candidates[key].iloc[rows].reset_index(drop=True)
+        bad = np.flatnonzero((got != want).to_numpy())
+        if bad.size:
+            raise ValueError(
+                f"law_frame({temperature:g}) gave its rows in another order than the candidate "
+                f"table: row {bad[0]} has {key}={got[bad[0]]!r}, the table {want[bad[0]]!r}"
+            )
 
 
 # What the per-depth maps read of the traces (fit_per_depth_maps reads nothing else).

@@ -5,7 +5,7 @@ evaluates every selection rule on the recorded pools, bootstraps gains over
 draft selection, logs everything to MLflow and prints the results table.
 
     python -m rerank.train                                   # embedded default traces
-    python -m rerank.train rerank_model=lgbm                 # LightGBM instead of HGB
+    python -m rerank.train rerank_model=hgb                  # HistGradientBoosting, not LightGBM
     python -m rerank.train -m rerank_model=hgb,lgbm          # both, as a Hydra multirun
     python -m rerank.train rerank.sweep=true                 # the SPEC budget sweep
     python -m rerank.train experiment=paper                  # the paper's settings
@@ -24,6 +24,8 @@ import hydra
 import mlflow
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -46,6 +48,7 @@ from rerank.evaluate import RETAINED_ROWS, EvalPlan, PromptCurves, evaluate_trac
 from rerank.models import FEATURE_SETS, KINDS, LABEL_OF_LAW, Capacity
 from rerank.persist import save_reranker
 from rerank.plots import reliability_table, write_plots
+from rerank.pool_chunks import ROUND_KEYS
 from rerank.predict import (
     FirstFactorPredictions,
     fit_per_depth_maps,
@@ -100,9 +103,17 @@ def _check_same_traces(features_dir: Path, traces_dir: Path) -> str:
     return traces_fp
 
 
+# The candidate table's columns the job keeps for every row once the rerankers are fitted:
+# keys, the halves' tasks, and what the prediction quality and reliability tables join.
+FITTED_COLUMNS = [*ROUND_KEYS, "cand_index", "task", "draft_prob", *LABEL_OF_LAW.values()]
+
+
 @dataclass
 class Fitted:
-    """Cross-fitted first-level predictions and their held-out quality."""
+    """Cross-fitted first-level predictions and their held-out quality.
+
+    `candidates` holds FITTED_COLUMNS of every row of the candidate table.
+    """
 
     candidates: pd.DataFrame
     folds: dict[str, int]  # prompt id -> half
@@ -126,8 +137,19 @@ class Evaluation:
 def fit(rerank: RerankConfig, seed: int) -> Fitted:
     """Cross-fit the rerankers and the q1 calibration on the candidate table (SPEC §8)."""
     t0 = time.perf_counter()
-    candidates = candidate_store(project_path(rerank.features)).read().to_pandas()
-    release_freed_heap()  # the Arrow table's buffers, now converted
+    dataset = candidate_store(project_path(rerank.features)).dataset()
+    # Every row's keys and what the evaluation joins; the features of one law at a time.
+    candidates = dataset.to_table(columns=FITTED_COLUMNS).to_pandas()
+
+    def law_frame(temperature: float) -> pd.DataFrame:
+        rows = dataset.to_table(
+            filter=pc.field("temperature") == pa.scalar(temperature, pa.float32())
+        )
+        frame = rows.to_pandas()
+        del rows
+        release_freed_heap()  # the Arrow table's buffers, now converted
+        return frame
+
     folds = fold_map(
         candidates["prompt_id"].to_numpy(), rerank.halves, seed, candidates["task"].to_numpy()
     )
@@ -142,6 +164,7 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
         rerank.model.n_threads,
         rerank.rank_q_bins,
         capacity=model_capacity(rerank.model),
+        law_frame=law_frame,
     )
     seconds = time.perf_counter() - t0
     return Fitted(candidates, folds, preds, prediction_quality(candidates, preds), seconds)
@@ -178,6 +201,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int) -> Evaluation:
         first_factor=root_if_covered.first_factors, consumers=[acc] if acc else [],
         workers=rerank.workers or len(os.sched_getaffinity(0)),
     )  # fmt: skip
+    release_freed_heap()  # the chunks' blocks, kept for reuse while the pass ran
     per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
     per_round, mix_weights = choose_mixture_weights(per_round)
     draws = law_draws(per_round, rerank.n_resamples, seed, curves=curves)  # one set of resamples

@@ -97,6 +97,14 @@ def test_experiment_paper_states_only_deltas(hydra_conf):
     assert not same, f"conf/experiment/paper.yaml repeats defaults: {same}"
 
 
+def test_the_default_reranker_is_lightgbm_beside_the_papers_hgb(hydra_conf):
+    from rerank.config import RerankModelConfig
+
+    # the job's default (conf/train.yaml) and the typed settings' default agree
+    assert compose("train").rerank.model.kind == RerankModelConfig().kind == "lgbm"
+    assert compose("train", overrides=["rerank_model=hgb"]).rerank.model.kind == "hgb"
+
+
 def test_a_typo_gets_the_closest_valid_keys():
     from specrank.cli import unknown_key_message
     from specrank.config import schema

@@ -166,6 +166,32 @@ def test_early_stopped_model_is_a_fixed_fit_of_the_chosen_count(greedy_frame, ki
     np.testing.assert_array_equal(predict(est), predict(ref))
 
 
+@pytest.mark.parametrize("kind", ["lgbm", "hgb"])
+@pytest.mark.parametrize("early", [True, False])
+def test_fitting_rows_of_a_matrix_equals_fitting_a_copy_of_them(greedy_frame, kind, early):
+    # `rows=` (what cross-fitting passes: no copy of the training half) fits the model a
+    # copy of those rows and their per-row arguments fits, whatever the library's dtype.
+    X, y, features, groups, tasks = _design(greedy_frame)
+    rows = np.flatnonzero(np.isin(groups, np.unique(groups)[::2]))  # every other prompt
+    w = np.random.default_rng(3).uniform(0.5, 2.0, len(y))
+    cap = STOP if early else replace(STOP, n_iter=40, early_stopping=False)
+    est = fit_estimator(X, y, features, kind, "greedy", cap, 0, 1, sample_weight=w,
+                        groups=groups, tasks=tasks, rows=rows)  # fmt: skip
+    ref = fit_estimator(X[rows], y[rows], features, kind, "greedy", cap, 0, 1,
+                        sample_weight=w[rows], groups=groups[rows], tasks=tasks[rows])  # fmt: skip
+    other = fit_estimator(X, y, features, kind, "greedy", cap, 0, 1, sample_weight=w,
+                          groups=groups, tasks=tasks)  # fmt: skip
+
+    def predict(e):
+        return e.predict(X) if kind == "lgbm" else e.predict_proba(X)[:, 1]
+
+    np.testing.assert_array_equal(predict(est), predict(ref))
+    assert not np.array_equal(predict(other), predict(ref))  # the rows are what it fitted
+    with pytest.raises(ValueError, match=r"sample_weight has shape \(3,\)"):
+        fit_estimator(X, y, features, kind, "greedy", cap, 0, 1, sample_weight=w[:3],
+                      groups=groups, tasks=tasks, rows=rows)  # fmt: skip
+
+
 def test_early_stopping_needs_the_prompts(greedy_frame) -> None:
     X, y, features, _, _ = _design(greedy_frame)
     with pytest.raises(ValueError, match="groups="):

@@ -259,3 +259,35 @@ def test_predictions_join_their_candidates_by_position_as_a_merge_would():
         b = slow[slow["temperature"] == t].reset_index(drop=True)
         pd.testing.assert_frame_equal(a[b.columns.intersection(a.columns)],
                                       b[b.columns.intersection(a.columns)])  # fmt: skip
+
+
+def test_law_frames_read_apart_give_the_predictions_of_the_whole_table():
+    # The job reads one law's feature columns at a time (rerank.train.fit): the same
+    # predictions as from the whole table, and rows in another order are refused.
+    frame = pd.concat([make_candidate_frame(n_prompts=12, rounds=4, temperature=t, seed=s)
+                       for t, s in ((1.0, 1), (0.0, 2))], ignore_index=True)  # fmt: skip
+    frame = frame.sample(frac=1.0, random_state=0).reset_index(drop=True)  # laws interleaved
+    folds = fold_map(frame["prompt_id"].to_numpy(), "seeded", 0)
+    kw = dict(n_threads=1, capacity=Capacity(n_iter=20, learning_rate=0.2, max_leaves=7))
+    whole = predict_first_factors(frame, folds, "lgbm", ["base"], ["iso_q1"], **kw)
+    keys = frame[[*ROUND_KEYS, "cand_index", "task"]]
+    asked = []
+
+    def law_frame(t: float) -> pd.DataFrame:
+        asked.append(t)
+        return frame[frame["temperature"] == t].reset_index(drop=True)
+
+    apart = predict_first_factors(keys, folds, "lgbm", ["base"], ["iso_q1"], law_frame=law_frame,
+                                  **kw)  # fmt: skip
+    assert asked == [0.0, 1.0]
+    pd.testing.assert_frame_equal(apart.frame, whole.frame)
+    np.testing.assert_array_equal(apart.rows, whole.rows)
+
+    def shuffled(t: float) -> pd.DataFrame:
+        return law_frame(t).iloc[::-1].reset_index(drop=True)
+
+    with pytest.raises(ValueError, match=r"law_frame\(0\) gave its rows in another order"):
+        predict_first_factors(keys, folds, "lgbm", ["base"], [], law_frame=shuffled, **kw)
+    with pytest.raises(ValueError, match=r"law_frame\(0\) gave 3 rows; the candidate table has"):
+        predict_first_factors(keys, folds, "lgbm", ["base"], [],
+                              law_frame=lambda t: law_frame(t).head(3), **kw)  # fmt: skip
