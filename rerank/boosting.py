@@ -109,17 +109,16 @@ def fit_estimator(
     for name, per_row in (("y", y), ("sample_weight", w)):
         if per_row is not None and per_row.shape != (X.shape[0],):
             raise ValueError(f"{name} has shape {per_row.shape}; expected ({X.shape[0]},)")
+    every = np.arange(X.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
     if rows is not None:
-        rows = np.asarray(rows, dtype=np.int64)
-        y, w = y[rows], None if w is None else w[rows]
-        groups = None if groups is None else np.asarray(groups)[rows]
-        tasks = None if tasks is None else np.asarray(tasks)[rows]
-    n_rows = X.shape[0] if rows is None else rows.size
+        y, w = y[every], None if w is None else w[every]
+        groups = None if groups is None else np.asarray(groups)[every]
+        tasks = None if tasks is None else np.asarray(tasks)[every]
     _check_fit_inputs(y, law, w)
-    if n_threads is None and n_rows < SMALL_FIT_ROWS:
+    if n_threads is None and every.size < SMALL_FIT_ROWS:
         n_threads = 1
-    if not capacity.early_stopping:
-        X_fit = X if rows is None else X[rows]
+    if not capacity.early_stopping:  # a copy of the training rows only (rows= given)
+        X_fit = X if rows is None else X[every]
         return _fit(X_fit, y, w, features, kind, law, capacity, capacity.n_iter, seed,
                     n_threads)[0]  # fmt: skip
     if groups is None:
@@ -129,7 +128,6 @@ def fit_estimator(
         )
     held = inner_validation(groups, capacity.validation_share, seed, tasks)
     inner = ~held
-    every = np.arange(X.shape[0]) if rows is None else rows
     w_in, w_held = (None, None) if w is None else (w[inner], w[held])
     _check_fit_inputs(y[inner], law, w_in)
     est, loss = _fit(
@@ -138,7 +136,7 @@ def fit_estimator(
     )  # fmt: skip
     chosen = int(np.argmin(loss)) + 1  # first iteration with the lowest held-out loss
     if capacity.refit:
-        X_fit = X if rows is None else X[rows]
+        X_fit = X if rows is None else X[every]
         return _fit(X_fit, y, w, features, kind, law, capacity, chosen, seed, n_threads)[0]
     return _cut(est, kind, chosen)
 
