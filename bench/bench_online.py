@@ -77,7 +77,7 @@ from tests.tiny_models import build_tiny_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(__file__).resolve().parent / ".cache"
-PAPER_CAPACITY = Capacity()  # 400 iterations, learning rate 0.05, <= 63 leaves
+PAPER_CAPACITY = Capacity()  # 400 iterations, learning rate 0.05, <= 63 leaves (fixed)
 DEFAULT_FEATURE_SET = RerankConfig().feature_sets[-1]  # rows_matched: the default job's best
 
 
@@ -147,7 +147,12 @@ def fitted(
     what a user plugs in after `make run`.
     """
     root = CACHE / f"online-{name}-{kind}-{len(fit)}x{max_new}"
-    out = root / f"{feature_set}_{capacity}_T{temperature:g}"
+    cap = capacity_of(capacity)
+    # the capacity's values in the name: a changed default refits instead of reusing
+    shape = (
+        f"{cap.n_iter}x{cap.learning_rate:g}x{cap.max_leaves}{'-es' if cap.early_stopping else ''}"
+    )
+    out = root / f"{feature_set}_{capacity}-{shape}_T{temperature:g}"
     if (out / "reranker.json").exists():
         return out
     traces, features = root / f"traces_T{temperature:g}", root / f"features_T{temperature:g}"
@@ -160,8 +165,7 @@ def fitted(
     frame = candidate_store(features).read().to_pandas()
     law = "greedy" if temperature == 0 else "sampling"
     t1 = time.perf_counter()
-    model = fit_reranker(frame, feature_set, kind, law, n_threads=None,
-                         capacity=capacity_of(capacity))  # fmt: skip
+    model = fit_reranker(frame, feature_set, kind, law, n_threads=None, capacity=cap)
     t2 = time.perf_counter()
     # recording the fitting prompts dominates; the fit itself is about a second (issue 19.3)
     print(f"{kind} {law} {feature_set} reranker ({capacity} capacity, {model.n_iter} trees): "

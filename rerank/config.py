@@ -42,9 +42,12 @@ class RerankModelConfig:
     n_threads: int | None = None
     # Capacity (rerank.boosting.Capacity). The paper fits 400 iterations at learning rate
     # 0.05 with <= 63 leaves (experiment=paper); by default the iterations are chosen by
-    # early stopping on a prompt-grouped inner split of each training half, n_iter the most.
+    # early stopping on a prompt-grouped inner split of each training half, n_iter the most,
+    # at learning rate 0.1: half the trees, so the fits and their predictions take about
+    # half the time, for the same rule values (at paper scale every learned rule's gain
+    # within 0.06 points of 0.05's, held-out squared error at most 0.8% higher; issue 19).
     n_iter: int = 400
-    learning_rate: float = 0.05
+    learning_rate: float = 0.1
     max_leaves: int = 63
     early_stopping: bool = True
     patience: int = 10  # iterations without a better held-out loss before stopping

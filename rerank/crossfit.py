@@ -35,7 +35,7 @@ def balance_tolerance(n_prompts: int) -> int:
     return max(1, n_prompts // BALANCE_SHARE)
 
 
-def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def distinct_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`np.unique(values.astype(str), return_inverse=True)`: sorted distinct strings, row codes.
 
     Hashes the rows (pandas' factorize) and converts only the distinct values: a string
@@ -52,13 +52,13 @@ def _prompt_tasks(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sorted distinct prompts, the one task of each ("" for all when `tasks` is None), and
     the index of each row's prompt among them."""
-    uniq, inverse = _distinct(ids)
+    uniq, inverse = distinct_strings(ids)
     if tasks is None:
         return uniq, np.full(uniq.size, "", dtype=object), inverse
     tasks = np.asarray(tasks)
     if tasks.shape != np.shape(ids):
         raise ValueError(f"prompt_ids shape {np.shape(ids)} != tasks shape {tasks.shape}")
-    task_names, task = _distinct(tasks)
+    task_names, task = distinct_strings(tasks)
     _, first = np.unique(inverse, return_index=True)  # each prompt's first row
     per_prompt = task[first]
     mixed = uniq[np.bincount(inverse, weights=task != per_prompt[inverse], minlength=uniq.size) > 0]
@@ -182,7 +182,7 @@ def check_grouped(prompt_ids: np.ndarray, folds: np.ndarray) -> None:
     bad_vals = np.setdiff1d(np.unique(folds), [0, 1])
     if bad_vals.size:
         raise ValueError(f"fold ids must be 0 or 1; found {bad_vals.tolist()}")
-    uniq, inverse = _distinct(ids)
+    uniq, inverse = distinct_strings(ids)
     lo = np.full(uniq.size, 2, dtype=np.int64)
     hi = np.full(uniq.size, -1, dtype=np.int64)
     np.minimum.at(lo, inverse, folds.astype(np.int64))

@@ -189,17 +189,19 @@ def test_crossfit_model_equals_a_model_fitted_on_the_training_half_alone(samplin
     )
     np.testing.assert_array_equal(alone.predict_phat(frame[folds == 0], 1), res.phat[folds == 0])
     assert alone.train_fingerprint == res.models[0].train_fingerprint
+    prompts = tuple(sorted(set(frame["prompt_id"][folds == 1].astype(str))))
+    assert res.models[0].train_prompts == alone.train_prompts == prompts
 
 
 def test_distinct_values_are_numpys_unique_of_the_strings():
-    from rerank.crossfit import _distinct
+    from rerank.crossfit import distinct_strings
 
     rng = np.random.default_rng(5)
     words = np.array(["b-10", "b-9", "a", "é", "B", "b-1"], dtype=object)
     for values in (words[rng.integers(0, 6, 200)], words[rng.integers(0, 6, 50)].astype(str)):
-        names, inverse = _distinct(values)
+        names, inverse = distinct_strings(values)
         want_names, want_inverse = np.unique(values.astype(str), return_inverse=True)
         np.testing.assert_array_equal(names, want_names)
         np.testing.assert_array_equal(inverse, want_inverse)
-    names, inverse = _distinct(np.array([10, 2, 10, 1]))  # as strings, as before
+    names, inverse = distinct_strings(np.array([10, 2, 10, 1]))  # as strings, as before
     assert names.tolist() == ["1", "10", "2"] and inverse.tolist() == [1, 2, 1, 0]

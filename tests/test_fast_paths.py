@@ -204,7 +204,10 @@ def test_prompt_curve_sums_are_pandas_grouped_sums():
         np.testing.assert_array_equal(curves.sums["c"][key], row)
 
 
-def test_round_codes_find_what_a_multiindex_finds():
+@pytest.mark.parametrize("strings", ["object", "str", "category"])
+def test_round_codes_find_what_a_multiindex_finds(strings):
+    # the query's keys as the traces give them (Arrow strings, float32 temperatures) or
+    # as numpy objects / categories: codes are found by value, whatever the dtypes
     rng = np.random.default_rng(2)
     keys = pd.DataFrame({
         "prompt_id": rng.choice(["a", "b", "c"], 200), "temperature": rng.choice([0.0, 1.0], 200),
@@ -212,6 +215,7 @@ def test_round_codes_find_what_a_multiindex_finds():
     }).drop_duplicates(ignore_index=True)  # fmt: skip
     query = pd.concat([keys.sample(80, random_state=1), keys.assign(prompt_id="z").head(5),
                        keys.assign(round_index=keys["round_index"] + 30).head(5)])  # fmt: skip
+    query = query.astype({"prompt_id": strings, "rule": strings, "temperature": np.float32})
     codes = RoundCodes(keys)
     got = pd.Index(codes.encode(keys)).get_indexer(codes.encode(query))
     want = pd.MultiIndex.from_frame(keys).get_indexer(pd.MultiIndex.from_frame(query[ROUND_KEYS]))

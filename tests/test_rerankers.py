@@ -112,6 +112,38 @@ def test_missing_features_are_nan_never_zero() -> None:
     assert checked >= len(ROW_FEATURES)  # every row feature is sometimes missing here
 
 
+def test_the_design_matrix_copied_in_row_blocks_equals_its_columns(monkeypatch) -> None:
+    # Blocks of 7 rows over 40 (the last one short) against each column cast on its own:
+    # float64 with nulls, float32, bool, int, a categorical and an object column, the
+    # task codes and the prior.
+    monkeypatch.setattr(models, "_DESIGN_BLOCK", 7)
+    rng = np.random.default_rng(0)
+    n = 40
+    f64 = rng.normal(size=n)
+    f64[::5] = np.nan
+    frame = pd.DataFrame({
+        "f64": f64,
+        "f32": rng.normal(size=n).astype(np.float32),
+        "flag": rng.random(n) < 0.5,
+        "count": rng.integers(0, 9, n),
+        "cat": pd.Categorical(rng.integers(0, 3, n).astype(str)),
+        "obj": rng.integers(0, 4, n).astype(str).astype(object),
+        "task": rng.choice(["coding", "math", "chat"], n),
+    })  # fmt: skip
+    prior = rng.random(n)
+    names = ["f64", TOKEN_PRIOR, "f32", "flag", "count", "cat", "obj", "task"]
+    X = design_matrix(frame, names, ["coding", "math"], prior)
+    expected = np.column_stack([
+        f64, prior, frame["f32"], frame["flag"], frame["count"],
+        pd.to_numeric(frame["cat"]), pd.to_numeric(frame["obj"]),
+        frame["task"].map({"coding": 0.0, "math": 1.0}),
+    ]).astype(np.float32)  # fmt: skip
+    assert X.dtype == np.float32 and X.flags.c_contiguous
+    np.testing.assert_array_equal(X, expected)  # NaN where expected is NaN, equal elsewhere
+    with pytest.raises(ValueError, match="token_prior has shape"):
+        design_matrix(frame, names, ["coding"], prior[:1])
+
+
 def test_task_codes_come_from_one_fixed_list() -> None:
     frame = frame_of("sampling").copy()
     folds = prompt_halves(frame["prompt_id"].to_numpy())
