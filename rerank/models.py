@@ -45,6 +45,11 @@ from specrank.memory import release_freed_heap
 log = logging.getLogger(__name__)
 KINDS = ("hgb", "lgbm")
 PREDICT_ROUTES = ("library", "forest")
+# The faster exact route for many rows, per library (both give the same phat bit for bit):
+# HGB's own predictor walks tree by tree, the forest 1.9x faster on 0.94M held-out rows;
+# LightGBM's C++ predictor is 1.15-1.3x faster than the forest (74-213 trees, 0.88-0.94M
+# rows, 2 threads; notes of issue 19).
+BATCH_ROUTE = {"hgb": "forest", "lgbm": "library"}
 LAWS = ("greedy", "sampling")
 TOKEN_PRIOR = "token_prior"
 FEATURE_SETS: dict[str, list[str]] = {
@@ -329,7 +334,7 @@ def crossfit_predict(
     capacity: Capacity = PAPER_CAPACITY,
     pseudo_count: float = DEFAULT_PSEUDO_COUNT,
     sample_weight: np.ndarray | None = None,
-    route: str = "forest",
+    route: str | None = None,
 ) -> CrossfitResult:
     """Out-of-fold phat (float64 in [PROB_FLOOR, 1]) for every row of one law's frame.
 
@@ -338,7 +343,8 @@ def crossfit_predict(
     unless declared. The token prior is computed inside each fold, and so is
     early stopping's inner split (`rerank.boosting`): neither reads the
     predicted half. ``sample_weight`` (one per row) weighs the training rows' loss.
-    ``route`` predicts the held-out half (`FittedReranker.predict_matrix`).
+    ``route`` predicts the held-out half (`FittedReranker.predict_matrix`; None: the
+    faster one for ``kind``, `BATCH_ROUTE`).
     """
     _check_args(frame, kind, law)
     folds = np.asarray(folds)
@@ -404,7 +410,7 @@ def crossfit_predict(
         )
         X_predict = X[predict]  # the other fold's training rows: a copy with this fold's prior
         X_predict[:, j_prior] = prior[predict]
-        phat[predict] = model.predict_matrix(X_predict, n_threads, route=route)
+        phat[predict] = model.predict_matrix(X_predict, n_threads, route=route or BATCH_ROUTE[kind])
         models.append(model)
         seconds.append(secs)
     return CrossfitResult(phat, folds.astype(np.int8), (models[0], models[1]), tuple(seconds))

@@ -73,13 +73,15 @@ def test_forest_route_predicts_what_the_library_predicts(kind, temperature):
     np.testing.assert_array_equal(forest, library)  # the same sums in the same order
 
 
-def test_crossfit_predictions_do_not_depend_on_the_route():
+@pytest.mark.parametrize("kind", ["hgb", "lgbm"])
+def test_crossfit_predictions_do_not_depend_on_the_route(kind):
     frame = make_candidate_frame(n_prompts=24, rounds=5, temperature=1.0, seed=11)
     folds = np.asarray(frame["prompt_id"].str[-1].astype(int) % 2, dtype=np.int8)
     kw = dict(n_threads=1, capacity=Capacity(n_iter=40, learning_rate=0.1, max_leaves=15))
-    fast = crossfit_predict(frame, "rows", "hgb", "sampling", folds, **kw)
-    slow = crossfit_predict(frame, "rows", "hgb", "sampling", folds, route="library", **kw)
-    np.testing.assert_array_equal(fast.phat, slow.phat)
+    default = crossfit_predict(frame, "rows", kind, "sampling", folds, **kw)
+    for route in ("library", "forest"):
+        other = crossfit_predict(frame, "rows", kind, "sampling", folds, route=route, **kw)
+        np.testing.assert_array_equal(default.phat, other.phat, err_msg=route)
 
 
 # -- per-depth maps: flat sampling and per-level application ------------------------------------
