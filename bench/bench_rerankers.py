@@ -165,12 +165,9 @@ def run_job(root: Path, overrides: list[str], tmp: Path, rss_limit_gb: float = 7
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} (in {root}) exited with {proc.returncode}")
-    return {
-        "wall_s": wall,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_gib": usage.ru_maxrss / 2**20,
-        "run": tmp / "run",
-    }  # fmt: skip (ru_maxrss: KiB)
+    peak_gib = usage.ru_maxrss / 2**20  # ru_maxrss is in KiB
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_gib": peak_gib,
+            "run": tmp / "run"}  # fmt: skip
 
 
 def same_model_values(run: Path, traces: Path, features: Path, rerank=None) -> dict:

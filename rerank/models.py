@@ -372,6 +372,7 @@ def crossfit_predict(
                 f"sample_weight has shape {sample_weight.shape}; expected ({len(frame)},)"
             )
     phat = np.full(len(frame), np.nan, dtype=np.float64)
+    route = BATCH_ROUTE[kind] if route is None else route
     masks = list(fold_masks(folds))
     workers, fit_threads = fold_workers(n_threads, len(masks))
     priors = [token_prior_features(tokens, y, train, pseudo_count) for _, train, _ in masks]
@@ -410,7 +411,7 @@ def crossfit_predict(
         )
         X_predict = X[predict]  # the other fold's training rows: a copy with this fold's prior
         X_predict[:, j_prior] = prior[predict]
-        phat[predict] = model.predict_matrix(X_predict, n_threads, route=route or BATCH_ROUTE[kind])
+        phat[predict] = model.predict_matrix(X_predict, n_threads, route=route)
         models.append(model)
         seconds.append(secs)
     return CrossfitResult(phat, folds.astype(np.int8), (models[0], models[1]), tuple(seconds))

@@ -39,7 +39,7 @@ def model(request):
         ), temperature
 
 
-def test_forest_walks_match_thelibrary_predict(model):
+def test_forest_walks_match_the_library(model):
     m, temperature = model
     forest = forest_from_lightgbm(m.estimator) if m.kind == "lgbm" else forest_from_hgb(m.estimator)
     c = compile_forest(forest)
@@ -69,7 +69,7 @@ def test_online_predictor_routes_agree(model, predictor):
     assert np.abs(got - want).max() <= 1e-6  # float32 logs of phat equal to 1e-12
 
 
-def test_unrepresentable_models_fall_back_to_thelibrary_predict(model, monkeypatch, caplog):
+def test_unrepresentable_models_fall_back_to_the_library(model, monkeypatch, caplog):
     m, _ = model
     with pytest.raises(ForestError, match=r"category codes \[63\] exceed the fast path's range"):
         _mask([63], "split")
@@ -88,7 +88,7 @@ def test_unrepresentable_models_fall_back_to_thelibrary_predict(model, monkeypat
 
 
 @pytest.mark.gpu
-def test_forest_on_cuda_matches_thelibrary_predict(model):
+def test_forest_on_cuda_matches_the_library(model):
     m, temperature = model
     X = forest_inputs(m, temperature)
     p = OnlinePredictor(m, torch.device("cuda"), "auto")

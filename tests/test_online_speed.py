@@ -71,7 +71,7 @@ def model(request):
 # -- the compiled forest walk ---------------------------------------------------------------
 
 
-def test_compiled_walk_predicts_thelibrary_predict(model):
+def test_compiled_walk_predicts_the_library(model):
     m, temperature = model
     c = compile_forest(forest_of(m))
     assert c.forest.n_trees % 8 != 0  # the tail loop runs too
