@@ -48,6 +48,7 @@ from omegaconf import OmegaConf
 
 import decode.online.reranker as online_reranker
 import decode.online.round as online_round
+from bench.small_fit import small_fit_frame, small_fit_profile
 from decode.config import DataConfig, DecodeConfig, ModelConfig, PoolConfig, SelectConfig
 from decode.models import ModelPair, load_model_pair
 from decode.online.loop import decode_prompt
@@ -65,19 +66,18 @@ from decode.prompts import Prompt, encode_prompt, load_prompts
 from decode.record import record_traces
 from features.extract import extract
 from features.schema import candidate_store
-from rerank.boosting import Capacity
+from rerank.boosting import PAPER_CAPACITY, Capacity
 from rerank.config import RerankConfig, RerankModelConfig
 from rerank.forest_eval import compile_forest, link, prepare, walk_numpy
 from rerank.models import fit_reranker
 from rerank.online import PREDICTORS, OnlinePredictor, forest_of, load_online_reranker
 from rerank.persist import save_reranker
-from rerank.train import model_capacity
+from rerank.settings import model_capacity
 from specrank.paths import project_path
 from tests.tiny_models import build_tiny_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(__file__).resolve().parent / ".cache"
-PAPER_CAPACITY = Capacity()  # 400 iterations, learning rate 0.05, <= 63 leaves (fixed)
 DEFAULT_FEATURE_SET = RerankConfig().feature_sets[-1]  # rows_matched: the default job's best
 
 
@@ -172,60 +172,6 @@ def fitted(
           f"traces ready in {t1 - t0:.1f} s, fitted on {len(frame):,} candidates in "
           f"{t2 - t1:.1f} s")  # fmt: skip
     return save_reranker(model, out)
-
-
-def small_fit_frame(n: int):
-    """The T=1 candidates `fitted` caches (the pocket pair's), else ~n synthetic ones."""
-    for folder in sorted(CACHE.glob("online-*/features_T1")):
-        frame = candidate_store(folder).read().to_pandas()
-        return frame, str(folder.relative_to(CACHE))
-    from tests.candidate_frames import make_candidate_frame
-
-    return make_candidate_frame(n_prompts=max(2, n // 100), rounds=10), "synthetic"
-
-
-def small_fit_profile(frame, kind: str, law: str) -> list[dict]:
-    """Where a small fit's time goes: set-up (design matrix, priors), binning, iterations.
-
-    Per thread count (1, and every core: given explicitly, since `n_threads=None`
-    fits this small run on one thread, `rerank.boosting`): the whole `fit_reranker`
-    at the paper's capacity, and the library alone with 1 and 400 iterations
-    (LightGBM: binning is `Dataset.construct`, timed on its own).
-    """
-    import lightgbm as lgb
-
-    from rerank.boosting import fit_estimator
-    from rerank.models import LABEL_OF_LAW, design_matrix, feature_list, task_categories
-    from rerank.token_prior import token_prior_features
-
-    features = feature_list("rows")
-    y = frame[LABEL_OF_LAW[law]].to_numpy(np.float64)
-    t0 = time.perf_counter()
-    prior, _ = token_prior_features(frame["token"].to_numpy(), y, np.ones(len(frame), bool))
-    X = design_matrix(frame, features, task_categories(frame), prior)
-    setup = time.perf_counter() - t0
-    rows = []
-    for threads in (1, len(os.sched_getaffinity(0))):
-        rec = {"kind": kind, "threads": threads, "rows": len(frame), "setup_s": setup}
-        t = time.perf_counter()
-        fit_reranker(frame, "rows", kind, law, n_threads=threads, capacity=PAPER_CAPACITY)
-        rec["fit_reranker_s"] = time.perf_counter() - t
-        for n_iter in (1, PAPER_CAPACITY.n_iter):
-            cap = dataclasses.replace(PAPER_CAPACITY, n_iter=n_iter)
-            t = time.perf_counter()
-            fit_estimator(X, y, features, kind, law, cap, 0, threads)
-            rec[f"library_{n_iter}_s"] = time.perf_counter() - t
-        if kind == "lgbm":
-            t = time.perf_counter()
-            lgb.Dataset(X, label=y, params={"num_threads": threads, "verbosity": -1,
-                                            "max_bin": 255}).construct()  # fmt: skip
-            rec["binning_s"] = time.perf_counter() - t
-        rec["per_iteration_ms"] = 1000 * (
-            (rec[f"library_{PAPER_CAPACITY.n_iter}_s"] - rec["library_1_s"])
-            / (PAPER_CAPACITY.n_iter - 1)
-        )
-        rows.append(rec)
-    return rows
 
 
 def predictor_latency(model, device: torch.device, rows: int, n: int = 300) -> dict[str, float]:
@@ -355,7 +301,7 @@ def main() -> None:
                     help="only profile fitting a reranker on N synthetic candidates")  # fmt: skip
     args = ap.parse_args()
     if args.small_fit:
-        frame, source = small_fit_frame(args.small_fit)
+        frame, source = small_fit_frame(args.small_fit, CACHE)
         print(f"small fit: {len(frame):,} candidates ({source}); load {os.getloadavg()[0]:.2f}")
         for kind in ("lgbm", "hgb"):
             for rec in small_fit_profile(frame, kind, "sampling"):

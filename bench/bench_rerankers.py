@@ -47,7 +47,8 @@ from features.extract import extract
 from features.schema import candidate_store
 from rerank.boosting import Capacity, fit_estimator
 from rerank.crossfit import prompt_halves
-from rerank.models import KINDS, LABEL_OF_LAW, design_matrix, feature_list, task_categories
+from rerank.design import design_matrix, task_categories
+from rerank.models import KINDS, LABEL_OF_LAW, feature_list
 from rerank.pool_chunks import ROUND_KEYS
 from rerank.token_prior import token_prior_features
 

@@ -8,7 +8,7 @@ concatenated, leaves pointing to themselves) with each library's rules for
 missing values and categories, so `rerank.forest_eval` can evaluate it with a
 few array ops per tree level, on the CPU (numpy) or on a CUDA device (torch).
 
-Exactness. Inputs are the float32 design matrix (`rerank.models.design_matrix`).
+Exactness. Inputs are the float32 design matrix (`rerank.design.design_matrix`).
 Both libraries compare the float64 image of a float32 input with a float64
 threshold, so `x <= thr` is stored as `x <= t32`, t32 = the largest float32
 <= thr: equal for every float32 x. Only the summation order of the leaf values

@@ -13,7 +13,6 @@ of the training half.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -29,13 +28,20 @@ from threadpoolctl import threadpool_limits
 from calibrate.isotonic import PROB_FLOOR
 from features.schema import BASE_FEATURES, EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES
 from rerank.boosting import (
-    CATEGORICAL,
     PAPER_CAPACITY,
     Capacity,
     estimator_iterations,
     fit_estimator,
 )
 from rerank.crossfit import check_grouped, distinct_strings, fold_masks
+from rerank.design import (
+    TOKEN_PRIOR,
+    design_matrix,
+    digest_rows,
+    frame_fingerprint,
+    hash_rows,
+    task_categories,
+)
 from rerank.forest import ForestError, forest_of
 from rerank.forest_eval import flat_forest, predict_proba
 from rerank.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
@@ -51,7 +57,6 @@ PREDICT_ROUTES = ("library", "forest")
 # rows, 2 threads; notes of issue 19).
 BATCH_ROUTE = {"hgb": "forest", "lgbm": "library"}
 LAWS = ("greedy", "sampling")
-TOKEN_PRIOR = "token_prior"
 FEATURE_SETS: dict[str, list[str]] = {
     "base": [*BASE_FEATURES, TOKEN_PRIOR],  # the paper's Base
     "rows": [*BASE_FEATURES, *ROW_FEATURES, TOKEN_PRIOR],  # the paper's Rows
@@ -67,8 +72,6 @@ FEATURE_SETS: dict[str, list[str]] = {
     ],
 }
 LABEL_OF_LAW = {"greedy": "label_is_argmax", "sampling": "label_target_prob"}
-# HGB bins a categorical feature into at most 255 values (one kept for missing).
-_MAX_CATEGORIES = 254
 
 
 def feature_list(feature_set: str) -> list[str]:
@@ -92,89 +95,6 @@ def law_of(frame: pd.DataFrame) -> str:
             f"{temps.tolist()} (greedy = 0). Pass one temperature's rows per call."
         )
     return law_kind(float(temps[0]))
-
-
-def task_categories(frame: pd.DataFrame, declared: Sequence[str] | None = None) -> list[str]:
-    """The fixed list of task categories: ``declared`` or the sorted tasks of the WHOLE frame.
-
-    Fixing the list before splitting keeps a task's code the same in both folds
-    and in saved models (codes per fold would make "task 2" mean different tasks).
-    """
-    cats = sorted(set(map(str, frame["task"].unique()))) if declared is None else list(declared)
-    if len(set(cats)) != len(cats):
-        raise ValueError(f"task categories must be distinct; got {cats}")
-    if len(cats) > _MAX_CATEGORIES:
-        raise ValueError(
-            f"at most {_MAX_CATEGORIES} task categories are supported; got {len(cats)}"
-        )
-    return cats
-
-
-_DESIGN_BLOCK = 16_384  # rows per block of design_matrix's copy (about 4 MB of float32 rows)
-
-
-def design_matrix(
-    frame: pd.DataFrame,
-    features: Sequence[str],
-    categories: Sequence[str],
-    token_prior: np.ndarray | None = None,
-) -> np.ndarray:
-    """Float32 matrix of ``features`` (column order kept); nulls become NaN, never 0.
-
-    ``task`` becomes its index in ``categories`` (NaN for a task not listed:
-    the models treat it as missing). ``token_prior`` fills the prior column.
-    """
-    feats = [f for f in features if f != TOKEN_PRIOR]
-    missing = [f for f in feats if f not in frame.columns]
-    if missing:
-        raise ValueError(f"the frame lacks feature column(s) {missing}")
-    columns = []  # one array per feature, each read in row blocks below
-    for name in features:
-        if name == TOKEN_PRIOR:
-            if token_prior is None:
-                raise ValueError(f"feature list includes {TOKEN_PRIOR!r} but no prior was given")
-            prior = np.asarray(token_prior)
-            if prior.shape != (len(frame),):
-                raise ValueError(f"token_prior has shape {prior.shape}; expected ({len(frame)},)")
-            columns.append(prior)
-        elif name in CATEGORICAL:
-            codes = pd.Index(list(categories)).get_indexer(frame[name].astype(str))
-            columns.append(np.where(codes < 0, np.nan, codes))
-        else:
-            col = frame[name]
-            if isinstance(col.dtype, pd.CategoricalDtype) or col.dtype == object:
-                col = pd.to_numeric(col)
-            # numpy dtypes: a view of the frame's column (cast block by block below)
-            columns.append(
-                col.to_numpy()
-                if isinstance(col.dtype, np.dtype)
-                else col.to_numpy(dtype=np.float32, na_value=np.nan)
-            )
-    X = np.empty((len(frame), len(features)), dtype=np.float32)
-    # Filled in blocks of rows that stay in cache: a whole column at a time writes one
-    # float of every 57-float row, 7x slower at paper scale (1.84M rows: 2.6 s vs 0.35 s).
-    for lo in range(0, len(frame), _DESIGN_BLOCK):
-        block = X[lo : lo + _DESIGN_BLOCK]
-        for j, values in enumerate(columns):
-            block[:, j] = values[lo : lo + _DESIGN_BLOCK]
-    return X
-
-
-def frame_fingerprint(frame: pd.DataFrame, columns: Sequence[str]) -> str:
-    """sha256 of the listed columns' contents and names (row order matters)."""
-    return _digest(columns, _row_hashes(frame, columns))
-
-
-def _row_hashes(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
-    # One uint64 per row, independent of the other rows: a half's fingerprint is
-    # the digest of its rows' hashes, without copying the half out of the frame.
-    return pd.util.hash_pandas_object(frame[list(columns)], index=False).to_numpy()
-
-
-def _digest(columns: Sequence[str], row_hashes: np.ndarray) -> str:
-    h = hashlib.sha256(repr(list(columns)).encode())
-    h.update(np.ascontiguousarray(row_hashes).tobytes())
-    return h.hexdigest()
 
 
 @dataclass
@@ -364,7 +284,7 @@ def crossfit_predict(
     X = design_matrix(frame, features, cats, np.zeros(len(frame), np.float32))
     j_prior = features.index(TOKEN_PRIOR)
     fp_cols = _fingerprint_columns(frame, features, law)
-    row_hashes = _row_hashes(frame, fp_cols)
+    row_hashes = hash_rows(frame, fp_cols)
     if sample_weight is not None:
         sample_weight = np.asarray(sample_weight, dtype=np.float64)
         if sample_weight.shape != (len(frame),):
@@ -404,7 +324,7 @@ def crossfit_predict(
             categories=cats,
             estimator=est,
             token_prior=full,
-            train_fingerprint=_digest(fp_cols, row_hashes[train]),
+            train_fingerprint=digest_rows(fp_cols, row_hashes[train]),
             seed=seed,
             capacity=capacity,
             train_prompts=tuple(distinct_strings(prompt_ids[train])[0].tolist()),

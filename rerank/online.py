@@ -1,6 +1,6 @@
 """A fitted reranker for the online decoder: loading with every check, and fast phat.
 
-    features (features.online) -> design matrix X [n1, F] float32 (= rerank.models.design_matrix)
+    features (features.online) -> design matrix X [n1, F] float32 (= rerank.design.design_matrix)
     X -> phat -> log phat [n1] float32 on the decoding device
 
 on the fastest exact route for the model and device (`run.predictor`; see
@@ -196,7 +196,7 @@ class OnlinePredictor:
         self.route = "forest"
 
     def design(self, features: Mapping, tokens: np.ndarray, task: str) -> np.ndarray:
-        """X [n1, F] float32, column for column what `rerank.models.design_matrix` builds.
+        """X [n1, F] float32, column for column what `rerank.design.design_matrix` builds.
 
         Filled into [F, n1] and returned transposed (a view; the compiled walk reads the
         [F, n1] rows, the libraries copy it into their own layout). From

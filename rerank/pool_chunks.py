@@ -21,9 +21,10 @@ import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
+from decode.select.draws import pearl_curves
 from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, list_matrix, pool_batch_from_table
 from decode.select.ranking import rank_order, ranks_of_order
-from decode.select.values import PoolContext, pearl_curves, pool_context
+from decode.select.values import PoolContext, pool_context
 
 ROUND_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]
 _SERIES = ROUND_KEYS[:-1]  # a prompt's rounds under one recording configuration

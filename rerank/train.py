@@ -29,23 +29,18 @@ import pyarrow.compute as pc
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from decode.select.values import RULES
 from decode.trace_schema import trace_store
 from features.schema import candidate_store
 from rerank.breakdowns import breakdown_gains, breakdowns
-from rerank.comparisons import check_comparisons, compare, comparisons_table, parse_comparisons
+from rerank.comparisons import compare, comparisons_table
 from rerank.config import (
-    CALIBRATORS,
-    DEFAULT_COMPARISONS,
     SWEEP_BUDGETS,
     MlflowConfig,
     RerankConfig,
-    RerankModelConfig,
 )
 from rerank.coverage import RootIfCovered
-from rerank.crossfit import SCHEMES
-from rerank.evaluate import RETAINED_ROWS, EvalPlan, PromptCurves, evaluate_traces
-from rerank.models import FEATURE_SETS, KINDS, LABEL_OF_LAW, Capacity
+from rerank.evaluate import EvalPlan, PromptCurves, evaluate_traces
+from rerank.models import LABEL_OF_LAW
 from rerank.persist import save_reranker
 from rerank.plots import reliability_table, write_plots
 from rerank.pool_chunks import ROUND_KEYS
@@ -59,6 +54,7 @@ from rerank.predict import (
 )
 from rerank.quality import prediction_quality
 from rerank.reports import ReportAccumulators
+from rerank.settings import check_settings, comparison_pairs, model_capacity
 from rerank.summary import (
     choose_mixture_weights,
     law_draws,
@@ -67,7 +63,6 @@ from rerank.summary import (
 )
 from rerank.variants import variant_table, variants_text
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
-from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
 from specrank.cli import run_entry_point
 from specrank.laws import law_kind, law_name
 from specrank.memory import release_freed_heap, retain_freed_heap
@@ -308,72 +303,6 @@ def log_run(
                                    for name, pair in fitted.preds.models.items()})  # fmt: skip
                 mlflow.log_metrics(fold_metrics | _quality_metrics(fitted.quality, fold))
         return run.info.run_id
-
-
-def model_capacity(model: RerankModelConfig) -> Capacity:
-    """The boosting capacity of the `rerank.model` settings."""
-    return Capacity(
-        n_iter=model.n_iter, learning_rate=model.learning_rate, max_leaves=model.max_leaves,
-        early_stopping=model.early_stopping, patience=model.patience,
-        validation_share=model.validation_share, refit=model.refit,
-    )  # fmt: skip
-
-
-def check_settings(rerank: RerankConfig) -> None:
-    """Every `rerank` setting, before anything is read or fitted (specrank.checks messages)."""
-    check_choice("rerank.model.kind", rerank.model.kind, KINDS)
-    if rerank.model.n_threads is not None:
-        check_int("rerank.model.n_threads", rerank.model.n_threads, 1)
-    check_int("rerank.model.n_iter", rerank.model.n_iter, 1)
-    check_real("rerank.model.learning_rate", rerank.model.learning_rate, 0.0, low_open=True)
-    check_int("rerank.model.max_leaves", rerank.model.max_leaves, 2)
-    check_int("rerank.model.patience", rerank.model.patience, 1)
-    share = rerank.model.validation_share
-    check_real("rerank.model.validation_share", share, 0.0, 1.0, low_open=True)
-    if share == 1.0:  # every training prompt held out: nothing left to fit
-        raise ValueError(
-            f"The 'rerank.model.validation_share' must be in (0, 1). Got {share!r} instead."
-        )
-    check_subset("rerank.feature_sets", rerank.feature_sets, list(FEATURE_SETS))
-    check_subset("rerank.calibrators", rerank.calibrators, CALIBRATORS)
-    check_int("rerank.rank_q_bins", rerank.rank_q_bins, 1)
-    check_subset("rerank.substitutions", rerank.substitutions, list(RETAINED_ROWS))
-    if rerank.substitutions and not rerank.mixture_weights:
-        raise ValueError(
-            "The 'rerank.mixture_weights' must be a non-empty list when rerank.substitutions "
-            f"is not empty. Got {list(rerank.mixture_weights)!r} instead."
-        )
-    for w in rerank.mixture_weights:
-        check_real("rerank.mixture_weights", w, 0.0, 1.0, low_open=True)
-    check_choice("rerank.halves", rerank.halves, SCHEMES)
-    check_ints("rerank.budgets", rerank.budgets, 1)
-    check_int("rerank.top_m", rerank.top_m, 0)
-    check_int("rerank.n_resamples", rerank.n_resamples, 1)
-    check_int("rerank.calibration_edges", rerank.calibration_edges, 1)
-    check_int("rerank.chunk_rounds", rerank.chunk_rounds, 1)
-    if rerank.workers is not None:
-        check_int("rerank.workers", rerank.workers, 1)
-    comparison_pairs(rerank)  # parsed and checked against the run's rules
-
-
-def comparison_pairs(rerank: RerankConfig) -> list[tuple[str, str]]:
-    """The run's paired comparisons: the configured ones, or the paper's among its rules."""
-    rules = run_rules(rerank)
-    if rerank.comparisons is None:
-        pairs = parse_comparisons(DEFAULT_COMPARISONS, rerank.model.kind)
-        return [p for p in pairs if set(p) <= rules]
-    pairs = parse_comparisons(rerank.comparisons, rerank.model.kind)
-    check_comparisons(pairs, rules)
-    return pairs
-
-
-def run_rules(rerank: RerankConfig) -> set[str]:
-    """Every rule the job reports, known from the settings before anything is fitted."""
-    learned = {f"{fs}_{rerank.model.kind}" for fs in rerank.feature_sets}
-    rows = {f"{kind}_{row}" for kind in ("sub", "mix") for row in rerank.substitutions}
-    return (
-        set(RULES) | learned | set(rerank.calibrators) | rows | {"pearl_matched", "root_if_covered"}
-    )
 
 
 def train_and_evaluate(

@@ -11,9 +11,10 @@ from omegaconf import OmegaConf
 
 from rerank.boosting import Capacity, fit_estimator
 from rerank.crossfit import check_grouped, inner_validation, prompt_halves
-from rerank.models import LABEL_OF_LAW, crossfit_predict, design_matrix, feature_list
+from rerank.design import design_matrix
+from rerank.models import LABEL_OF_LAW, crossfit_predict, feature_list
+from rerank.settings import model_capacity
 from rerank.token_prior import token_prior_features
-from rerank.train import model_capacity
 from tests.candidate_frames import make_candidate_frame
 
 # Fast enough for tests, large enough that the held-out loss turns before n_iter.

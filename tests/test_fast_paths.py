@@ -18,16 +18,17 @@ import torch
 
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
 from decode.config import PoolConfig, SelectConfig
+from decode.select.draws import subtree_ranks
 from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
 from decode.select.ranking import path_sum, pool_levels
-from decode.select.values import subtree_ranks
 from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import write_synthetic_traces
 from decode.trace_schema import trace_store
 from rerank.boosting import Capacity
 from rerank.coverage import RootIfCovered
+from rerank.design import design_matrix
 from rerank.evaluate import EvalPlan, PromptCurves, evaluate_traces
-from rerank.models import crossfit_predict, design_matrix, fit_reranker
+from rerank.models import crossfit_predict, fit_reranker
 from rerank.pool_chunks import ROUND_KEYS, RoundCodes, chunk_of, iter_trace_chunks
 from rerank.predict import (
     EDGE_COLUMNS,

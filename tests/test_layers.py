@@ -43,3 +43,18 @@ def test_a_broken_contract_names_the_import_chain(tmp_path):
     assert res.returncode == 1
     assert "probe BROKEN" in res.stdout
     assert "decode.run -> rerank.online" in res.stdout
+
+
+MAX_MODULE_LINES = 400  # small modules by pipeline stage (the developers' guide)
+
+
+def test_every_module_is_small():
+    folders = ["specrank", "decode", "features", "rerank", "calibrate", "bench", "tests"]
+    sizes = {
+        str(path.relative_to(PROJECT_ROOT)): len(path.read_text().splitlines())
+        for folder in folders
+        for path in (PROJECT_ROOT / folder).rglob("*.py")
+    }
+    assert len(sizes) > 100  # the walk found the project's modules
+    large = {name: n for name, n in sizes.items() if n >= MAX_MODULE_LINES}
+    assert not large, f"modules of {MAX_MODULE_LINES}+ lines (split them by stage): {large}"

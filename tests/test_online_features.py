@@ -22,7 +22,7 @@ from decode.trace_schema import TRACE_SCHEMA, trace_store
 from features.extract import extract
 from features.first_level import FEATURE_DTYPES
 from features.schema import EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES, candidate_store
-from rerank.models import design_matrix
+from rerank.design import design_matrix
 from rerank.online import OnlinePredictor, load_online_reranker
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.tiny_models import one_thread, tiny_model_config

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import rerank.design as design
 import rerank.models as models
 from calibrate.isotonic import PROB_FLOOR
 from features.schema import (
@@ -20,6 +21,7 @@ from features.schema import (
     ROW_FEATURES,
 )
 from rerank.crossfit import prompt_halves
+from rerank.design import design_matrix, task_categories
 from rerank.models import (
     LABEL_OF_LAW,
     TOKEN_PRIOR,
@@ -27,10 +29,8 @@ from rerank.models import (
     CrossfitResult,
     FittedReranker,
     crossfit_predict,
-    design_matrix,
     feature_list,
     fit_reranker,
-    task_categories,
 )
 from rerank.token_prior import TokenPrior
 from tests.candidate_frames import FAST, TASKS, make_candidate_frame
@@ -116,7 +116,7 @@ def test_the_design_matrix_copied_in_row_blocks_equals_its_columns(monkeypatch) 
     # Blocks of 7 rows over 40 (the last one short) against each column cast on its own:
     # float64 with nulls, float32, bool, int, a categorical and an object column, the
     # task codes and the prior.
-    monkeypatch.setattr(models, "_DESIGN_BLOCK", 7)
+    monkeypatch.setattr(design, "_DESIGN_BLOCK", 7)
     rng = np.random.default_rng(0)
     n = 40
     f64 = rng.normal(size=n)

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from decode.select.draws import matched_budget
 from decode.select.ranking import (
     first_level_ancestor,
     path_product,
@@ -22,7 +23,7 @@ from decode.select.ranking import (
     top_b,
     torch_route,
 )
-from decode.select.values import FACTOR_RULES, RULES, evaluate_pools, matched_budget
+from decode.select.values import FACTOR_RULES, RULES, evaluate_pools
 from tests.random_pools import random_pool_batch, random_tree
 
 

@@ -9,10 +9,11 @@ rather than a C++ extension because it needs no compiler at install time.
 
 Every kernel computes what its torch counterpart computes: the same float32
 operations in the same order and the same unique ranking keys, so the two
-routes give identical scores and selections; the draw curves add the same
-terms in another order and agree to float32 rounding (`tests/test_select_kernels.py`).
+routes give identical scores and selections (`tests/test_select_kernels.py`).
 `decode.select.ranking` chooses the route; the torch one serves CUDA tensors and is
-the reference.
+the reference. The draw rules' kernel, whose sums agree to float32 rounding only,
+lives beside its torch route in `decode.select.draws`; it shares the key and heap
+helpers here.
 """
 
 from __future__ import annotations
@@ -368,87 +369,3 @@ def lead_factor_values(
         if curve:
             curves[r] = mass
     return values, curves, status.max()
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def draw_curves(
-    draft: np.ndarray,
-    valid: np.ndarray,
-    has_valid: bool,
-    parent: np.ndarray,
-    depth: np.ndarray,
-    path_prob: np.ndarray,
-    law: np.ndarray,
-    top_first: np.ndarray,
-    n_ranks: int,
-) -> tuple[np.ndarray, bool]:
-    """Root-draw and PEARL-commit mass by within-subtree draft rank. [R, 4, n_ranks].
-
-    Channels: root-draw value, root-draw size, PEARL-commit value, PEARL-commit
-    size; entry j is the mass of candidates of rank <= j below their
-    first-level candidate (see `decode.select.values.draw_values`). Instead of
-    sorting, a best-first search from each first-level candidate pops its
-    descendants in draft order: ranking keys strictly decrease along a path
-    when draft scores do, so the frontier always holds the next best one.
-    Returns ok=False when a draft score rises along an edge (the precondition
-    fails) or a parent does not precede its child.
-    """
-    # One piece: the best-first search keeps its heap in the body of one prange loop; a
-    # call per step from the compiled loop would cost more than the step itself.
-    n_rounds, width = draft.shape
-    out = np.zeros((n_rounds, 4, n_ranks), dtype=path_prob.dtype)
-    bad = np.zeros(n_rounds, dtype=np.bool_)
-    for r in prange(n_rounds):
-        keys = np.empty(width, dtype=np.int64)
-        n_children = np.zeros(width + 1, dtype=np.int64)
-        for i in range(width):
-            ok = valid[r, i] if has_valid else True
-            keys[i] = _key(np.float32(draft[r, i]), i, width, ok)
-            p = parent[r, i]
-            if p >= i:
-                bad[r] = True
-            elif p >= 0 and ok:
-                n_children[p + 1] += 1
-        if bad[r]:
-            continue
-        for i in range(width):  # children of u: child_list[n_children[u]:n_children[u + 1]]
-            n_children[i + 1] += n_children[i]
-        child_list = np.empty(max(n_children[width], 1), dtype=np.int64)
-        fill = n_children[:width].copy()
-        for i in range(width):
-            p = parent[r, i]
-            if p >= 0 and (valid[r, i] if has_valid else True):
-                child_list[fill[p]] = i
-                fill[p] += 1
-        heap = np.empty(width, dtype=np.int64)
-        for g in range(width):
-            if parent[r, g] >= 0 or depth[r, g] != 1 or not (valid[r, g] if has_valid else True):
-                continue
-            n = 0
-            for c in range(n_children[g], n_children[g + 1]):
-                child = keys[child_list[c]]
-                bad[r] |= child > keys[g]
-                _push(heap, n, ~child)  # ~key: best first
-                n += 1
-            first = law[r, g]
-            commit = g == top_first[r]
-            for j in range(n_ranks):
-                if n == 0:
-                    break
-                key = ~_pop(heap, n)
-                n -= 1
-                u = _index(key, width)
-                out[r, 0, j] += path_prob[r, u]
-                out[r, 1, j] += first
-                if commit:
-                    out[r, 2, j] += path_prob[r, u]
-                    out[r, 3, j] += first
-                for c in range(n_children[u], n_children[u + 1]):
-                    child = keys[child_list[c]]
-                    bad[r] |= child > key
-                    _push(heap, n, ~child)
-                    n += 1
-        for c in range(4):
-            for j in range(1, n_ranks):
-                out[r, c, j] += out[r, c, j - 1]
-    return out, not bad.any()

@@ -1,0 +1,85 @@
+"""The settings of `python -m rerank.train`, checked before anything is read or fitted.
+
+`check_settings` validates every `rerank` setting (messages from `specrank.checks`
+name the setting, what was expected and what was found); `run_rules` and
+`comparison_pairs` say, from the settings alone, which rules the job reports and
+which paired comparisons it computes; `model_capacity` turns `rerank.model` into
+the boosting capacity of `rerank.boosting`.
+"""
+
+from __future__ import annotations
+
+from decode.select.values import RULES
+from rerank.boosting import Capacity
+from rerank.comparisons import check_comparisons, parse_comparisons
+from rerank.config import CALIBRATORS, DEFAULT_COMPARISONS, RerankConfig, RerankModelConfig
+from rerank.crossfit import SCHEMES
+from rerank.evaluate import RETAINED_ROWS
+from rerank.models import FEATURE_SETS, KINDS
+from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
+
+
+def model_capacity(model: RerankModelConfig) -> Capacity:
+    """The boosting capacity of the `rerank.model` settings."""
+    return Capacity(
+        n_iter=model.n_iter, learning_rate=model.learning_rate, max_leaves=model.max_leaves,
+        early_stopping=model.early_stopping, patience=model.patience,
+        validation_share=model.validation_share, refit=model.refit,
+    )  # fmt: skip
+
+
+def check_settings(rerank: RerankConfig) -> None:
+    """Every `rerank` setting, before anything is read or fitted (specrank.checks messages)."""
+    check_choice("rerank.model.kind", rerank.model.kind, KINDS)
+    if rerank.model.n_threads is not None:
+        check_int("rerank.model.n_threads", rerank.model.n_threads, 1)
+    check_int("rerank.model.n_iter", rerank.model.n_iter, 1)
+    check_real("rerank.model.learning_rate", rerank.model.learning_rate, 0.0, low_open=True)
+    check_int("rerank.model.max_leaves", rerank.model.max_leaves, 2)
+    check_int("rerank.model.patience", rerank.model.patience, 1)
+    share = rerank.model.validation_share
+    check_real("rerank.model.validation_share", share, 0.0, 1.0, low_open=True)
+    if share == 1.0:  # every training prompt held out: nothing left to fit
+        raise ValueError(
+            f"The 'rerank.model.validation_share' must be in (0, 1). Got {share!r} instead."
+        )
+    check_subset("rerank.feature_sets", rerank.feature_sets, list(FEATURE_SETS))
+    check_subset("rerank.calibrators", rerank.calibrators, CALIBRATORS)
+    check_int("rerank.rank_q_bins", rerank.rank_q_bins, 1)
+    check_subset("rerank.substitutions", rerank.substitutions, list(RETAINED_ROWS))
+    if rerank.substitutions and not rerank.mixture_weights:
+        raise ValueError(
+            "The 'rerank.mixture_weights' must be a non-empty list when rerank.substitutions "
+            f"is not empty. Got {list(rerank.mixture_weights)!r} instead."
+        )
+    for w in rerank.mixture_weights:
+        check_real("rerank.mixture_weights", w, 0.0, 1.0, low_open=True)
+    check_choice("rerank.halves", rerank.halves, SCHEMES)
+    check_ints("rerank.budgets", rerank.budgets, 1)
+    check_int("rerank.top_m", rerank.top_m, 0)
+    check_int("rerank.n_resamples", rerank.n_resamples, 1)
+    check_int("rerank.calibration_edges", rerank.calibration_edges, 1)
+    check_int("rerank.chunk_rounds", rerank.chunk_rounds, 1)
+    if rerank.workers is not None:
+        check_int("rerank.workers", rerank.workers, 1)
+    comparison_pairs(rerank)  # parsed and checked against the run's rules
+
+
+def comparison_pairs(rerank: RerankConfig) -> list[tuple[str, str]]:
+    """The run's paired comparisons: the configured ones, or the paper's among its rules."""
+    rules = run_rules(rerank)
+    if rerank.comparisons is None:
+        pairs = parse_comparisons(DEFAULT_COMPARISONS, rerank.model.kind)
+        return [p for p in pairs if set(p) <= rules]
+    pairs = parse_comparisons(rerank.comparisons, rerank.model.kind)
+    check_comparisons(pairs, rules)
+    return pairs
+
+
+def run_rules(rerank: RerankConfig) -> set[str]:
+    """Every rule the job reports, known from the settings before anything is fitted."""
+    learned = {f"{fs}_{rerank.model.kind}" for fs in rerank.feature_sets}
+    rows = {f"{kind}_{row}" for kind in ("sub", "mix") for row in rerank.substitutions}
+    return (
+        set(RULES) | learned | set(rerank.calibrators) | rows | {"pearl_matched", "root_if_covered"}
+    )
