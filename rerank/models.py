@@ -204,15 +204,15 @@ def fit_reranker(
     est = fit_estimator(X, y, features, kind, law, capacity, seed, n_threads,
                         groups=groups, tasks=frame["task"].to_numpy())  # fmt: skip
     fp = frame_fingerprint(frame, _fingerprint_columns(frame, features, law))
+    prompts = () if groups is None else _prompts(groups)
     return FittedReranker(
-        kind, law, feature_set, features, cats, est, full, fp, seed, capacity, _prompts(frame)
+        kind, law, feature_set, features, cats, est, full, fp, seed, capacity, prompts
     )
 
 
-def _prompts(frame: pd.DataFrame) -> tuple[str, ...]:
-    if "prompt_id" not in frame.columns:
-        return ()
-    return tuple(distinct_strings(frame["prompt_id"].to_numpy())[0].tolist())
+def _prompts(prompt_ids: np.ndarray) -> tuple[str, ...]:
+    """A model's `train_prompts`: the sorted distinct prompts it was fitted on."""
+    return tuple(distinct_strings(prompt_ids)[0].tolist())
 
 
 def _fingerprint_columns(frame: pd.DataFrame, features: list[str], law: str) -> list[str]:
@@ -327,7 +327,7 @@ def crossfit_predict(
             train_fingerprint=digest_rows(fp_cols, row_hashes[train]),
             seed=seed,
             capacity=capacity,
-            train_prompts=tuple(distinct_strings(prompt_ids[train])[0].tolist()),
+            train_prompts=_prompts(prompt_ids[train]),
         )
         X_predict = X[predict]  # the other fold's training rows: a copy with this fold's prior
         X_predict[:, j_prior] = prior[predict]

@@ -33,11 +33,7 @@ from decode.trace_schema import trace_store
 from features.schema import candidate_store
 from rerank.breakdowns import breakdown_gains, breakdowns
 from rerank.comparisons import compare, comparisons_table
-from rerank.config import (
-    SWEEP_BUDGETS,
-    MlflowConfig,
-    RerankConfig,
-)
+from rerank.config import SWEEP_BUDGETS, MlflowConfig, RerankConfig
 from rerank.coverage import RootIfCovered
 from rerank.evaluate import EvalPlan, PromptCurves, evaluate_traces
 from rerank.models import LABEL_OF_LAW

@@ -21,10 +21,9 @@ from features.schema import (
     ROW_FEATURES,
 )
 from rerank.crossfit import prompt_halves
-from rerank.design import design_matrix, task_categories
+from rerank.design import TOKEN_PRIOR, design_matrix, task_categories
 from rerank.models import (
     LABEL_OF_LAW,
-    TOKEN_PRIOR,
     Capacity,
     CrossfitResult,
     FittedReranker,
