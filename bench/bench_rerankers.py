@@ -181,6 +181,7 @@ def same_model_values(run: Path, traces: Path, features: Path, rerank=None) -> d
     from rerank.config import RerankConfig
     from rerank.predict import FirstFactorPredictions, fold_map
     from rerank.quality import prediction_quality
+    from rerank.settings import store_budgets
     from rerank.train import Fitted, evaluate
 
     if rerank is None:
@@ -192,7 +193,7 @@ def same_model_values(run: Path, traces: Path, features: Path, rerank=None) -> d
     ffp = FirstFactorPredictions(preds, rules)
     fitted = Fitted(cands, folds, ffp, prediction_quality(cands, ffp), 0.0)
     t0 = time.perf_counter()
-    now = evaluate(rerank, fitted, seed=0).per_round
+    now = evaluate(rerank, fitted, 0, store_budgets(rerank)).per_round
     seconds = time.perf_counter() - t0
     then = pd.read_parquet(run / "per_round_values.parquet")
     keys = [*ROUND_KEYS]

@@ -49,6 +49,10 @@ class ModelConfig:
     # output: id i = the hidden state LEAVING layer i (= entering i + 1; hook-based trainers).
     # A wrong choice collapses acceptance without any error.
     aux_layer_convention: str = "input"  # input | output
+    # eagle3 only: the head's max_position_embeddings (most released heads carry EAGLE's
+    # training-config 2048) is its training length; past it the head decodes on, with a
+    # warning, up to the target's limit (decode.positions). true: refuse past it instead.
+    strict_head_positions: bool = False
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "cpu"  # cpu | cuda | cuda:N
     attn_implementation: str = "sdpa"  # sdpa | eager
@@ -79,6 +83,24 @@ class PromptSource:
 class DataConfig:
     name: str = MISSING
     sources: list[PromptSource] = field(default_factory=list)
+    # A prompt whose run would pass a model's max_position_embeddings (prompt +
+    # decode.max_new_tokens + depth; decode.positions): refuse (the whole run, before the
+    # first decode, listing them) | skip (decode the others; the count is logged).
+    long_prompts: str = "refuse"
+
+
+# Settings that never change a written round (they refuse or skip whole prompts, or only
+# warn): left out of trace manifests, so stores recorded before they existed resume.
+NOT_IN_MANIFEST = {"data": ("long_prompts",), "model": ("strict_head_positions",)}
+
+
+def manifest_view(sections: dict) -> dict:
+    """Config sections as trace manifests record them: without NOT_IN_MANIFEST's keys."""
+    out = dict(sections)
+    for section, keys in NOT_IN_MANIFEST.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if k not in keys}
+    return out
 
 
 @dataclass

@@ -48,7 +48,7 @@ class ModelPair:
         return self.target.device
 
 
-def _checkpoint_dir(path: str, setting: str) -> Path:
+def checkpoint_dir(path: str, setting: str) -> Path:
     p = Path(path)
     if not p.is_dir() or not (p / "config.json").is_file():
         what = "no such folder" if not p.exists() else "no config.json in"
@@ -73,7 +73,7 @@ def _torch_dtype(name: str) -> torch.dtype:
 
 def load_causal_lm(path: str, cfg: ModelConfig, setting: str) -> PreTrainedModel:
     """One model from a local folder, in eval mode, on `cfg.device` in `cfg.dtype`."""
-    folder = _checkpoint_dir(path, setting)
+    folder = checkpoint_dir(path, setting)
     if cfg.attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ValueError(
             f"The 'model.attn_implementation' must be one of {list(ATTN_IMPLEMENTATIONS)}. "
@@ -118,8 +118,8 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
 
 def load_eagle3_pair(cfg: ModelConfig) -> ModelPair:
     """Target and EAGLE-3 head (decode.eagle3); the head is checked before the target loads."""
-    target_dir = _checkpoint_dir(cfg.target, "model.target")
-    head_dir = _checkpoint_dir(cfg.drafter, "model.drafter")
+    target_dir = checkpoint_dir(cfg.target, "model.target")
+    head_dir = checkpoint_dir(cfg.drafter, "model.drafter")
     tok = AutoTokenizer.from_pretrained(
         target_dir, local_files_only=True, trust_remote_code=cfg.trust_remote_code
     )
@@ -165,8 +165,8 @@ def load_model_pair(cfg: ModelConfig) -> ModelPair:
     _torch_dtype(cfg.dtype)  # every model setting refused before anything is read
     if cfg.drafter_kind == "eagle3":
         return load_eagle3_pair(cfg)
-    target_dir = _checkpoint_dir(cfg.target, "model.target")
-    drafter_dir = _checkpoint_dir(cfg.drafter, "model.drafter")
+    target_dir = checkpoint_dir(cfg.target, "model.target")
+    drafter_dir = checkpoint_dir(cfg.drafter, "model.drafter")
     tok_t = AutoTokenizer.from_pretrained(
         target_dir, local_files_only=True, trust_remote_code=cfg.trust_remote_code
     )

@@ -34,18 +34,19 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
-from decode.config import DataConfig, ModelConfig, TraceConfig
+from decode.config import DataConfig, ModelConfig, TraceConfig, manifest_view
 from decode.models import ModelPair, load_model_pair
 from decode.online.loop import PromptRun, decode_prompt
 from decode.online.round import STAGES
 from decode.online.settings import OnlineSettings
 from decode.online.stream import DecodeSettings
+from decode.positions import check_prompt_lengths
 from decode.prompts import Prompt, encode_prompt, load_prompts
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from specrank.checks import check_int
 from specrank.cli import run_entry_point
 from specrank.parallel import ParallelConfig, check_launcher, check_parallel, part_of
-from specrank.paths import project_path
+from specrank.paths import CONF_DIR, project_path
 
 log = logging.getLogger(__name__)
 RECORD_RULES = ("draft",)  # the paper records draft-selected trees (SPEC §4)
@@ -236,6 +237,8 @@ def run_record(
     check_parallel(parallel, model.device)
     model, prompts = resolve_inputs(model, data)
     check_prompts(prompts, data)
+    prompts = check_prompt_lengths(model, prompts, settings.decode.max_new_tokens, settings.pool,
+                                   data.long_prompts)  # fmt: skip
     out = project_path(trace.out_dir)
     if parallel.backend == "ray":
         # Imported here: decode.shard_workers builds on this module (ShardRecorder).
@@ -265,10 +268,10 @@ def run_record(
 
 def manifest_sections(cfg: DictConfig) -> dict:
     """The resolved config sections that determine trace content (paths and progress excluded)."""
-    sections = {
-        k: OmegaConf.to_container(cfg[k], resolve=True)
-        for k in ("model", "data", "pool", "select", "decode")
-    }
+    sections = manifest_view(
+        {k: OmegaConf.to_container(cfg[k], resolve=True)
+         for k in ("model", "data", "pool", "select", "decode")}
+    )  # fmt: skip
     # The temperature is a shard key (shard ids and rows carry it), so one store
     # holds both laws: `-m decode.temperature=0,1` fills one trace folder.
     del sections["decode"]["temperature"]
@@ -286,7 +289,7 @@ def check_job_launcher() -> None:
         check_launcher(hc.runtime.choices.get("launcher"), hc.mode == RunMode.MULTIRUN)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="record")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="record")
 def main(cfg: DictConfig) -> None:
     check_job_launcher()
     if cfg.model.device == "cpu":

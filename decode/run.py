@@ -32,20 +32,22 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
-from decode.config import DataConfig, ModelConfig
+from decode.config import DataConfig, ModelConfig, manifest_view
 from decode.models import load_model_pair
 from decode.online.config import RunConfig
+from decode.online.metrics import PromptTiming, round_table
 from decode.online.session import (
     RunReport,
+    TraceShards,
     decode_all,
     log_to_mlflow,
     print_report,
     rule_label,
     summarize,
-    write_traces,
 )
 from decode.online.settings import OnlineSettings
 from decode.online.stream import DecodeSettings
+from decode.positions import check_prompt_lengths
 from decode.record import check_job_launcher, check_prompts, resolve_inputs
 from decode.shard_workers import PairInfo, run_on_ray
 from decode.tree.pool import pool_size
@@ -61,7 +63,7 @@ from specrank.checks import check_choice, check_int
 from specrank.cli import expand_short_overrides as _expand
 from specrank.cli import run_entry_point
 from specrank.parallel import ParallelConfig, check_parallel
-from specrank.paths import project_path
+from specrank.paths import CONF_DIR, project_path
 
 log = logging.getLogger(__name__)
 
@@ -104,38 +106,74 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
         torch.set_num_threads(run.torch_threads)
     model, prompts = resolve_inputs(model, data)
     check_prompts(prompts, data)
+    dec = s.base
+    prompts = check_prompt_lengths(model, prompts, dec.decode.max_new_tokens, dec.pool,
+                                   data.long_prompts)  # fmt: skip
     # An MLflow URI resolves against the run's tracking store; a folder needs none.
     uri = (tracking or MlflowConfig()).tracking_uri
     if s.rule == "reranker":
         fitted = load_online_reranker(run.reranker, s.base.decode.temperature, uri)
         prompts = unseen_prompts(fitted, prompts, run.seen_prompts)
+    keys = ("model", "data", "pool", "select", "decode", "run")
+    manifest = manifest_view({k: config.get(k) for k in keys})
+
+    def trace_shards(ids: dict) -> TraceShards | None:
+        if not run.record_traces:
+            return None
+        return TraceShards(project_path(run.traces_out), s, manifest, ids, prompts_per_shard,
+                           len(prompts))  # fmt: skip
+
     if parallel.backend == "ray":
         timings, info = run_on_ray(model, prompts, s, run, uri, parallel, prompts_per_shard)
+        traces = trace_shards(info.ids)
+        for i, timing in enumerate(timings[s.base.select.budget] if traces else ()):
+            traces.add(i, timing)
     else:
         pair = load_model_pair(model)
         predictor = None
         if s.rule == "reranker":
             predictor = OnlinePredictor(fitted, pair.device, run.predictor)
-        with torch.inference_mode():
-            timings = decode_all(pair, prompts, s, run, predictor)
+        traces = trace_shards(pair.ids)
+        finished: list[PromptTiming] = []
+
+        def on_prompt(i: int, by_budget: dict[int, PromptTiming]) -> None:
+            finished.append(by_budget[s.base.select.budget])
+            if traces is not None:
+                traces.add(i, finished[-1])
+
+        try:
+            with torch.inference_mode():
+                timings = decode_all(pair, prompts, s, run, predictor, on_prompt)
+        except BaseException:
+            keep_finished(out_dir, finished, len(prompts), traces)
+            raise
         route = None if predictor is None else predictor.route
         info = PairInfo(pair.eos_ids, pair.ids, str(pair.device), rule_label(s.rule, predictor),
                         route)  # fmt: skip
     # summarize reads only the pair's eos ids, which PairInfo carries without weights.
     report = summarize(timings, s, run, info, info.label, seed)
-    if run.record_traces:
-        manifest = {k: config.get(k) for k in ("model", "data", "pool", "select", "decode", "run")}
-        n = write_traces(
-            project_path(run.traces_out), timings[s.base.select.budget], s, manifest, info.ids,
-            prompts_per_shard,
-        )  # fmt: skip
-        log.info("%d trace rows written to %s", n, project_path(run.traces_out))
+    if traces is not None:
+        log.info("%d trace rows written to %s (%d finished shards of the same config kept)",
+                 traces.rows, traces.store.root, traces.kept)  # fmt: skip
     if tracking is not None:
         tags = {"rule": info.label, "score": s.score, "device": info.device}
         if info.route is not None:
             tags |= {"reranker": str(run.reranker), "predictor": info.route}
         report.run_id = log_to_mlflow(report, tracking, config, tags, out_dir)
     return report
+
+
+def keep_finished(out_dir: Path, finished: list[PromptTiming], n_prompts: int,
+                  traces: TraceShards | None) -> None:  # fmt: skip
+    """After a failure: the finished prompts' rounds to `out_dir`, where the log names them."""
+    if not finished:
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "partial_rounds.parquet"
+    round_table(finished).to_parquet(path, index=False)
+    where = f"; their trace shards in {traces.store.root}" if traces is not None else ""
+    log.error("decode.run failed after %d of %d prompts: their rounds are kept in %s%s",
+              len(finished), n_prompts, path, where)  # fmt: skip
 
 
 # Bare `rule=` / `reranker=` on the command line (the documented short form) mean the
@@ -147,7 +185,7 @@ def expand_short_overrides(argv: list[str]) -> list[str]:
     return _expand(argv, _SHORT_OVERRIDES)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="run")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="run")
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

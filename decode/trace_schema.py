@@ -30,6 +30,13 @@ Retained rows (SPEC §5) are rows kept from the *previous* round; the `fl_*`
 columns evaluate them at *this* round's first-level candidates (aligned with
 the first n1 pool entries), and the `*_tv` / `*_argmax_agree` columns compare
 them with *this* round's root row. Absent rows are null, never 0.
+
+Nulls. Each field, and each list column's items, say whether they may be null:
+only the `fl_*` items (an absent retained row at a candidate) and the scalar
+retained-row columns may. Writers (`TableSpec.conform`) and every reader of the
+pool and outcome lists (`decode.select.pool_batch.trace_matrix`) refuse a null
+anywhere else, naming the column and the row; v3 stores written before the item
+declarations read the same (their values are unchanged).
 """
 
 from __future__ import annotations
@@ -42,6 +49,12 @@ SCHEMA_VERSION = 3
 
 _f32 = pa.float32()
 _i32 = pa.int32()
+
+
+def _items(type_: pa.DataType, nullable: bool = False) -> pa.DataType:
+    """A list type whose items may be null only where declared (readers refuse other nulls)."""
+    return pa.list_(pa.field("item", type_, nullable=nullable))
+
 
 TRACE_SCHEMA = pa.schema(
     [
@@ -57,17 +70,17 @@ TRACE_SCHEMA = pa.schema(
         pa.field("budget", _i32, nullable=False),  # B: non-root nodes of the verified tree
         pa.field("root_token", _i32, nullable=False),
         # -- pool, one entry per candidate (pool order) ----------------------------
-        pa.field("cand_token", pa.list_(_i32), nullable=False),
-        pa.field("cand_parent", pa.list_(pa.int16()), nullable=False),  # -1 = root
-        pa.field("cand_depth", pa.list_(pa.int8()), nullable=False),  # 1..8
-        pa.field("cand_draft_logprob", pa.list_(_f32), nullable=False),  # per-edge log q, float32
-        pa.field("cand_expanded", pa.list_(pa.bool_()), nullable=False),
+        pa.field("cand_token", _items(_i32), nullable=False),
+        pa.field("cand_parent", _items(pa.int16()), nullable=False),  # -1 = root
+        pa.field("cand_depth", _items(pa.int8()), nullable=False),  # 1..8
+        pa.field("cand_draft_logprob", _items(_f32), nullable=False),  # per-edge log q, float32
+        pa.field("cand_expanded", _items(pa.bool_()), nullable=False),
         # per-edge p under T (T=1 at T=0)
-        pa.field("cand_target_prob", pa.list_(_f32), nullable=False),
-        pa.field("cand_scored", pa.list_(pa.bool_()), nullable=False),  # prefix scored by the pass
-        pa.field("cand_in_tree", pa.list_(pa.bool_()), nullable=False),  # in the verified tree
+        pa.field("cand_target_prob", _items(_f32), nullable=False),
+        pa.field("cand_scored", _items(pa.bool_()), nullable=False),  # prefix scored by the pass
+        pa.field("cand_in_tree", _items(pa.bool_()), nullable=False),  # in the verified tree
         # argmax at prefix; -1 unscored
-        pa.field("cand_target_argmax", pa.list_(_i32), nullable=False),
+        pa.field("cand_target_argmax", _items(_i32), nullable=False),
         # -- root row -------------------------------------------------------------
         pa.field("root_argmax", _i32, nullable=False),
         # nats, of the row at temperature T (T=1 at T=0)
@@ -75,18 +88,24 @@ TRACE_SCHEMA = pa.schema(
         pa.field("root_top1_prob", _f32, nullable=False),
         # -- outcome --------------------------------------------------------------
         # pool indices, depth order
-        pa.field("accepted_path", pa.list_(pa.int16()), nullable=False),
+        pa.field("accepted_path", _items(pa.int16()), nullable=False),
         pa.field("continuation_token", _i32, nullable=False),
         pa.field("covered", pa.bool_(), nullable=False),  # emitted address lies in the scored set
         # -- retained rows at this round's first-level candidates (SPEC §5, §7) ------
-        pa.field("fl_cache_logprob", pa.list_(_f32), nullable=False),  # elements nullable
-        pa.field("fl_same_logprob", pa.list_(_f32), nullable=False),
-        pa.field("fl_prev_logprob", pa.list_(_f32), nullable=False),  # root-token entry always null
-        pa.field("fl_matched_logprob", pa.list_(_f32), nullable=False),  # null: not covered
+        pa.field(
+            "fl_cache_logprob", _items(_f32, nullable=True), nullable=False
+        ),  # elements nullable
+        pa.field("fl_same_logprob", _items(_f32, nullable=True), nullable=False),
+        pa.field(
+            "fl_prev_logprob", _items(_f32, nullable=True), nullable=False
+        ),  # root-token entry always null
+        pa.field(
+            "fl_matched_logprob", _items(_f32, nullable=True), nullable=False
+        ),  # null: not covered
         # token-only rows at each candidate: mean / max log-prob (null without such rows)
-        pa.field("fl_token_only_mean_logprob", pa.list_(_f32), nullable=False),
-        pa.field("fl_token_only_max_logprob", pa.list_(_f32), nullable=False),
-        pa.field("token_only_argmax", pa.list_(_i32), nullable=False),  # per token-only row
+        pa.field("fl_token_only_mean_logprob", _items(_f32, nullable=True), nullable=False),
+        pa.field("fl_token_only_max_logprob", _items(_f32, nullable=True), nullable=False),
+        pa.field("token_only_argmax", _items(_i32), nullable=False),  # per token-only row
         pa.field("cache_age", _i32),  # rounds since the cache row was stored; null if absent
         pa.field("prev_tree_root_count", _i32),  # previous-tree prefixes ending in the root token
         # -- each role row on its own (null when absent; preceding: continuation zeroed) --
@@ -104,8 +123,8 @@ TRACE_SCHEMA = pa.schema(
         pa.field("prev_argmax_agree", pa.bool_()),
         pa.field("matched_tv", _f32),
         pa.field("matched_argmax_agree", pa.bool_()),
-        pa.field("token_only_tv", pa.list_(_f32), nullable=False),  # up to 24 rows, pool order
-        pa.field("token_only_argmax_agree", pa.list_(pa.bool_()), nullable=False),
+        pa.field("token_only_tv", _items(_f32), nullable=False),  # up to 24 rows, pool order
+        pa.field("token_only_argmax_agree", _items(pa.bool_()), nullable=False),
         # -- per-stage timings (milliseconds; 0 for synthetic traces) -------------------
         pa.field("time_draft_ms", _f32, nullable=False),
         pa.field("time_select_ms", _f32, nullable=False),

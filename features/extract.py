@@ -30,7 +30,7 @@ from features.from_trace import TRACE_COLUMNS, candidate_table
 from features.schema import candidate_store
 from specrank.cli import expand_short_overrides, run_entry_point
 from specrank.config import register_configs
-from specrank.paths import project_path
+from specrank.paths import CONF_DIR, project_path
 from specrank.shard_store import SchemaError
 
 
@@ -142,7 +142,7 @@ def _expand_short_overrides(argv: list[str]) -> list[str]:
 register_configs()  # the root schema `config_schema` that conf/extract.yaml builds on
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="extract")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="extract")
 def main(cfg: DictConfig) -> None:
     conf: FeaturesConfig = OmegaConf.to_object(cfg.features)
     extract(project_path(conf.traces), project_path(conf.out))

@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from decode.select.pool_batch import check_draft_logprobs, list_matrix
+from decode.select.pool_batch import check_draft_logprobs, trace_matrix
+from decode.trace_schema import TRACE_SCHEMA
 from features.first_level import first_level_features, first_level_index, first_level_labels
 from features.rounds import (
     FL_ROWS,
@@ -75,9 +76,9 @@ def round_arrays(trace: pa.Table) -> RoundArrays:
         round_index=_numpy(trace, "round_index", np.int32),
         tokens_before=_numpy(trace, "tokens_before", np.int32),
         prev_accepted=previous_accepted(trace),
-        token_only_argmax=list_matrix(
-            trace.column("token_only_argmax"), -1, np.int32, TOKEN_ONLY_WIDTH
-        )[0],
+        token_only_argmax=trace_matrix(trace, "token_only_argmax", -1, np.int32, TOKEN_ONLY_WIDTH)[
+            0
+        ],
         **{name: _first_level_matrix(trace, name, n1) for name in FL_ROWS},
         **{name: _numpy(trace, name, np.float32) for name in ROW_SCALARS},
         **{name: _numpy_filled(trace, name, -1, np.int32) for name in ROW_ARGMAX},
@@ -93,7 +94,7 @@ def candidate_table(trace: pa.Table) -> pa.Table:
     chunks = range(0, max(rounds.n_rounds, 1), CHUNK_ROUNDS)
     parts = [first_level_features(rounds.rows(a, a + CHUNK_ROUNDS)) for a in chunks]
     features = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-    target_prob, _ = list_matrix(trace.column("cand_target_prob"), np.nan, np.float32)
+    target_prob, _ = trace_matrix(trace, "cand_target_prob", np.nan, np.float32)
     labels = first_level_labels(
         rounds.cand_token, target_prob, _numpy(trace, "root_argmax", np.int32), n1
     )
@@ -155,7 +156,7 @@ def _pool_matrices(trace: pa.Table) -> dict[str, np.ndarray]:
     for name, (dtype, fill) in POOL_LISTS.items():
         if name == "cand_target_prob":
             continue  # a label: read separately, never into RoundArrays
-        out[name], n = list_matrix(trace.column(name), fill, dtype)
+        out[name], n = trace_matrix(trace, name, fill, dtype)
         if lengths is None:
             lengths = n
         elif not np.array_equal(n, lengths):
@@ -168,7 +169,7 @@ def _pool_matrices(trace: pa.Table) -> dict[str, np.ndarray]:
 
 def _first_level_matrix(trace: pa.Table, name: str, n1: np.ndarray) -> np.ndarray:
     """A retained-row column [R, max n1] float32, NaN for nulls; lengths must equal n1."""
-    mat, n = list_matrix(trace.column(name), np.nan, np.float32, int(n1.max(initial=0)))
+    mat, n = trace_matrix(trace, name, np.nan, np.float32, int(n1.max(initial=0)))
     if not np.array_equal(n, n1):
         r = int(np.argmax(n != n1))
         raise SchemaError(
@@ -179,9 +180,11 @@ def _first_level_matrix(trace: pa.Table, name: str, n1: np.ndarray) -> np.ndarra
 
 
 def _numpy(trace: pa.Table, name: str, dtype: type) -> np.ndarray:
-    """A scalar column as numpy; nulls become NaN (float dtypes only)."""
+    """A scalar column as numpy; nulls become NaN where the trace schema allows them (float
+    dtypes only), and are refused elsewhere."""
     col = trace.column(name).combine_chunks()
-    if col.null_count and not np.issubdtype(dtype, np.floating):
+    allowed = TRACE_SCHEMA.field(name).nullable and np.issubdtype(dtype, np.floating)
+    if col.null_count and not allowed:
         raise SchemaError(f"trace: column {name} has {col.null_count} nulls; expected none")
     return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 

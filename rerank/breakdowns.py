@@ -60,7 +60,8 @@ def breakdown_gains(
             with np.errstate(divide="ignore", invalid="ignore"):
                 recs = budget_rows(point, draws, cols, b)
             for rec in recs:
-                keep = ("rule", "accepted", "gain", "gain_lo", "gain_hi")
+                keep = ("rule", "accepted", "gain", "gain_lo", "gain_hi", "gain_nonfinite",
+                        "gain_note")  # fmt: skip
                 rows.append(head | {"budget": b} | {k: rec[k] for k in keep})
     out = pd.DataFrame(rows)
     return out[~np.isnan(out["accepted"])] if len(out) else out

@@ -10,12 +10,11 @@ of the run (`rerank.summary.LawDraws`).
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from rerank.models import FEATURE_SETS
 from rerank.summary import LawDraws
-from specrank.bootstrap import emitted_gain, percentile_interval, relative_gain
+from specrank.bootstrap import ci_text, emitted_gain, percentile_interval, relative_gain
 from specrank.laws import law_name
 
 
@@ -59,12 +58,13 @@ def compare(draws: list[LawDraws], pairs: list[tuple[str, str]]) -> pd.DataFrame
                        "a": a, "b": b, "rounds": d.rounds, "prompts": d.prompts,
                        "accepted_a": va[0], "accepted_b": vb[0]}  # fmt: skip
                 for key, fn in (("gain", relative_gain), ("emitted_gain", emitted_gain)):
-                    iv = percentile_interval(float(fn(va[0], vb[0])), fn(va[1], vb[1]))
-                    rec |= {key: iv.estimate, f"{key}_lo": iv.low, f"{key}_hi": iv.high}
+                    rec |= percentile_interval(float(fn(va[0], vb[0])), fn(va[1], vb[1])).columns(
+                        key
+                    )
                 rows.append(rec)
     columns = ["law", "budget", "weighting", "a", "b", "rounds", "prompts", "accepted_a",
-               "accepted_b", "gain", "gain_lo", "gain_hi", "emitted_gain", "emitted_gain_lo",
-               "emitted_gain_hi"]  # fmt: skip
+               "accepted_b"] + [f"{k}{x}" for k in ("gain", "emitted_gain")
+                                for x in ("", "_lo", "_hi", "_nonfinite", "_note")]  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -78,6 +78,7 @@ def comparisons_table(comparisons: pd.DataFrame, weighting: str = "round") -> st
                                              for b in budgets)  # fmt: skip
         lines += [f"\n== {law}: paired comparisons ({weighting}-weighted) ==", header,
                   "-" * len(header)]  # fmt: skip
+        notes = []
         for (a, b), pair in part.groupby(["a", "b"], sort=False):
             line = f"{a + ' vs ' + b:<32}"
             for budget in budgets:
@@ -86,9 +87,9 @@ def comparisons_table(comparisons: pd.DataFrame, weighting: str = "round") -> st
                     line += " " * 36
                     continue
                 r = r.iloc[0]
-                lo, hi = r["gain_lo"], r["gain_hi"]
-                ci = "" if np.isnan(lo) else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-                cell = f"{100 * r['gain']:+6.1f}%{ci}"
-                line += f"{cell:>36}"
+                line += f"{ci_text(r['gain'], r['gain_lo'], r['gain_hi']):>36}"
+                if isinstance(r.get("gain_note"), str) and r["gain_note"]:
+                    notes.append(f"  {a} vs {b} at B={budget}: no interval, {r['gain_note']}")
             lines.append(line)
+        lines += notes
     return "\n".join(lines)

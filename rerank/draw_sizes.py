@@ -225,6 +225,6 @@ def size_means(per_round: pd.DataFrame, n_resamples: int = 0, seed: int = 0) -> 
             rule, b = col.removeprefix("size/").split("@B")
             iv = percentile_interval(point[j], draws[:, j] if draws is not None else np.empty(0))
             rows.append({"law": law_name(float(temperature)), "budget": int(b), "rule": rule,
-                         "size": iv.estimate, "size_lo": iv.low, "size_hi": iv.high,
+                         **iv.columns("size"),
                          "rounds": int(stats.rounds.sum()), "prompts": len(stats.prompts)})  # fmt: skip
     return pd.DataFrame(rows)

@@ -33,7 +33,7 @@ from numba import njit
 from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
-from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, list_matrix, pool_batch_from_table
+from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table, trace_matrix
 from decode.select.ranking import pool_levels
 from decode.select.values import RULES, evaluate_pools
 from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, chunk_of, iter_trace_chunks
@@ -131,9 +131,10 @@ class EvalPlan:
     curve_rules: list[str] = field(default_factory=list)  # value curves (rule budgets)
 
 
-def first_level_matrix(values: pa.ChunkedArray | pa.Array, width: int) -> np.ndarray:
-    """[R, width] float32 from a list column over first-level candidates; NaN where null/absent."""
-    return list_matrix(values, np.nan, np.float32, width)[0]
+def first_level_matrix(table: pa.Table, name: str, width: int) -> np.ndarray:
+    """[R, width] float32 of a trace list column over first-level candidates; NaN where absent
+    (null, where the trace schema allows it)."""
+    return trace_matrix(table, name, np.nan, np.float32, width)[0]
 
 
 def _first_width(pool: PoolBatch, levels) -> int:
@@ -216,7 +217,7 @@ def _factors_for_chunk(
         factors[name] = log_phat
     draft_first = pool.draft_logprob[:, :width]
     for row in plan.substitutions:
-        r = torch.from_numpy(first_level_matrix(table[RETAINED_ROWS[row]], width))
+        r = torch.from_numpy(first_level_matrix(table, RETAINED_ROWS[row], width))
         # A row is absent when all its entries are null (NaN: keep the draft factor);
         # a null entry of a present row is a zeroed probability (the preceding
         # row's continuation token, SPEC §5): log 0 = -inf.

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from decode.select.draws import pearl_curves
-from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, list_matrix, pool_batch_from_table
+from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table, trace_matrix
 from decode.select.ranking import rank_order, ranks_of_order
 from decode.select.values import PoolContext, pool_context
 
@@ -100,7 +100,7 @@ class PoolChunk:
     def scored(self) -> Tensor:
         """[R, P] bool: prefixes the recording pass scored (`cand_scored`; needs that column)."""
         return torch.from_numpy(
-            list_matrix(self.table["cand_scored"], False, np.bool_, self.order.shape[1])[0]
+            trace_matrix(self.table, "cand_scored", False, np.bool_, self.order.shape[1])[0]
         )
 
     @cached_property

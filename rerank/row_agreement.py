@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 
-from decode.select.pool_batch import list_matrix
+from decode.select.pool_batch import list_matrix, trace_matrix
 from decode.tree.retained import TOKEN_ONLY_MAX
 from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from specrank.laws import law_name
@@ -63,8 +63,8 @@ def next_round_lists(chunk: PoolChunk) -> dict[str, np.ndarray]:
     width = pool.shape[1]
     c = torch.from_numpy(t["continuation_token"].to_numpy().astype(np.int64))[:, None]
     scored = chunk.scored
-    in_tree = torch.from_numpy(list_matrix(t["cand_in_tree"], False, np.bool_, width)[0])
-    path, lengths = list_matrix(t["accepted_path"], -1, np.int64)
+    in_tree = torch.from_numpy(trace_matrix(t, "cand_in_tree", False, np.bool_, width)[0])
+    path, lengths = trace_matrix(t, "accepted_path", -1, np.int64)
     if path.shape[1] == 0:  # no round accepted anything: one column of "none"
         path = np.full((len(lengths), 1), -1, dtype=np.int64)
     path = torch.from_numpy(path)
@@ -118,7 +118,7 @@ class RowRounds:
         frame["n_token_only"] = (
             t["token_only_tv"].combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
         )
-        tv = list_matrix(t["token_only_tv"], np.nan, np.float64, _LIST)[0]
+        tv = trace_matrix(t, "token_only_tv", np.nan, np.float64, _LIST)[0]
         agree = t["token_only_argmax_agree"].combine_chunks().cast(pa.list_(pa.float64()))
         return frame, tv, list_matrix(agree, np.nan, np.float64, _LIST)[0]
 

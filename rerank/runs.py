@@ -27,6 +27,7 @@ from mlflow.entities import Run, RunStatus
 from mlflow.exceptions import MlflowException
 
 from rerank.config import MlflowConfig
+from specrank.bootstrap import fill_notes
 from specrank.tracking import resolve_tracking_uri
 
 # Tables every `rerank.train` run logs under `tables/` (CSV), and the larger
@@ -234,8 +235,14 @@ def load_run_tables(
     out = {}
     for name, file in files.items():
         local = _download(c, run_id, f"tables/{file}", folder)
-        out[name] = pd.read_parquet(local) if file.endswith(".parquet") else pd.read_csv(local)
+        out[name] = pd.read_parquet(local) if file.endswith(".parquet") else read_csv_table(local)
     return out
+
+
+def read_csv_table(path: Path | str) -> pd.DataFrame:
+    """A logged CSV table as written: an interval's `_note` (empty when it has bounds) stays
+    text, where `read_csv` alone would read the empty notes as NaN."""
+    return fill_notes(pd.read_csv(path))
 
 
 def load_results_text(run_id: str, tracking_uri: str, dst: str | Path | None = None) -> str:

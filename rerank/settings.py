@@ -9,14 +9,31 @@ the boosting capacity of `rerank.boosting`.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from decode.config import PoolConfig
 from decode.select.values import RULES
+from decode.trace_schema import trace_store
+from decode.tree.pool import pool_size
 from rerank.boosting import Capacity
 from rerank.comparisons import check_comparisons, parse_comparisons
-from rerank.config import CALIBRATORS, DEFAULT_COMPARISONS, RerankConfig, RerankModelConfig
+from rerank.config import (
+    CALIBRATORS,
+    DEFAULT_COMPARISONS,
+    SWEEP_BUDGETS,
+    RerankConfig,
+    RerankModelConfig,
+)
 from rerank.crossfit import SCHEMES
 from rerank.evaluate import RETAINED_ROWS
 from rerank.models import FEATURE_SETS, KINDS
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
+from specrank.paths import project_path
+from specrank.shard_store import SchemaError
+
+log = logging.getLogger(__name__)
 
 
 def model_capacity(model: RerankModelConfig) -> Capacity:
@@ -63,6 +80,52 @@ def check_settings(rerank: RerankConfig) -> None:
     if rerank.workers is not None:
         check_int("rerank.workers", rerank.workers, 1)
     comparison_pairs(rerank)  # parsed and checked against the run's rules
+
+
+def store_pool_size(manifest: Mapping[str, Any], store: object) -> int:
+    """Candidates per pool of a trace store, from the `pool` section its manifest recorded."""
+    pool = manifest.get("config", {}).get("pool")
+    if not isinstance(pool, Mapping):
+        raise SchemaError(
+            f"{store}: the trace manifest records no 'pool' section (expected the pool "
+            f"settings the traces were recorded with); record the store again"
+        )
+    try:
+        return pool_size(PoolConfig(**pool))
+    except TypeError as err:  # a key PoolConfig does not know
+        raise SchemaError(f"{store}: the manifest's pool section {dict(pool)} is not a pool "
+                          f"config ({err})") from err  # fmt: skip
+
+
+def evaluated_budgets(rerank: RerankConfig, n_pool: int, store: object) -> list[int]:
+    """The budgets the job evaluates on a store whose pools hold `n_pool` candidates.
+
+    `rerank.budgets` past the pool (or past `rerank.top_m` when set: every rule then keeps
+    at most M candidates) are refused, naming both: every rule would equal draft there.
+    Sweep budgets past them are left out, and the log says which.
+    """
+    limit, why = n_pool, f"the pool size {n_pool} of {store} (its manifest's pool section)"
+    if 0 < rerank.top_m < n_pool:
+        limit, why = rerank.top_m, f"rerank.top_m={rerank.top_m} (the pool holds {n_pool})"
+    beyond = [b for b in rerank.budgets if b > limit]
+    if beyond:
+        raise ValueError(
+            f"The 'rerank.budgets' must be at most {limit}, {why}. Got {list(rerank.budgets)!r} "
+            f"instead ({beyond} beyond it: every rule would keep the same tree as draft)."
+        )
+    budgets = set(rerank.budgets)
+    if rerank.sweep:
+        budgets |= {b for b in SWEEP_BUDGETS if b <= limit}
+        left_out = [b for b in SWEEP_BUDGETS if b > limit]
+        if left_out:
+            log.warning("rerank.sweep: budgets %s left out, beyond %s", left_out, why)
+    return sorted(budgets)
+
+
+def store_budgets(rerank: RerankConfig) -> list[int]:
+    """`evaluated_budgets` on the trace store `rerank.traces` (its manifest read, no shard)."""
+    store = trace_store(project_path(rerank.traces))
+    return evaluated_budgets(rerank, store_pool_size(store.manifest(), store.root), store.root)
 
 
 def comparison_pairs(rerank: RerankConfig) -> list[tuple[str, str]]:

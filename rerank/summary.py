@@ -25,7 +25,9 @@ from specrank.bootstrap import (
     WEIGHTINGS,
     PromptSums,
     bootstrap_weights,
+    ci_text,
     emitted_gain,
+    fill_notes,
     percentile_interval,
     relative_gain,
     share_recovered,
@@ -89,8 +91,7 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
 
 
 def _with_interval(rec: dict, key: str, point: float, draws: np.ndarray) -> None:
-    iv = percentile_interval(point, draws)
-    rec |= {key: iv.estimate, f"{key}_lo": iv.low, f"{key}_hi": iv.high}
+    rec |= percentile_interval(point, draws).columns(key)
 
 
 def budget_rows(
@@ -219,12 +220,17 @@ class LawDraws:
 
 def _node_budgets(curve_p: np.ndarray, curve_d: np.ndarray, point: float,
                   draws: np.ndarray, key: str) -> dict[str, float]:  # fmt: skip
-    """`key`, `key_lo`, `key_hi`: the budget at which a mean curve reaches a value, with interval."""
-    iv = percentile_interval(
-        node_equivalent_budget(curve_p, np.asarray([point]))[0],
-        node_equivalent_budget(curve_d, draws),
-    )
-    return {key: iv.estimate, f"{key}_lo": iv.low, f"{key}_hi": iv.high}
+    """The budget at which a mean curve reaches a value, with interval (`Interval.columns`).
+
+    NaN where the curve never reaches it: its note then says "beyond the pool".
+    """
+    point_budget = node_equivalent_budget(curve_p, np.asarray([point]))[0]
+    iv = percentile_interval(point_budget, node_equivalent_budget(curve_d, draws),
+                             undefined="beyond the pool")  # fmt: skip
+    out = iv.columns(key)
+    if not np.isfinite(point_budget):
+        out[f"{key}_note"] = "beyond the pool" + (f"; {iv.reason}" if iv.reason else "")
+    return out
 
 
 def law_draws(
@@ -301,14 +307,14 @@ def summarise_draws(draws: list[LawDraws]) -> pd.DataFrame:
                 head = {"law": law_name(d.temperature), "budget": b, "weighting": d.weighting,
                         "rounds": d.rounds, "prompts": d.prompts}  # fmt: skip
                 out.append(head | rec)
-    return pd.DataFrame(out)
+    return fill_notes(pd.DataFrame(out))  # a rule without a curve has no rule_budget note
 
 
 def results_table(summary: pd.DataFrame, weighting: str = "round") -> str:
     """The at-a-glance table printed at the end of every run."""
     lines = []
     sub = summary[summary["weighting"] == weighting]
-    # node-equivalent budget: the draft budget that reaches the rule's value ("-": beyond the pool)
+    # node-equivalent budget: the draft budget that reaches the rule's value ("beyond": the pool)
     node = "node_budget" in sub and bool(sub["node_budget"].notna().any())
     for law, part in sub.groupby("law", sort=False):
         budgets = sorted(part["budget"].unique())
@@ -319,6 +325,7 @@ def results_table(summary: pd.DataFrame, weighting: str = "round") -> str:
         )
         lines += [f"\n== {law}: {part['rounds'].iloc[0]:,} rounds, {part['prompts'].iloc[0]} prompts "
                   f"({weighting}-weighted) ==", header, "-" * len(header)]  # fmt: skip
+        notes = []
         for rule in part["rule"].unique():
             line = f"{rule:<16}"
             for b in budgets:
@@ -327,11 +334,16 @@ def results_table(summary: pd.DataFrame, weighting: str = "round") -> str:
                     line += " " * (67 if node else 58)
                     continue
                 r = r.iloc[0]
-                ci = f"{100 * r['gain']:+6.1f}% [{100 * r['gain_lo']:+.1f}, {100 * r['gain_hi']:+.1f}]"
+                ci = ci_text(r["gain"], r["gain_lo"], r["gain_hi"])
+                if isinstance(r.get("gain_note"), str) and r["gain_note"]:
+                    notes.append(f"  {rule} at B={b}: no gain interval, {r['gain_note']}")
                 share = r.get("share_root", np.nan)
                 line += f"{r['accepted']:>16.3f}{ci:>30}{'' if np.isnan(share) else f'{100 * share:.0f}%':>12}"
                 if node:
                     nb = r.get("node_budget", np.nan)
-                    line += f"{'-' if np.isnan(nb) else f'{nb:.0f}':>9}"
+                    line += f"{'beyond' if np.isnan(nb) else f'{nb:.0f}':>9}"
             lines.append(line)
+        if node:
+            notes.append("  draft B 'beyond': draft selection does not reach the value in the pool")
+        lines += notes
     return "\n".join(lines)

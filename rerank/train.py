@@ -33,7 +33,7 @@ from decode.trace_schema import trace_store
 from features.schema import candidate_store
 from rerank.breakdowns import breakdown_gains, breakdowns
 from rerank.comparisons import compare, comparisons_table
-from rerank.config import SWEEP_BUDGETS, MlflowConfig, RerankConfig
+from rerank.config import MlflowConfig, RerankConfig
 from rerank.coverage import RootIfCovered
 from rerank.evaluate import EvalPlan, PromptCurves, evaluate_traces
 from rerank.models import LABEL_OF_LAW
@@ -50,7 +50,12 @@ from rerank.predict import (
 )
 from rerank.quality import prediction_quality
 from rerank.reports import ReportAccumulators
-from rerank.settings import check_settings, comparison_pairs, model_capacity
+from rerank.settings import (
+    check_settings,
+    comparison_pairs,
+    model_capacity,
+    store_budgets,
+)
 from rerank.summary import (
     choose_mixture_weights,
     law_draws,
@@ -62,7 +67,7 @@ from specrank import config as _schema  # noqa: F401  (registers the Hydra schem
 from specrank.cli import run_entry_point
 from specrank.laws import law_kind, law_name
 from specrank.memory import release_freed_heap, retain_freed_heap
-from specrank.paths import project_path
+from specrank.paths import CONF_DIR, project_path
 from specrank.shard_store import SchemaError
 from specrank.tracking import metric_key, parent_run
 
@@ -161,8 +166,9 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
     return Fitted(candidates, folds, preds, prediction_quality(candidates, preds), seconds)
 
 
-def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int) -> Evaluation:
-    """Every rule on the recorded pools, out of fold, with paired bootstrap intervals (SPEC §9)."""
+def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]) -> Evaluation:
+    """Every rule on the recorded pools at `budgets` (`rerank.settings.evaluated_budgets`),
+    out of fold, with paired bootstrap intervals (SPEC §9)."""
     folds, preds = fitted.folds, fitted.preds
     dataset = trace_store(project_path(rerank.traces)).dataset()
     # Root selection after covered rounds only (a decoder without a root pass, App. D.10),
@@ -179,7 +185,6 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int) -> Evaluation:
             ids = table["prompt_id"].to_numpy(zero_copy_only=False)
             return {"per_depth": per_depth_scores(pool, ids, folds, maps)}
 
-    budgets = sorted(set(rerank.budgets) | (set(SWEEP_BUDGETS) if rerank.sweep else set()))
     rerankers = [f"{fs}_{rerank.model.kind}" for fs in rerank.feature_sets]
     plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
                     mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m,
@@ -310,9 +315,10 @@ def train_and_evaluate(
     """
     check_settings(rerank)
     fingerprint = _check_same_traces(project_path(rerank.features), project_path(rerank.traces))
+    budgets = store_budgets(rerank)
     t0 = time.perf_counter()
     fitted = fit(rerank, seed)
-    ev = evaluate(rerank, fitted, seed)
+    ev = evaluate(rerank, fitted, seed, budgets)
     total = time.perf_counter() - t0
     plots = write_tables(out_dir, fitted, ev)
     tags = {"trace_fingerprint": fingerprint, "rerank_model": rerank.model.kind}
@@ -322,7 +328,7 @@ def train_and_evaluate(
     )
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> None:
     retain_freed_heap()  # chunked evaluation reuses the same large blocks (specrank.memory)
     rerank: RerankConfig = OmegaConf.to_object(cfg.rerank)

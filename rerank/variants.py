@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from specrank.bootstrap import ci_text
 from specrank.laws import law_name
 
 CONTROL = "rank_control"
@@ -64,12 +65,6 @@ def variant_table(
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def _ci(point: float, lo: float, hi: float) -> str:
-    if np.isnan(point):
-        return "-"
-    return f"{100 * point:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-
-
 def variants_text(table: pd.DataFrame) -> str:
     """The variant table as printed after the results (one block per law and budget)."""
     lines = []
@@ -84,8 +79,8 @@ def variants_text(table: pd.DataFrame) -> str:
             sq = "-" if np.isnan(r.squared_error) else f"{r.squared_error:.4f}"
             top1 = "-" if np.isnan(r.top1_agreement) else f"{100 * r.top1_agreement:.0f}%"
             lines.append(
-                f"{r.rule:<18}{sq:>11}{top1:>8}{_ci(r.gain, r.gain_lo, r.gain_hi):>28}"
-                f"{_ci(r.gain_over_control, r.gain_over_control_lo, r.gain_over_control_hi):>28}"
+                f"{r.rule:<18}{sq:>11}{top1:>8}{ci_text(r.gain, r.gain_lo, r.gain_hi):>28}"
+                f"{ci_text(r.gain_over_control, r.gain_over_control_lo, r.gain_over_control_hi):>28}"
                 f"{share:>12}"
             )
     return "\n".join(lines)

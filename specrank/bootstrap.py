@@ -97,21 +97,70 @@ def task_resample_weights(tasks: np.ndarray, n_resamples: int, seed: int) -> np.
     return w
 
 
+MAX_NONFINITE_SHARE = 0.05  # above this share of undefined resamples an interval is NaN
+
+
 @dataclass
 class Interval:
+    """A point estimate and its percentile interval, with what the interval rests on.
+
+    `nonfinite` resamples gave no value (a share of a zero root gain, a budget beyond
+    the pool, ...). Up to MAX_NONFINITE_SHARE of them the interval is taken over the
+    others and the count is reported beside it; above it `low`/`high` are NaN and
+    `reason` says why: the finite resamples alone would describe another statistic.
+    """
+
     estimate: float
     low: float
     high: float
+    nonfinite: int = 0
+    resamples: int = 0
+    reason: str = ""  # why low/high are NaN; "" when they are numbers
+
+    def columns(self, key: str) -> dict[str, float | int | str]:
+        """`key`, `key_lo`, `key_hi`, `key_nonfinite` and `key_note` (the reason) of a table row."""
+        return {key: self.estimate, f"{key}_lo": self.low, f"{key}_hi": self.high,
+                f"{key}_nonfinite": self.nonfinite, f"{key}_note": self.reason}  # fmt: skip
 
 
-def percentile_interval(point: float, draws: np.ndarray, level: float = 0.95) -> Interval:
-    """Percentile interval of the finite draws; NaN bounds when a statistic is undefined
-    in every resample (e.g. a share of a zero root gain)."""
+def fill_notes(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every `_note` column as text, "" where no reason is given (a row without that interval,
+    or a CSV read back: `read_csv` reads empty notes as NaN)."""
+    for c in frame.columns:
+        if c.endswith("_note"):
+            frame[c] = frame[c].astype("str").where(frame[c].notna(), "")
+    return frame
+
+
+def percentile_interval(
+    point: float, draws: np.ndarray, level: float = 0.95, undefined: str = "undefined"
+) -> Interval:
+    """Percentile interval of the draws, counting the non-finite ones (`Interval`).
+
+    `undefined` names what a non-finite resample means in the reason (e.g. "beyond the pool").
+    """
+    draws = np.asarray(draws, dtype=np.float64).reshape(-1)
     finite = draws[np.isfinite(draws)]
-    if finite.size == 0:
-        return Interval(float(point), float("nan"), float("nan"))
+    n, bad = draws.size, draws.size - finite.size
+    nan = float("nan")
+    if n == 0:
+        return Interval(float(point), nan, nan, 0, 0, "no resamples")
+    if bad > MAX_NONFINITE_SHARE * n:
+        reason = f"{bad} of {n} resamples {undefined} (over {MAX_NONFINITE_SHARE:.0%})"
+        return Interval(float(point), nan, nan, bad, n, reason)
     lo, hi = np.percentile(finite, [50 * (1 - level), 50 * (1 + level)])
-    return Interval(float(point), float(lo), float(hi))
+    return Interval(float(point), float(lo), float(hi), bad, n)
+
+
+def ci_text(point: float, low: float, high: float, scale: float = 100.0, unit: str = "%") -> str:
+    """`+4.9% [+4.4, +5.4]` for printed tables; `[n/a]` when the interval was not given
+    (`Interval.reason`; the tables print the reasons below), `-` when the point is undefined."""
+    if not np.isfinite(point):
+        return "-"
+    head = f"{scale * point:+6.1f}{unit}"
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return f"{head} [n/a]"
+    return f"{head} [{scale * low:+.1f}, {scale * high:+.1f}]"
 
 
 def relative_gain(rule: np.ndarray, base: np.ndarray) -> np.ndarray:

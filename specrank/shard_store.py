@@ -63,15 +63,42 @@ class TableSpec:
         object.__setattr__(self, "schema", self.schema.with_metadata(meta))
 
     def conform(self, table: pa.Table) -> pa.Table:
-        """Cast `table` to this schema; refuse missing or extra columns by name."""
+        """Cast `table` to this schema; refuse missing or extra columns, and nulls the schema
+        does not allow (a field's or a list's items), by name."""
         check_columns(self, table.schema.names)
         table = table.select(self.schema.names)
+        check_nulls(self, table)  # first: a cast may refuse them too, without naming the column
         try:
             return table.cast(self.schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
             raise SchemaError(
                 f"{self.name} v{self.version}: cannot cast to the declared schema: {err}"
             ) from err
+
+
+def check_nulls(spec: TableSpec, table: pa.Table) -> None:
+    """Refuse a null where `spec` declares none: a non-nullable field, or a list's items.
+
+    Arrow records nullability in the schema but never enforces it (a cast or a read
+    keeps the nulls), so this is the check.
+    """
+    for field_ in spec.schema:
+        if field_.name not in table.column_names:
+            continue
+        col = table[field_.name]
+        if col.null_count and not field_.nullable:
+            raise SchemaError(
+                f"{spec.name} v{spec.version}: column {field_.name} holds {col.null_count} "
+                f"null(s) but is declared non-null"
+            )
+        if (pa.types.is_list(field_.type) and pa.types.is_list(col.type)
+                and not field_.type.value_field.nullable):  # fmt: skip
+            items = sum(chunk.flatten().null_count for chunk in col.chunks)
+            if items:
+                raise SchemaError(
+                    f"{spec.name} v{spec.version}: column {field_.name} holds {items} null "
+                    f"list item(s) but its items are declared non-null"
+                )
 
 
 def check_columns(spec: TableSpec, found: Iterable[str]) -> None:

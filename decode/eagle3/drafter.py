@@ -109,6 +109,10 @@ class Eagle3Drafter:
     head: Eagle3Head
     capture: AuxCapture
     aux_layers: tuple[int, ...]
+    # The head's max_position_embeddings is a hard limit only with model.strict_head_positions
+    # (decode.positions); past it a run warns once (positions_warned) and decodes on.
+    strict_positions: bool = False
+    positions_warned: bool = False
 
     @property
     def config(self):  # the head's layer config: max_position_embeddings for position checks
@@ -150,7 +154,8 @@ def attach_head(ckpt: HeadCheckpoint, target: PreTrainedModel, cfg: ModelConfig)
     head = build_head(ckpt.spec, len(ckpt.aux_layers), ckpt.state, cfg.attn_implementation)
     head = head.to(device=target.device, dtype=target.dtype)
     head.share(target.get_input_embeddings(), target.get_output_embeddings())
-    return Eagle3Drafter(head, AuxCapture(target, ckpt.aux_layers), ckpt.aux_layers)
+    return Eagle3Drafter(head, AuxCapture(target, ckpt.aux_layers), ckpt.aux_layers,
+                         strict_positions=cfg.strict_head_positions)  # fmt: skip
 
 
 def head_ids(d: Eagle3Drafter, ckpt: HeadCheckpoint) -> dict[str, str]:

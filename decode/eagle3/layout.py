@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +158,25 @@ def read_head_config(folder: Path, setting: str = "model.drafter") -> HeadSpec:
     )
 
 
+def pickle_protocol(path: Path) -> int | None:
+    """The pickle protocol of a torch checkpoint (zip or legacy format); None if unknown.
+
+    Protocol 2+ pickles start with PROTO (0x80) and the protocol byte: the zip format's
+    `*/data.pkl` member, or the legacy file's first pickle (its magic number).
+    """
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            names = [n for n in z.namelist() if n.endswith("data.pkl")]
+            if not names:
+                return None
+            with z.open(names[0]) as f:
+                head = f.read(2)
+    else:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    return head[1] if len(head) == 2 and head[0] == 0x80 else None
+
+
 def read_head_weights(
     folder: Path, setting: str = "model.drafter"
 ) -> tuple[dict[str, Tensor], Path]:
@@ -168,6 +188,18 @@ def read_head_weights(
         except SafetensorError as e:
             raise refuse(setting, st, f"unreadable safetensors file ({e})") from e
     if pt.is_file():
+        protocol = pickle_protocol(pt)
+        if protocol is not None and protocol > 2:
+            # torch's weights-only unpickler reads protocol 2 only (the one torch.save
+            # writes by default); a protocol-4 file fails there however safe its contents.
+            raise refuse(
+                setting,
+                pt,
+                f"saved with pickle protocol {protocol}, which torch.load(weights_only=True) "
+                "cannot read (it reads protocol 2, torch.save's default); re-save the state "
+                "dict with torch.save(state, path), or convert it to model.safetensors "
+                "(safetensors.torch.save_file(state, path))",
+            )
         try:  # weights_only: tensors and plain containers only, no pickled code runs
             state = torch.load(pt, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:

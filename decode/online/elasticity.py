@@ -64,7 +64,6 @@ def budget_elasticity(
         for q in QUANTITIES:
             row[f"ln_{q}_from"], row[f"ln_{q}_to"] = point[b1][q][0], point[b2][q][0]
             d = point[b2][q][0] - point[b1][q][0]
-            iv = percentile_interval(d, draws[b2][q] - draws[b1][q])
-            row[f"d_ln_{q}"], row[f"d_ln_{q}_lo"], row[f"d_ln_{q}_hi"] = d, iv.low, iv.high
+            row |= percentile_interval(d, draws[b2][q] - draws[b1][q]).columns(f"d_ln_{q}")
         rows.append(row)
     return pd.DataFrame(rows)

@@ -172,8 +172,7 @@ def group_metrics(rounds: pd.DataFrame, prompts: pd.DataFrame, n_resamples: int,
         )
         out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"]
         draws = _speedup_draws(prompts, resample_weights(len(prompts), n_resamples, seed))
-        iv = percentile_interval(out["speedup"], draws)
-        out["speedup_lo"], out["speedup_hi"] = iv.low, iv.high
+        out |= percentile_interval(out["speedup"], draws).columns("speedup")
     return out
 
 
@@ -263,8 +262,6 @@ def realized_vs_expected(
     return {
         "realized": float(point[0]),
         "expected": float(point[1]),
-        "realized_minus_expected": float(point[2]),
-        "realized_minus_expected_lo": iv.low,
-        "realized_minus_expected_hi": iv.high,
+        **iv.columns("realized_minus_expected"),
         "rounds_equal": float(np.mean(np.isclose(frame["accepted"], frame["expected"]))),
     }

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,11 +87,13 @@ def decode_all(
     s: OnlineSettings,
     run: RunConfig,
     predictor: OnlinePredictor | None,
+    on_prompt: Callable[[int, dict[int, PromptTiming]], None] | None = None,
 ) -> dict[int, list[PromptTiming]]:
     """Every budget's decode and the baseline of every prompt, after untimed warm-ups.
 
     Prompt by prompt: the baseline before (odd positions) or after (even) the speculative
     decodes, whose budget order also reverses on odd positions. Returns budget -> timings.
+    `on_prompt(i, {budget: timing})` runs as each prompt is done (traces, partial results).
     """
     dec = s.base.decode
     budgets = run_budgets(s, run)
@@ -137,31 +140,44 @@ def decode_all(
                     n = min(len(r.output), len(b_out))
                     timing.greedy_match = r.output[:n] == b_out[:n]
             out[b].append(timing)
+        if on_prompt is not None:
+            on_prompt(i, {b: t[-1] for b, t in out.items()})
     return out
 
 
-def write_traces(out: Path, timings: list[PromptTiming], s: OnlineSettings, manifest: dict,
-                 models: dict, prompts_per_shard: int) -> int:  # fmt: skip
-    """The run's rounds as a trace store (one shard per `prompts_per_shard` prompts)."""
-    store = trace_store(out)
-    store.open_for_writing(config=manifest, models=models)
-    dec = s.base
-    shards = {
-        f"{s.rule}-t{float(dec.decode.temperature)}-b{dec.select.budget}-{j:05d}": timings[
-            k : k + prompts_per_shard
-        ]
-        for j, k in enumerate(range(0, len(timings), prompts_per_shard))
-    }
+class TraceShards:
+    """The run's rounds as a trace store: a shard of `prompts_per_shard` consecutive prompts
+    is written as soon as its last prompt is decoded, so a killed run keeps it.
 
-    def rows_of(sid: str) -> pa.Table:
-        rows = [r.fields for p in shards[sid] for r in p.run.rounds]
-        return pa.Table.from_pylist(rows, schema=TRACE_SCHEMA)
+    Decoding is seeded per prompt, so a rerun's shard holds the same rounds (timing columns
+    aside): a finished shard of the same config is kept, never written twice.
+    """
 
-    # Decoding is seeded per prompt, so a finished shard of the same config holds these rows.
-    run = store.write_pending(list(shards), rows_of)
-    if run.skipped:
-        log.info("run.traces_out: %d finished shards of %s kept (same config)", run.skipped, out)
-    return run.rows
+    def __init__(self, out: Path, s: OnlineSettings, manifest: dict, models: dict,
+                 prompts_per_shard: int, n_prompts: int) -> None:  # fmt: skip
+        self.store = trace_store(out)
+        self.store.open_for_writing(config=manifest, models=models)
+        dec = s.base
+        stem = f"{s.rule}-t{float(dec.decode.temperature)}-b{dec.select.budget}"
+        self.size, self.n_prompts = prompts_per_shard, n_prompts
+        self.ids = [f"{stem}-{j:05d}" for j in range(-(-n_prompts // prompts_per_shard))]
+        self.waiting: dict[int, dict[int, PromptTiming]] = {}
+        self.rows = self.kept = 0
+
+    def add(self, i: int, timing: PromptTiming) -> None:
+        """Prompt `i` (its position in the run) is decoded; write its shard once complete."""
+        j = i // self.size
+        part = self.waiting.setdefault(j, {})
+        part[i] = timing
+        if len(part) < min(self.size, self.n_prompts - j * self.size):
+            return
+        del self.waiting[j]
+        rows = [r.fields for k in sorted(part) for r in part[k].run.rounds]
+        run = self.store.write_pending(
+            [self.ids[j]], lambda _: pa.Table.from_pylist(rows, schema=TRACE_SCHEMA)
+        )
+        self.rows += run.rows
+        self.kept += run.skipped
 
 
 def _group_metrics(groups: pd.DataFrame, prefix: str) -> dict[str, float]:
@@ -227,7 +243,9 @@ def summarize(timings: dict[int, list[PromptTiming]], s: OnlineSettings, run: Ru
     if dec.decode.temperature == 0 and run.baseline:
         matches = [bool(p.greedy_match) for t in timings.values() for p in t]
         metrics["online/greedy_output_matches_baseline"] = float(np.mean(matches))
-    metrics = {k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)}
+    # numbers only (an interval's `_note` is text; MLflow metrics are floats)
+    metrics = {k: float(v) for k, v in metrics.items()
+               if isinstance(v, int | float | np.number) and np.isfinite(v)}  # fmt: skip
 
     def stacked(tables: dict[int, pd.DataFrame]) -> pd.DataFrame:
         return pd.concat([t.assign(budget=bud) for bud, t in tables.items()], ignore_index=True)

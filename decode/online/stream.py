@@ -9,6 +9,7 @@ The round itself is `decode.online.round`; the loop over rounds is `decode.onlin
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from decode.config import DecodeConfig, PoolConfig, SelectConfig
 from decode.eagle3.drafter import Eagle3Drafter
 from decode.eagle3.pool import Eagle3State
 from decode.models import Drafter
+from decode.positions import limits_of, needed_positions
 from decode.tree import retained as R
 from decode.tree.attention import forward_chain, new_cache
 from decode.tree.pool import level_sizes, pool_size
@@ -26,6 +28,8 @@ from decode.tree.verify import (
     VERIFIERS,
 )
 from specrank.checks import check_choice, check_int, check_real
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -143,21 +147,14 @@ def output_is_done(
 def check_positions(
     target: PreTrainedModel, drafter: Drafter, n_prompt: int, s: DecodeSettings
 ) -> None:
-    """Refuse runs whose positions would pass a model's trained range (rotary models go on silently)."""
+    """Refuse a prompt whose run would pass a hard position limit (`decode.positions`);
+    past an EAGLE-3 head's configured length, warn once per drafter and decode on."""
+    eagle3 = isinstance(drafter, Eagle3Drafter)
+    limits = limits_of(target.config, drafter.config, eagle3, eagle3 and drafter.strict_positions)
     depth = len(level_sizes(s.pool))
-    need = (
-        n_prompt + s.decode.max_new_tokens + depth
-    )  # the last round may overshoot by the tree depth
-    for name, m in (("target", target), ("drafter", drafter)):
-        limit = getattr(m.config, "max_position_embeddings", None)
-        if limit is None:  # nothing to check against: refuse rather than run past the range
-            raise ValueError(
-                f"model.{name}: its config has no max_position_embeddings, so a "
-                f"{need}-position run cannot be checked against its trained range"
-            )
-        if need > limit:
-            raise ValueError(
-                f"model.{name}: a {n_prompt}-token prompt + decode.max_new_tokens="
-                f"{s.decode.max_new_tokens} + depth {depth} needs {need} positions, "
-                f"but the model has max_position_embeddings={limit}"
-            )
+    need = needed_positions(n_prompt, s.decode.max_new_tokens, s.pool)
+    warnings = limits.check(n_prompt, need, s.decode.max_new_tokens, depth)
+    if warnings and not drafter.positions_warned:
+        drafter.positions_warned = True
+        for w in warnings:
+            log.warning(w)

@@ -15,11 +15,12 @@ import specrank.config  # noqa: F401  (registers the root schema)
 from decode.pocket.config import PocketConfig
 from decode.pocket.recipe import run
 from specrank.cli import run_entry_point
+from specrank.paths import CONF_DIR
 
 log = logging.getLogger("decode.pocket")
 
 
-@hydra.main(version_base=None, config_path="../../conf", config_name="pocket")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pocket")
 def main(cfg: DictConfig) -> None:
     pc = OmegaConf.to_object(cfg.pocket)
     assert isinstance(pc, PocketConfig)

@@ -49,6 +49,7 @@ from decode.pocket.eagle3_card import write_card
 from decode.prompts import encode_prompt
 from decode.tree.attention import to_attention_mask
 from specrank.cli import run_entry_point
+from specrank.paths import CONF_DIR
 
 Log = Callable[[str], None]
 log = logging.getLogger("decode.pocket.eagle3")
@@ -341,7 +342,7 @@ def run(pc: PocketEagle3Config, log: Log = print) -> dict:
     return facts
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="pocket")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pocket")
 def main(cfg: DictConfig) -> None:
     run(OmegaConf.to_object(cfg.pocket_eagle3), log.info)
 

@@ -4,6 +4,8 @@ The trace stores pools as Arrow list columns; the selector wants dense tensors
 in pool order. Rounds whose pools are shorter than the longest one in the
 batch are padded with `valid = False` entries that hang off the root, carry
 zero probability and -inf draft log-probability, so they never enter a tree.
+Padding is the only fill: a null inside a pool column is refused, naming the
+column and the row (the trace schema declares which list items may be null).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from torch import Tensor
+
+from decode.trace_schema import TRACE_SCHEMA
 
 # Trace columns the evaluator needs (read only these: the rest is never decoded).
 POOL_COLUMNS = [
@@ -67,21 +71,46 @@ class PoolBatch:
         return tuple(self.parent.shape)  # type: ignore[return-value]
 
 
+class _Refuse:
+    """`null_fill` default of `list_matrix`: a null is refused, never read as a value."""
+
+    def __repr__(self) -> str:
+        return "refuse"
+
+
+REFUSE = _Refuse()
+
+
 def list_matrix(
-    col: pa.ChunkedArray | pa.Array, fill, dtype, width: int | None = None
+    col: pa.ChunkedArray | pa.Array,
+    fill,
+    dtype,
+    width: int | None = None,
+    *,
+    null_fill=REFUSE,
+    name: str = "list column",
 ) -> tuple[np.ndarray, np.ndarray]:
     """A list column as a dense [R, width] matrix padded with `fill`, and the list lengths [R].
 
-    width None: the longest list; a given width drops entries past it. Nulls inside a
-    list (an absent retained row) become `fill` too. The one implementation of this
-    for pools, first-level columns and report tables alike.
+    width None: the longest list; a given width drops entries past it. A null list, or a
+    null inside a list, is refused (ValueError naming `name` and the rows), unless
+    `null_fill` is given: then null items become it (a column whose items may be null, e.g.
+    an absent retained row; `trace_matrix` reads that from the trace schema). The one
+    implementation of this for pools, first-level columns and report tables alike.
     """
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
-    lengths = lengths.astype(np.int64)
+    if arr.null_count:
+        rows = np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))
+        raise ValueError(
+            f"{name}: {arr.null_count} null list(s), at rows {rows[:5].tolist()} of the batch; "
+            f"expected a list in every row (an empty one for no entries)"
+        )
+    lengths = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = arr.flatten()
     if flat.null_count:
-        flat = flat.fill_null(fill)
+        if null_fill is REFUSE:
+            _refuse_null_items(flat, lengths, name)
+        flat = flat.fill_null(null_fill)
     values = flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
     if not values.flags.writeable:  # Arrow buffers are read-only; torch needs writable memory
         values = values.copy()
@@ -98,19 +127,63 @@ def list_matrix(
     return out, lengths
 
 
+def _positions(flat_index: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
+    """(row, position in the row's list) of flat list-value indices."""
+    starts = np.cumsum(lengths) - lengths
+    rows = np.searchsorted(starts, flat_index, side="right") - 1
+    return [(int(r), int(i - starts[r])) for r, i in zip(rows, flat_index, strict=True)]
+
+
+def _refuse_null_items(flat: pa.Array, lengths: np.ndarray, name: str) -> None:
+    where = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))
+    shown = ", ".join(f"row {r} item {i}" for r, i in _positions(where[:5], lengths))
+    raise ValueError(
+        f"{name}: {len(where)} null item(s) ({shown}{', ...' if len(where) > 5 else ''}); "
+        f"the trace schema declares its items non-null, so a null is not a value here "
+        f"(pandas writes NaN as null: write the value itself)"
+    )
+
+
+def item_nullable(name: str) -> bool:
+    """Whether the trace schema lets items of list column `name` be null (an absent row)."""
+    return TRACE_SCHEMA.field(name).type.value_field.nullable
+
+
+def trace_matrix(
+    table: pa.Table, name: str, fill, dtype, width: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`list_matrix` of trace column `name`, nulls allowed exactly where the schema allows them."""
+    null_fill = fill if item_nullable(name) else REFUSE
+    return list_matrix(table[name], fill, dtype, width, null_fill=null_fill, name=name)
+
+
+def trace_scalar(table: pa.Table, name: str, dtype) -> np.ndarray:
+    """A non-list trace column as numpy; a null is refused where the schema declares none."""
+    col = table[name]
+    if col.null_count and not TRACE_SCHEMA.field(name).nullable:
+        raise ValueError(f"{name}: {col.null_count} null value(s); the trace schema declares none")
+    return col.to_numpy().astype(dtype)
+
+
 def check_draft_logprobs(col: pa.ChunkedArray | pa.Array) -> None:
     """Refuse NaN, +inf or positive draft log-probabilities (`cand_draft_logprob`).
 
     The selector's precondition is a score non-increasing along every path; a
     positive or +inf log q breaks it, and top-B trees would not be ancestor-closed.
+    The message shows the first offending entries (row, pool index, value).
     """
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    values = arr.flatten()
-    bad = pc.sum(pc.invert(pc.less_equal(values, 0.0))).as_py() or 0
-    if bad:
+    values = arr.flatten().to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(~(values <= 0.0))  # NaN compares False: counted here
+    if bad.size:
+        lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
+        shown = ", ".join(
+            f"row {r} pool index {i}: {values[k]}"
+            for (r, i), k in zip(_positions(bad[:5], lengths), bad[:5], strict=True)
+        )
         raise ValueError(
-            f"cand_draft_logprob: {bad} value(s) are NaN, +inf or positive (largest "
-            f"{pc.max(values).as_py()}); a draft log-probability must be <= 0 or -inf"
+            f"cand_draft_logprob: {bad.size} value(s) are NaN, +inf or positive ({shown}"
+            f"{', ...' if bad.size > 5 else ''}); a draft log-probability must be <= 0 or -inf"
         )
 
 
@@ -120,14 +193,14 @@ def pool_batch_from_table(table: pa.Table) -> PoolBatch:
     Invalid draft log-probabilities are refused where scores are built
     (`decode.select.ranking.draft_scores`), not here a second time.
     """
-    parent, lengths = list_matrix(table["cand_parent"], -1, np.int64)
+    parent, lengths = trace_matrix(table, "cand_parent", -1, np.int64)
     valid = np.arange(parent.shape[1])[None, :] < lengths[:, None]
-    depth, _ = list_matrix(table["cand_depth"], 0, np.int64)
-    token, _ = list_matrix(table["cand_token"], -1, np.int64)
-    draft, _ = list_matrix(table["cand_draft_logprob"], -np.inf, np.float32)
-    target, _ = list_matrix(table["cand_target_prob"], 0.0, np.float32)
-    argmax, _ = list_matrix(table["cand_target_argmax"], -1, np.int64)
-    root_argmax = table["root_argmax"].to_numpy().astype(np.int64)
+    depth, _ = trace_matrix(table, "cand_depth", 0, np.int64)
+    token, _ = trace_matrix(table, "cand_token", -1, np.int64)
+    draft, _ = trace_matrix(table, "cand_draft_logprob", -np.inf, np.float32)
+    target, _ = trace_matrix(table, "cand_target_prob", 0.0, np.float32)
+    argmax, _ = trace_matrix(table, "cand_target_argmax", -1, np.int64)
+    root_argmax = trace_scalar(table, "root_argmax", np.int64)
     # The target's argmax at each candidate's parent prefix (root row for depth 1).
     parent_argmax = np.where(
         parent >= 0, np.take_along_axis(argmax, np.maximum(parent, 0), axis=1), root_argmax[:, None]
@@ -141,5 +214,5 @@ def pool_batch_from_table(table: pa.Table) -> PoolBatch:
         target_prob=torch.from_numpy(target),
         greedy_edge=torch.from_numpy(greedy_edge),
         valid=torch.from_numpy(valid),
-        temperature=torch.from_numpy(table["temperature"].to_numpy().astype(np.float32)),
+        temperature=torch.from_numpy(trace_scalar(table, "temperature", np.float32)),
     )

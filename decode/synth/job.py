@@ -31,7 +31,7 @@ from decode.synth.retained import Retained, retained_features
 from decode.synth.rounds import SynthRounds, synth_rounds
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from specrank.cli import run_entry_point
-from specrank.paths import project_path
+from specrank.paths import CONF_DIR, project_path
 
 log = logging.getLogger(__name__)
 GENERATOR = "decode.synthetic/2"  # bump when the generator's output changes for a fixed config
@@ -238,7 +238,7 @@ def write_synthetic_traces(
     )
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="synth")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="synth")
 def main(cfg: DictConfig) -> None:
     out = project_path(cfg.paths.synthetic)
     report = write_synthetic_traces(
