@@ -19,7 +19,7 @@ import time
 from bench.bench_extract import paper_traces
 from decode.select.pool_batch import POOL_COLUMNS
 from decode.trace_schema import trace_store
-from specrank.shard_store import sha256_file
+from specrank.tables import sha256_file
 
 
 def _best(fn, repeats: int) -> float:

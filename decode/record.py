@@ -43,8 +43,11 @@ from decode.online.stream import DecodeSettings
 from decode.positions import check_prompt_lengths
 from decode.prompts import Prompt, encode_prompt, load_prompts
 from decode.trace_schema import TRACE_SCHEMA, trace_store
+from decode.tree.pool import pool_size
+from specrank import faults
 from specrank.checks import check_int
 from specrank.cli import run_entry_point
+from specrank.files import check_free_space
 from specrank.parallel import ParallelConfig, check_launcher, check_parallel, part_of
 from specrank.paths import CONF_DIR, project_path
 
@@ -197,6 +200,24 @@ def record_traces(
     return report
 
 
+# Trace bytes per pool candidate per round on disk (zstd Parquet): 6.4 KB per 710-candidate
+# round measured on pocket traces, 7 KB on synthetic ones; 10 leaves a margin.
+BYTES_PER_CANDIDATE = 10
+
+
+def record_bytes(out: Path, prompts: list[Prompt], settings: DecodeSettings,
+                 prompts_per_shard: int, parallel: ParallelConfig) -> float:  # fmt: skip
+    """About what recording the pending shards writes: per prompt, max_new_tokens / 2 rounds
+    (a round emits at least one token; the pocket pair emits 4.4 on average) of
+    BYTES_PER_CANDIDATE per pool candidate."""
+    shards = plan_shards(prompts, settings, prompts_per_shard)
+    store = trace_store(out)
+    ids = part_of(list(shards), parallel.part, parallel.parts)
+    n = sum(len(shards[sid]) for sid in ids if not store.is_done(sid))
+    rounds = max(settings.decode.max_new_tokens // 2, 1)
+    return n * rounds * pool_size(settings.pool) * BYTES_PER_CANDIDATE
+
+
 def check_prompts(prompts: list[Prompt], data: DataConfig) -> None:
     """Refuse an empty prompt list by name (it would record an empty store and fail in train)."""
     if not prompts:
@@ -240,6 +261,8 @@ def run_record(
     prompts = check_prompt_lengths(model, prompts, settings.decode.max_new_tokens, settings.pool,
                                    data.long_prompts)  # fmt: skip
     out = project_path(trace.out_dir)
+    check_free_space(out, record_bytes(out, prompts, settings, trace.prompts_per_shard, parallel),
+                     "decode.record", "paths.traces (trace.out_dir)")  # fmt: skip
     if parallel.backend == "ray":
         # Imported here: decode.shard_workers builds on this module (ShardRecorder).
         from decode.shard_workers import record_on_ray
@@ -247,6 +270,7 @@ def run_record(
         report = record_on_ray(out, model, prompts, settings, trace.prompts_per_shard,
                                manifest_config, parallel, trace.progress)  # fmt: skip
     else:
+        faults.phase("loading models")
         pair = load_model_pair(model)
         report = record_traces(out, pair, prompts, settings, trace.prompts_per_shard,
                                manifest_config, trace.progress, parallel=parallel)  # fmt: skip

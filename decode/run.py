@@ -25,6 +25,7 @@ elasticity, and the entropy split (from the target-only baseline).
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import hydra
@@ -64,6 +65,7 @@ from specrank.cli import expand_short_overrides as _expand
 from specrank.cli import run_entry_point
 from specrank.parallel import ParallelConfig, check_parallel
 from specrank.paths import CONF_DIR, project_path
+from specrank.run_record import TrackingError
 
 log = logging.getLogger(__name__)
 
@@ -200,12 +202,15 @@ def main(cfg: DictConfig) -> None:
     # each round's trace row: build the rows then too (written only with record_traces).
     build_rows = run.record_traces or (run.score == "pool" and run.rule != "covering")
     s = OnlineSettings(base, run.rule, run.score, build_rows)
-    report = run_online(
-        OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.data), s, run,
-        OmegaConf.to_object(cfg.mlflow), OmegaConf.to_container(cfg, resolve=True),
-        Path(HydraConfig.get().runtime.output_dir), cfg.seed, cfg.trace.prompts_per_shard,
-        OmegaConf.to_object(cfg.parallel),
-    )  # fmt: skip
+    try:
+        report = run_online(
+            OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.data), s, run,
+            OmegaConf.to_object(cfg.mlflow), OmegaConf.to_container(cfg, resolve=True),
+            Path(HydraConfig.get().runtime.output_dir), cfg.seed, cfg.trace.prompts_per_shard,
+            OmegaConf.to_object(cfg.parallel),
+        )  # fmt: skip
+    except TrackingError as err:  # the run's tables are complete: say how to log them later
+        sys.exit(f"error: {err}")
     print_report(report)
     print(f"MLflow run {report.run_id}")
 

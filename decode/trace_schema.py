@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from specrank.shard_store import ShardStore, TableSpec
+from specrank.shard_store import ShardStore
+from specrank.tables import TableSpec
 
 SCHEMA_VERSION = 3
 

@@ -25,7 +25,7 @@ from features.rounds import (
     RoundArrays,
 )
 from features.schema import CANDIDATE_SCHEMA
-from specrank.shard_store import SchemaError
+from specrank.tables import SchemaError
 
 CHUNK_ROUNDS = 512  # rounds per call of first_level_features (cache-sized working arrays)
 RUN_KEYS = ["prompt_id", "temperature", "rule", "budget"]  # one decoding run of one prompt

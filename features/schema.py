@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from specrank.shard_store import ShardStore, TableSpec
+from specrank.shard_store import ShardStore
+from specrank.tables import TableSpec
 
 CANDIDATE_VERSION = 2
 

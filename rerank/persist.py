@@ -36,7 +36,7 @@ import skops.io as sio
 from features.schema import CANDIDATE_VERSION
 from rerank.models import KINDS, LAWS, Capacity, FittedReranker
 from rerank.token_prior import TokenPrior
-from specrank.shard_store import sha256_file
+from specrank.tables import sha256_file
 
 FORMAT = "specrank.reranker"
 FORMAT_VERSION = 1

@@ -31,7 +31,7 @@ from rerank.evaluate import RETAINED_ROWS
 from rerank.models import FEATURE_SETS, KINDS
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
 from specrank.paths import project_path
-from specrank.shard_store import SchemaError
+from specrank.tables import SchemaError
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import hydra
-import mlflow
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -64,12 +65,15 @@ from rerank.summary import (
 )
 from rerank.variants import variant_table, variants_text
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
+from specrank import faults
 from specrank.cli import run_entry_point
+from specrank.files import atomic_write
 from specrank.laws import law_kind, law_name
 from specrank.memory import release_freed_heap, retain_freed_heap
 from specrank.paths import CONF_DIR, project_path
-from specrank.shard_store import SchemaError
-from specrank.tracking import metric_key, parent_run
+from specrank.run_record import ChildRun, RunRecord, TrackingError, log_or_explain, write_record
+from specrank.tables import SchemaError
+from specrank.tracking import metric_key
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +136,7 @@ class Evaluation:
 
 def fit(rerank: RerankConfig, seed: int) -> Fitted:
     """Cross-fit the rerankers and the q1 calibration on the candidate table (SPEC §8)."""
+    faults.phase("fitting")
     t0 = time.perf_counter()
     dataset = candidate_store(project_path(rerank.features)).dataset()
     # Every row's keys and what the evaluation joins; the features of one law at a time.
@@ -169,6 +174,7 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
 def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]) -> Evaluation:
     """Every rule on the recorded pools at `budgets` (`rerank.settings.evaluated_budgets`),
     out of fold, with paired bootstrap intervals (SPEC §9)."""
+    faults.phase("evaluating")
     folds, preds = fitted.folds, fitted.preds
     dataset = trace_store(project_path(rerank.traces)).dataset()
     # Root selection after covered rounds only (a decoder without a root pass, App. D.10),
@@ -217,20 +223,32 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     )
 
 
-def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> list[Path]:
-    """Tables, plots and saved rerankers of the run under `out_dir`; returns the plots."""
+def _csv(frame: pd.DataFrame) -> Callable[[Path], object]:
+    return lambda tmp: frame.to_csv(tmp, index=False)
+
+
+def _parquet(frame: pd.DataFrame) -> Callable[[Path], object]:
+    return lambda tmp: frame.to_parquet(tmp, index=False)
+
+
+def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> tuple[list[str], list[Path]]:
+    """Tables, plots and saved rerankers of the run under `out_dir`; returns the table files
+    and the plots.
+
+    Every table is written whole or not at all (`atomic_write`); a full disk names the file.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
-    ev.summary.to_csv(out_dir / "summary.csv", index=False)
-    ev.comparisons.to_csv(out_dir / "comparisons.csv", index=False)
-    ev.breakdowns.to_csv(out_dir / "breakdowns.csv", index=False)
-    ev.breakdown_gains.to_csv(out_dir / "breakdown_gains.csv", index=False)
-    for name, frame in ev.reports.items():
-        frame.to_csv(out_dir / f"{name}.csv", index=False)
-    fitted.quality.to_csv(out_dir / "prediction_quality.csv", index=False)
-    ev.mixture_weights.to_csv(out_dir / "mixture_weights.csv", index=False)
-    ev.per_round.to_parquet(out_dir / "per_round_values.parquet", index=False)
-    fitted.preds.frame.to_parquet(out_dir / "oof_predictions.parquet", index=False)
-    (out_dir / "results.txt").write_text(ev.table + "\n")
+    faults.phase("writing tables")
+    tables = {"summary": ev.summary, "comparisons": ev.comparisons, "breakdowns": ev.breakdowns,
+              "breakdown_gains": ev.breakdown_gains, **ev.reports,
+              "prediction_quality": fitted.quality, "mixture_weights": ev.mixture_weights}  # fmt: skip
+    for name, frame in tables.items():
+        atomic_write(out_dir / f"{name}.csv", _csv(frame))
+    atomic_write(out_dir / "per_round_values.parquet", _parquet(ev.per_round))
+    atomic_write(out_dir / "oof_predictions.parquet", _parquet(fitted.preds.frame))
+    atomic_write(out_dir / "results.txt", lambda tmp: tmp.write_text(ev.table + "\n"))
+    files = [*(f"{n}.csv" for n in [*tables, "reliability"]), "per_round_values.parquet",
+             "oof_predictions.parquet", "results.txt"]  # fmt: skip
     merged = fitted.preds.joined(fitted.candidates, [*LABEL_OF_LAW.values(), "draft_prob"])
     parts = []
     for temperature, part in merged.groupby("temperature"):
@@ -240,12 +258,13 @@ def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> list[Path]:
         parts.append(reliability_table(preds, label, law_name(temperature)))
     # logged as a table too, so the notebook redraws the reliability figure from artifacts
     reliability = pd.concat(parts, ignore_index=True)
-    reliability.to_csv(out_dir / "reliability.csv", index=False)
+    atomic_write(out_dir / "reliability.csv", _csv(reliability))
     plots = write_plots(out_dir, ev.summary, ev.comparisons, reliability)
     for name, pair in fitted.preds.models.items():
         for fold, model in enumerate(pair):
-            save_reranker(model, out_dir / "rerankers" / f"{name.replace('/', '_')}_fold{fold}")
-    return plots
+            folder = out_dir / "rerankers" / f"{name.replace('/', '_')}_fold{fold}"
+            save_reranker(model, folder)
+    return files, plots
 
 
 def _quality_metrics(quality: pd.DataFrame, fold: object) -> dict[str, float]:
@@ -256,54 +275,51 @@ def _quality_metrics(quality: pd.DataFrame, fold: object) -> dict[str, float]:
     return out
 
 
-def log_run(
+def run_record(
     tracking: MlflowConfig,
     resolved_config: dict,
     tags: dict[str, str],
     fitted: Fitted,
     ev: Evaluation,
-    out_dir: Path,
-    plots: list[Path],
+    written: tuple[list[str], list[Path]],
     total_seconds: float,
-) -> str:
-    """One parent run (params = `resolved_config`, logged verbatim) and a child run per fold."""
-    with parent_run(
-        tracking.tracking_uri, tracking.experiment, tracking.run_name, resolved_config, tags
-    ) as run:
-        metrics = {
-            "time/total_s": total_seconds,
-            "time/fit_s": fitted.seconds,
-            "rounds": float(len(ev.per_round)),
+) -> RunRecord:
+    """What the run logs: one parent run (params = `resolved_config`, logged verbatim) and a
+    child run per fold (`specrank.run_record` logs it)."""
+    metrics = {
+        "time/total_s": total_seconds,
+        "time/fit_s": fitted.seconds,
+        "rounds": float(len(ev.per_round)),
+    }
+    for r in ev.summary[ev.summary["weighting"] == "round"].itertuples():
+        for name in ("accepted", "gain", "gain_lo", "gain_hi", "node_budget"):
+            if hasattr(r, name):  # node_budget: the draft budget reaching the rule's value
+                metrics[metric_key(name, r.law, f"B{r.budget}", r.rule)] = getattr(r, name)
+    for r in ev.comparisons[ev.comparisons["weighting"] == "round"].itertuples():
+        pair = f"{r.a}__{r.b}"
+        metrics[metric_key("compare", r.law, f"B{r.budget}", pair)] = r.gain
+        metrics[metric_key("compare_lo", r.law, f"B{r.budget}", pair)] = r.gain_lo
+        metrics[metric_key("compare_hi", r.law, f"B{r.budget}", pair)] = r.gain_hi
+    metrics |= _quality_metrics(fitted.quality, "all")
+    tables, plots = written
+    children = []
+    for fold in (0, 1):
+        fold_metrics = {
+            metric_key("fit_s", name): secs[fold] for name, secs in fitted.preds.fit_seconds.items()
         }
-        for r in ev.summary[ev.summary["weighting"] == "round"].itertuples():
-            for name in ("accepted", "gain", "gain_lo", "gain_hi", "node_budget"):
-                if hasattr(r, name):  # node_budget: the draft budget reaching the rule's value
-                    metrics[metric_key(name, r.law, f"B{r.budget}", r.rule)] = getattr(r, name)
-        for r in ev.comparisons[ev.comparisons["weighting"] == "round"].itertuples():
-            pair = f"{r.a}__{r.b}"
-            metrics[metric_key("compare", r.law, f"B{r.budget}", pair)] = r.gain
-            metrics[metric_key("compare_lo", r.law, f"B{r.budget}", pair)] = r.gain_lo
-            metrics[metric_key("compare_hi", r.law, f"B{r.budget}", pair)] = r.gain_hi
-        metrics |= _quality_metrics(fitted.quality, "all")
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if np.isfinite(v)})
-        for path in [*out_dir.glob("*.csv"), *out_dir.glob("*.parquet"), out_dir / "results.txt"]:
-            mlflow.log_artifact(str(path), "tables")
-        for path in plots:
-            mlflow.log_artifact(str(path), "plots")
-        mlflow.log_artifacts(str(out_dir / "rerankers"), "rerankers")
-        for fold in (0, 1):
-            with mlflow.start_run(run_name=f"fold-{fold}", nested=True):
-                mlflow.set_tag("fold", str(fold))
-                mlflow.log_param("trained_on_half", 1 - fold)
-                fold_metrics = {
-                    metric_key("fit_s", name): secs[fold]
-                    for name, secs in fitted.preds.fit_seconds.items()
-                }
-                # the iterations each model holds (early stopping: the count it chose)
-                mlflow.log_params({metric_key("n_iter", name): pair[fold].n_iter
-                                   for name, pair in fitted.preds.models.items()})  # fmt: skip
-                mlflow.log_metrics(fold_metrics | _quality_metrics(fitted.quality, fold))
-        return run.info.run_id
+        # the iterations each model holds (early stopping: the count it chose)
+        params = {"trained_on_half": 1 - fold} | {
+            metric_key("n_iter", name): pair[fold].n_iter
+            for name, pair in fitted.preds.models.items()
+        }
+        children.append(ChildRun(f"fold-{fold}", {"fold": str(fold)}, params,
+                                 fold_metrics | _quality_metrics(fitted.quality, fold)))  # fmt: skip
+    return RunRecord(
+        tracking.tracking_uri, tracking.experiment, tracking.run_name, resolved_config, tags,
+        metrics, [*((t, "tables") for t in tables), *((p.name, "plots") for p in plots),
+                  ("rerankers", "rerankers")],
+        children,
+    )  # fmt: skip
 
 
 def train_and_evaluate(
@@ -320,9 +336,11 @@ def train_and_evaluate(
     fitted = fit(rerank, seed)
     ev = evaluate(rerank, fitted, seed, budgets)
     total = time.perf_counter() - t0
-    plots = write_tables(out_dir, fitted, ev)
+    written = write_tables(out_dir, fitted, ev)
     tags = {"trace_fingerprint": fingerprint, "rerank_model": rerank.model.kind}
-    run_id = log_run(tracking, resolved_config, tags, fitted, ev, out_dir, plots, total)
+    write_record(out_dir, run_record(tracking, resolved_config, tags, fitted, ev, written, total))
+    faults.phase("logging")
+    run_id = log_or_explain(out_dir, tracking.tracking_uri)
     return TrainResult(
         ev.summary, ev.breakdowns, ev.per_round, fitted.quality, ev.table, run_id, ev.comparisons
     )
@@ -335,7 +353,10 @@ def main(cfg: DictConfig) -> None:
     tracking: MlflowConfig = OmegaConf.to_object(cfg.mlflow)
     config = OmegaConf.to_container(cfg, resolve=True)
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    result = train_and_evaluate(rerank, tracking, config, cfg.seed, out_dir)
+    try:
+        result = train_and_evaluate(rerank, tracking, config, cfg.seed, out_dir)
+    except TrackingError as err:  # the outputs are complete: say how to log them later
+        sys.exit(f"error: {err}")
     print(result.table)
     print(f"\nMLflow run {result.run_id}; tables, plots and rerankers in {out_dir}")
     log.info("settings: %s", json.dumps(asdict(rerank), default=str))

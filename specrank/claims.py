@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specrank import faults
+
 if TYPE_CHECKING:  # annotations only: shard_store imports this module
     import pyarrow as pa
 
@@ -285,6 +287,7 @@ def write_claimed(
             store._held[sid] = claim
             try:
                 with heartbeat(claim, interval):
+                    faults.phase(f"building shard {sid}")
                     table = build(sid)
                     t0 = time.perf_counter()
                     store.write_shard(sid, table)

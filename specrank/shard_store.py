@@ -22,11 +22,10 @@ by default and neither checks a version on read; this is ~200 lines we can test.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,93 +35,14 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from specrank import claims as claims_
+from specrank import faults
 from specrank.claims import Claim, ClaimLost, ShardRun, new_owner
+from specrank.files import named_os_error
+from specrank.tables import SchemaError, TableSpec, check_columns, fingerprint_json, sha256_file
 
 MANIFEST = "manifest.json"
 _SHARD_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-class SchemaError(ValueError):
-    """A table, shard or store does not match its declared schema or version."""
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """A declared table: name, version and Arrow schema (with provenance metadata)."""
-
-    name: str
-    version: int
-    schema: pa.Schema
-
-    def __post_init__(self) -> None:
-        meta = {
-            b"specrank.table": self.name.encode(),
-            b"specrank.version": str(self.version).encode(),
-        }
-        object.__setattr__(self, "schema", self.schema.with_metadata(meta))
-
-    def conform(self, table: pa.Table) -> pa.Table:
-        """Cast `table` to this schema; refuse missing or extra columns, and nulls the schema
-        does not allow (a field's or a list's items), by name."""
-        check_columns(self, table.schema.names)
-        table = table.select(self.schema.names)
-        check_nulls(self, table)  # first: a cast may refuse them too, without naming the column
-        try:
-            return table.cast(self.schema)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-            raise SchemaError(
-                f"{self.name} v{self.version}: cannot cast to the declared schema: {err}"
-            ) from err
-
-
-def check_nulls(spec: TableSpec, table: pa.Table) -> None:
-    """Refuse a null where `spec` declares none: a non-nullable field, or a list's items.
-
-    Arrow records nullability in the schema but never enforces it (a cast or a read
-    keeps the nulls), so this is the check.
-    """
-    for field_ in spec.schema:
-        if field_.name not in table.column_names:
-            continue
-        col = table[field_.name]
-        if col.null_count and not field_.nullable:
-            raise SchemaError(
-                f"{spec.name} v{spec.version}: column {field_.name} holds {col.null_count} "
-                f"null(s) but is declared non-null"
-            )
-        if (pa.types.is_list(field_.type) and pa.types.is_list(col.type)
-                and not field_.type.value_field.nullable):  # fmt: skip
-            items = sum(chunk.flatten().null_count for chunk in col.chunks)
-            if items:
-                raise SchemaError(
-                    f"{spec.name} v{spec.version}: column {field_.name} holds {items} null "
-                    f"list item(s) but its items are declared non-null"
-                )
-
-
-def check_columns(spec: TableSpec, found: Iterable[str]) -> None:
-    found = list(found)
-    missing = [n for n in spec.schema.names if n not in found]
-    extra = [n for n in found if n not in spec.schema.names]
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing column(s) {missing}")
-        if extra:
-            parts.append(f"extra column(s) {extra}")
-        raise SchemaError(f"{spec.name} v{spec.version}: " + "; ".join(parts))
-
-
-def fingerprint_json(obj: Any) -> str:
-    """Stable sha256 of a JSON-able object (sorted keys)."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes (streamed)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _read_json(path: Path, what: str, remedy: str) -> dict[str, Any]:
@@ -263,6 +183,7 @@ class ShardStore:
         table = self.spec.conform(table)
         claim = self._held.get(shard_id)
         tmp = data_path.with_name(f".{data_path.name}.tmp-{self.owner.replace(':', '-')}")
+        faults.phase(f"writing shard {shard_id} of {self.root}")
         try:
             # Dictionary-encode only strings: on numeric list columns it costs ~20%
             # of write time for files within 1% of the size (measured on traces).
@@ -271,6 +192,7 @@ class ShardStore:
                 pq.write_table(table, tmp, compression="zstd", use_dictionary=strings)
                 with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
+                faults.point("shard_write", data_path)
             except FileNotFoundError:  # the writer that took over removed our temp file
                 if claim is None or claim.held():
                     raise
@@ -281,10 +203,14 @@ class ShardStore:
                     f"over (no heartbeat for {self.claim_stale_s:g} s?); not committing it"
                 )
             os.replace(tmp, data_path)
+            marker = {"rows": table.num_rows, "sha256": sha256_file(data_path)}
+            faults.point("shard_marker", done_path)
+            _atomic_write_bytes(done_path, json.dumps(marker).encode(), self.owner)
+        except OSError as err:  # a full disk: name the shard; the finished ones stay as they are
+            raise named_os_error(err, data_path, f"cannot write shard '{shard_id}'") from err
         finally:
             tmp.unlink(missing_ok=True)
-        marker = {"rows": table.num_rows, "sha256": sha256_file(data_path)}
-        _atomic_write_bytes(done_path, json.dumps(marker).encode(), self.owner)
+        faults.phase(f"shard {shard_id} written")
         return True
 
     def pending(self, shard_ids: Sequence[str]) -> list[str]:

@@ -32,7 +32,8 @@ from features.schema import (
     ROW_FEATURES,
     candidate_store,
 )
-from specrank.shard_store import SchemaError, ShardStore, TableSpec
+from specrank.shard_store import ShardStore
+from specrank.tables import SchemaError, TableSpec
 from tests.fake_traces import random_trace
 from tests.test_features import OUTCOME_COLUMNS
 

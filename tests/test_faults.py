@@ -21,7 +21,8 @@ from decode.trace_schema import SCHEMA_VERSION, TRACE_SPEC, trace_store
 from features.extract import extract
 from rerank.config import MlflowConfig, RerankConfig
 from rerank.train import train_and_evaluate
-from specrank.shard_store import SchemaError, ShardStore, sha256_file
+from specrank.shard_store import ShardStore
+from specrank.tables import SchemaError, sha256_file
 from tests.tiny_models import tiny_model_config
 
 JOB = SynthJobConfig(prompts=4, rounds_per_prompt=3, prompts_per_shard=2)

@@ -30,7 +30,7 @@ from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.evaluate import EvalPlan, evaluate_traces
 from rerank.summary import _node_budgets, results_table, summarise_draws
 from specrank.bootstrap import MAX_NONFINITE_SHARE, ci_text, percentile_interval
-from specrank.shard_store import SchemaError, sha256_file
+from specrank.tables import SchemaError, sha256_file
 
 POOL = PoolConfig(top_k=4, steps=2, expand=4)  # 4 + 16 + 16 = 36 candidates
 N_POOL = 36

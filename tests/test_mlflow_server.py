@@ -9,18 +9,12 @@ and stops the server by its own process group.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict
 from io import BytesIO
 from pathlib import Path
@@ -30,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from bench.mlflow_server import group_alive, mlflow_server, stop_server
 from decode.config import PoolConfig, SelectConfig
 from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import write_synthetic_traces
@@ -40,90 +35,7 @@ from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.evaluate import ROUND_KEYS
 from rerank.persist import load_reranker
 from rerank.train import train_and_evaluate
-
-READY_TIMEOUT_S = 120  # server start-up is ~5-20 s on a loaded 2-core machine
-STOP_TIMEOUT_S = 20
-HOST = "127.0.0.1"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def _log_tail(path: Path, n: int = 3000) -> str:
-    return path.read_text(errors="replace")[-n:]
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server's own process group (it and its uvicorn worker), then SIGKILL."""
-    with contextlib.suppress(ProcessLookupError):  # the group already exited
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=STOP_TIMEOUT_S)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)  # the worker exits just after the parent
-    if _group_alive(proc.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-@contextlib.contextmanager
-def mlflow_server(root: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A tracking server on a free localhost port; yields (base URL, process); always stopped."""
-    root.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    log_path = root / "server.log"
-    cmd = [
-        sys.executable, "-m", "mlflow", "server",
-        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-        "--artifacts-destination", str(root / "artifacts"),
-        "--host", HOST, "--port", str(port), "--workers", "1",
-    ]  # fmt: skip
-    # No background job runner (its extra processes are not needed to track runs).
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            url = f"http://{HOST}:{port}"
-            deadline = time.monotonic() + READY_TIMEOUT_S
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(
-                        f"mlflow server exited with code {proc.returncode} before answering on "
-                        f"{url}/health; log tail:\n{_log_tail(log_path)}"
-                    )
-                try:
-                    with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except (urllib.error.URLError, ConnectionError, TimeoutError):
-                    pass  # not listening yet
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"mlflow server on {url}: expected /health to answer 200 within "
-                        f"{READY_TIMEOUT_S} s; it did not. Log tail:\n{_log_tail(log_path)}"
-                    )
-                time.sleep(0.25)
-            yield url, proc
-        finally:
-            _stop(proc)
+from specrank.bootstrap import fill_notes
 
 
 def _get(url: str, endpoint: str, **query: str) -> bytes:
@@ -241,7 +153,7 @@ def test_train_logs_to_a_real_tracking_server(stores, tmp_path):
         assert {f"tables/{f}" for f in expected} <= set(tables)
         assert (server_root / "artifacts" / prefix / "tables" / "summary.csv").is_file()
         assert not (Path.cwd() / "mlartifacts" / prefix).exists()
-        summary = pd.read_csv(BytesIO(download("tables/summary.csv")))
+        summary = fill_notes(pd.read_csv(BytesIO(download("tables/summary.csv"))))
         pd.testing.assert_frame_equal(
             summary, result.summary.reset_index(drop=True), check_dtype=False, rtol=1e-12
         )
@@ -264,7 +176,7 @@ def test_train_logs_to_a_real_tracking_server(stores, tmp_path):
         oof = pd.read_parquet(BytesIO(download("tables/oof_predictions.parquet")))
 
     assert proc.returncode is not None, "the server process is still running"
-    assert not _group_alive(proc.pid), "a process of the server's group outlived it"
+    assert not group_alive(proc.pid), "a process of the server's group outlived it"
 
     # the model never saw the prompts it predicts for; its predictions there are the logged ones
     candidates = candidate_store(features).read().to_pandas()
@@ -276,3 +188,56 @@ def test_train_logs_to_a_real_tracking_server(stores, tmp_path):
         oof, on=[*ROUND_KEYS, "cand_index"], how="left", validate="one_to_one"
     )
     np.testing.assert_allclose(model.predict_phat(held_out), logged["rows_lgbm"], rtol=1e-9)
+
+
+def test_a_server_stopped_mid_run_loses_nothing_and_the_folder_is_logged_later(
+    stores, tmp_path, monkeypatch
+):
+    """The server dies after the tables are written: the failure is named, the folder is
+    complete, and `python -m specrank.log_run` logs it once a server is back."""
+    import rerank.train as train_module
+    from specrank.run_record import TrackingError
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once, not after minutes
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    traces, features = stores
+    rerank = RerankConfig(traces=str(traces), features=str(features), feature_sets=["rows"],
+                          calibrators=[], substitutions=[], reports=False, n_resamples=50,
+                          budgets=[8], model=RerankModelConfig(n_threads=1, n_iter=5))  # fmt: skip
+    server_root, out = tmp_path / "server", tmp_path / "out"
+    previous_uri = mlflow.get_tracking_uri()
+    with mlflow_server(server_root) as (url, proc):
+        real_write = train_module.write_record
+
+        def then_stop(folder, record):  # the record is the folder's last file
+            path = real_write(folder, record)
+            stop_server(proc)
+            return path
+
+        monkeypatch.setattr(train_module, "write_record", then_stop)
+        try:
+            with pytest.raises(TrackingError) as err:
+                train_and_evaluate(rerank, MlflowConfig(tracking_uri=url, experiment="stopped"),
+                                   {"seed": 0}, 0, out)  # fmt: skip
+        finally:
+            mlflow.set_tracking_uri(previous_uri)
+    message = str(err.value)
+    assert f"MLflow logging to {url} failed" in message
+    assert f"python -m specrank.log_run {out}" in message
+    for name in ("summary.csv", "comparisons.csv", "results.txt", "mlflow_run.json"):
+        assert (out / name).is_file(), name
+    with mlflow_server(server_root) as (url2, _):  # the same store, a new server
+        done = subprocess.run(
+            [sys.executable, "-m", "specrank.log_run", str(out), "--tracking-uri", url2],
+            capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        rid = json.loads((out / "mlflow_logged.json").read_text())["run_id"]
+        run = _get_json(url2, "/api/2.0/mlflow/runs/get", run_id=rid)["run"]
+        assert run["info"]["status"] == "FINISHED"
+        metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
+        summary = pd.read_csv(out / "summary.csv")
+        row = summary[(summary["rule"] == "rows_lgbm") & (summary["law"] == "sampling")
+                      & (summary["weighting"] == "round")].iloc[0]  # fmt: skip
+        assert metrics["gain/sampling/B8/rows_lgbm"] == pytest.approx(row["gain"], rel=1e-12)
+        assert "tables/summary.csv" in _list(url2, rid, "tables")

@@ -22,7 +22,7 @@ from decode.run import expand_short_overrides, run_online
 from decode.trace_schema import trace_store
 from features.extract import extract
 from rerank.config import MlflowConfig
-from specrank.shard_store import SchemaError
+from specrank.tables import SchemaError
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 

@@ -30,7 +30,7 @@ from decode.online.stream import DecodeSettings
 from decode.run import run_online
 from decode.trace_schema import trace_store
 from specrank.parallel import ParallelConfig
-from specrank.shard_store import SchemaError
+from specrank.tables import SchemaError
 from tests.online_fixtures import PROMPTS, settings
 from tests.tiny_models import one_thread, tiny_model_config
 from tests.toy_workers import lean_ray

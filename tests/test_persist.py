@@ -25,7 +25,7 @@ from rerank.persist import (
     read_sidecar,
     save_reranker,
 )
-from specrank.shard_store import sha256_file
+from specrank.tables import sha256_file
 from tests.candidate_frames import FAST, make_candidate_frame
 
 

@@ -17,7 +17,7 @@ from decode.config import DataConfig, PromptSource
 from decode.prompts import encode_prompt, load_prompts, load_source
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from specrank.paths import project_path
-from specrank.shard_store import SchemaError
+from specrank.tables import SchemaError
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 
 SPEC_BENCH = (

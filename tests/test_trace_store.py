@@ -12,7 +12,8 @@ from decode.config import PoolConfig, SelectConfig
 from decode.synth.config import SynthConfig, SynthJobConfig
 from decode.synth.job import synth_chunk
 from decode.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, TRACE_SPEC, trace_store
-from specrank.shard_store import SchemaError, ShardStore, TableSpec, sha256_file
+from specrank.shard_store import ShardStore
+from specrank.tables import SchemaError, TableSpec, sha256_file
 
 # A tiny pool (3 + 6 + 6 candidates) keeps these tests about the store, not the generator.
 TINY = dict(

@@ -164,16 +164,13 @@ def pickle_protocol(path: Path) -> int | None:
     Protocol 2+ pickles start with PROTO (0x80) and the protocol byte: the zip format's
     `*/data.pkl` member, or the legacy file's first pickle (its magic number).
     """
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            names = [n for n in z.namelist() if n.endswith("data.pkl")]
-            if not names:
-                return None
-            with z.open(names[0]) as f:
-                head = f.read(2)
-    else:
+    if not zipfile.is_zipfile(path):
         with open(path, "rb") as f:
             head = f.read(2)
+    else:
+        with zipfile.ZipFile(path) as z:
+            names = [n for n in z.namelist() if n.endswith("data.pkl")]
+            head = z.read(names[0])[:2] if names else b""  # data.pkl: small, tensors apart
     return head[1] if len(head) == 2 and head[0] == 0x80 else None
 
 
@@ -192,14 +189,11 @@ def read_head_weights(
         if protocol is not None and protocol > 2:
             # torch's weights-only unpickler reads protocol 2 only (the one torch.save
             # writes by default); a protocol-4 file fails there however safe its contents.
-            raise refuse(
-                setting,
-                pt,
+            raise refuse(setting, pt,
                 f"saved with pickle protocol {protocol}, which torch.load(weights_only=True) "
                 "cannot read (it reads protocol 2, torch.save's default); re-save the state "
                 "dict with torch.save(state, path), or convert it to model.safetensors "
-                "(safetensors.torch.save_file(state, path))",
-            )
+                "(safetensors.torch.save_file(state, path))")  # fmt: skip
         try:  # weights_only: tensors and plain containers only, no pickled code runs
             state = torch.load(pt, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:

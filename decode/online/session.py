@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -46,8 +45,10 @@ from decode.prompts import Prompt, encode_prompt
 from decode.trace_schema import TRACE_SCHEMA, trace_store
 from rerank.config import MlflowConfig
 from rerank.online import OnlinePredictor
+from specrank.files import atomic_write
 from specrank.laws import law_name
-from specrank.tracking import metric_key, parent_run
+from specrank.run_record import RunRecord, log_or_explain, write_record
+from specrank.tracking import metric_key
 
 log = logging.getLogger(__name__)
 
@@ -256,29 +257,24 @@ def summarize(timings: dict[int, list[PromptTiming]], s: OnlineSettings, run: Ru
 
 def log_to_mlflow(report: RunReport, tracking: MlflowConfig, config: dict, tags: dict,
                   out_dir: Path) -> str:  # fmt: skip
+    """The run's tables to `out_dir`, its record beside them, then the record to MLflow."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    report.rounds.to_parquet(out_dir / "online_rounds.parquet", index=False)
-    report.prompts.to_csv(out_dir / "online_prompts.csv", index=False)
-    report.groups.to_csv(out_dir / "online_groups.csv", index=False)
-    report.elasticity.to_csv(out_dir / "online_elasticity.csv", index=False)
-    report.entropy.to_csv(out_dir / "online_entropy_split.csv", index=False)
-    (out_dir / "online_summary.json").write_text(
-        json.dumps(report.metrics, indent=1, sort_keys=True)
-    )
-    with parent_run(
-        tracking.tracking_uri, tracking.experiment, tracking.run_name, config, tags
-    ) as r:
-        mlflow.log_metrics(report.metrics)
-        for name in (
-            "online_rounds.parquet",
-            "online_prompts.csv",
-            "online_groups.csv",
-            "online_elasticity.csv",
-            "online_entropy_split.csv",
-            "online_summary.json",
-        ):
-            mlflow.log_artifact(str(out_dir / name), "tables")
-        return r.info.run_id
+    tables = {
+        "online_rounds.parquet": lambda tmp: report.rounds.to_parquet(tmp, index=False),
+        "online_prompts.csv": lambda tmp: report.prompts.to_csv(tmp, index=False),
+        "online_groups.csv": lambda tmp: report.groups.to_csv(tmp, index=False),
+        "online_elasticity.csv": lambda tmp: report.elasticity.to_csv(tmp, index=False),
+        "online_entropy_split.csv": lambda tmp: report.entropy.to_csv(tmp, index=False),
+        "online_summary.json": lambda tmp: tmp.write_text(
+            json.dumps(report.metrics, indent=1, sort_keys=True)
+        ),
+    }
+    for name, write in tables.items():
+        atomic_write(out_dir / name, write)
+    record = RunRecord(tracking.tracking_uri, tracking.experiment, tracking.run_name, config,
+                       tags, report.metrics, [(n, "tables") for n in tables])  # fmt: skip
+    write_record(out_dir, record)
+    return log_or_explain(out_dir, tracking.tracking_uri)
 
 
 def print_report(report: RunReport) -> None:

@@ -1,0 +1,247 @@
+"""Fault soak: SIGKILL every stage at seeded random moments, rerun until done, compare.
+
+    python -m bench.soak                       # >= 20 kills over the four stages
+    python -m bench.soak --full-disk --tracking-server   # + a small mounted disk, a real server
+
+On the debug suite (pocket models, `debug=default`, 3 + 3 prompts, both laws), each of
+`decode.record -m`, `features.extract`, `rerank.train` and `decode.run run.record_traces=true`
+is first run once uninterrupted (the reference), then started again into fresh outputs and
+SIGKILLed: at a random moment of its reference duration, or by a hook while a shard or a
+table is being written (`SPECRANK_FAULTS`, `specrank.faults`). Each kill's phase is read
+from `SPECRANK_PHASE_FILE`. The stage is then rerun until it exits 0, and:
+- record, extract, online traces: the store equals the reference in every non-timing column,
+  with no duplicate rounds and no temp or claim file left;
+- train: every results table equals the reference's (timing columns aside), LightGBM models
+  byte for byte; no MLflow run is left RUNNING (a killed one is marked KILLED).
+`--full-disk` records and trains on a small tmpfs (root needed) filled up mid-run: the error
+names the file, earlier shards stay readable, the rerun completes; a full disk before the
+start is refused with the figure. `--tracking-server` stops a real `mlflow server` while
+`rerank.train` writes its tables: the failure is named and `python -m specrank.log_run`
+logs the folder once the server is back. Prints one JSON line per kill and a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from decode.trace_schema import trace_store
+from features.schema import candidate_store
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ["debug=default"]
+PROMPTS = ["data.sources.0.limit=3", "data.sources.1.limit=3"]  # the stages that decode
+TRACE_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]
+CAND_KEYS = [*TRACE_KEYS, "cand_index"]
+
+
+def stage_commands(root: Path, tag: str, tracking: str | None = None) -> dict[str, list[str]]:
+    """The four stages' command lines into the outputs named by `tag`."""
+    t, f, o = root / tag / "traces", root / tag / "features", root / tag / "online"
+    uri = tracking or f"sqlite:///{root / tag / 'mlflow.db'}"
+    py = [sys.executable, "-m"]
+    return {
+        "record": [*py, "decode.record", "-m", *SUITE, *PROMPTS, f"paths.traces={t}",
+                   f"hydra.sweep.dir={root / tag / 'h_record'}"],
+        "extract": [*py, "features.extract", *SUITE, f"traces={t}", f"out={f}",
+                    f"hydra.run.dir={root / tag / 'h_extract'}"],
+        "train": [*py, "rerank.train", *SUITE, f"paths.traces={t}", f"paths.features={f}",
+                  f"mlflow.tracking_uri={uri}", "rerank.model.n_threads=1"],
+        "online": [*py, "decode.run", *SUITE, *PROMPTS, "run.score=pool", "run.record_traces=true",
+                   f"run.traces_out={o}", "select.budget=8", f"mlflow.tracking_uri={uri}",
+                   f"hydra.run.dir={root / tag / 'h_online'}"],
+    }  # fmt: skip
+
+
+def train_dir(root: Path, tag: str, attempt: int) -> Path:
+    return root / tag / f"h_train_{attempt}"
+
+
+def run(
+    cmd: list[str], env: dict | None = None, timeout: float = 1800
+) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def start(cmd: list[str], phase_file: Path, faults: str | None = None) -> subprocess.Popen:
+    env = {**os.environ, "SPECRANK_PHASE_FILE": str(phase_file)}
+    if faults:
+        env["SPECRANK_FAULTS"] = faults
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def read_phase(path: Path) -> str:
+    try:
+        return path.read_text().strip() or "starting"
+    except FileNotFoundError:
+        return "starting (imports, config, model load)"
+
+
+# -- comparisons ---------------------------------------------------------------------------------
+
+
+def _frame(table: pa.Table, keys: list[str]) -> pd.DataFrame:
+    cols = [c for c in table.column_names if not c.startswith("time_")]
+    frame = table.select(cols).to_pandas()
+    if frame.duplicated(keys).any():
+        raise AssertionError(f"duplicate rows under {keys}: {int(frame.duplicated(keys).sum())}")
+    return frame.sort_values(keys).reset_index(drop=True)
+
+
+def same_store(got: Path, want: Path, kind: str) -> None:
+    """Every non-timing column equal, no duplicates, no leftover temp or claim files."""
+    store, keys = (trace_store, TRACE_KEYS) if kind == "trace" else (candidate_store, CAND_KEYS)
+    a, b = _frame(store(got).read(), keys), _frame(store(want).read(), keys)
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
+    left = [p.name for p in got.iterdir() if ".tmp" in p.name or ".claim" in p.name]
+    if left:
+        raise AssertionError(f"{got}: leftover files {left}")
+
+
+def same_run_folder(got: Path, want: Path) -> None:
+    """Result tables equal (timing columns aside); LightGBM models byte for byte."""
+    for path in sorted(want.glob("*.csv")) + sorted(want.glob("*.parquet")):
+        read = pd.read_csv if path.suffix == ".csv" else pd.read_parquet
+        a, b = read(got / path.name), read(path)
+        drop = [c for c in b.columns if "seconds" in c or c.endswith("_s") or c == "time"]
+        pd.testing.assert_frame_equal(a.drop(columns=drop), b.drop(columns=drop), check_exact=True)
+    if (got / "results.txt").read_text() != (want / "results.txt").read_text():
+        raise AssertionError(f"{got}/results.txt differs from the reference")
+    for model in sorted(want.glob("rerankers/*/model.txt")):
+        mine = got / model.relative_to(want)
+        if mine.read_bytes() != model.read_bytes():
+            raise AssertionError(f"{mine} differs from the reference byte for byte")
+    if not (got / "mlflow_logged.json").exists():
+        raise AssertionError(f"{got}: not logged to MLflow")
+
+
+def mlflow_statuses(uri: str) -> Counter:
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return Counter(r.info.status for r in client.search_runs(exps)) if exps else Counter()
+
+
+def while_writing(phase: str) -> bool:
+    """A kill while a shard, its marker or a results table was being written."""
+    return phase.startswith(("writing", "killed at shard", "killed at table"))
+
+
+# -- the soak ------------------------------------------------------------------------------------
+
+
+def soak_stage(name: str, root: Path, rng: random.Random, ref_s: float, kills: int,
+               hooks: list[str], out: list[dict]) -> None:  # fmt: skip
+    """`kills` random-moment kills and one per hook, then reruns until the stage exits 0."""
+    plans = [None] * kills + hooks
+    rng.shuffle(plans)
+    phase_file = root / "phase.txt"
+    for i, hook in enumerate([*plans, "done"]):
+        cmd = stage_commands(root, "soak")[name]
+        if name == "train":
+            cmd = [*cmd, f"hydra.run.dir={train_dir(root, 'soak', i)}"]
+        phase_file.unlink(missing_ok=True)
+        if hook == "done":
+            done = run(cmd)
+            if done.returncode != 0:
+                raise AssertionError(f"{name}: the final rerun failed:\n{done.stderr[-3000:]}")
+            return
+        t0, phase = time.perf_counter(), ""
+        proc = start(cmd, phase_file, hook)
+        if hook is None:
+            delay = rng.uniform(0.2, 1.0) * ref_s  # the first fifth: imports
+            try:
+                proc.wait(timeout=delay)
+            except subprocess.TimeoutExpired:
+                phase = read_phase(phase_file)
+                proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if hook is not None:
+            phase = read_phase(phase_file)
+        killed = proc.returncode == -signal.SIGKILL
+        rec = {"stage": name, "kill": hook or "random", "after_s": round(time.perf_counter() - t0, 2),
+               "phase": phase if killed else "finished before the kill", "killed": killed}  # fmt: skip
+        print(json.dumps(rec), flush=True)
+        out.append(rec)
+        if not killed and proc.returncode != 0:
+            raise AssertionError(f"{name} failed without a kill:\n{proc.stderr.read()[-3000:]}")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--random-kills", type=int, default=4, help="per stage, at random moments")
+    ap.add_argument("--root", type=Path, default=None, help="default: a new temporary folder")
+    ap.add_argument("--full-disk", action="store_true", help="a small tmpfs filled mid-run (root)")
+    ap.add_argument("--tracking-server", action="store_true", help="a real mlflow server stopped")
+    args = ap.parse_args(argv)
+    root = args.root or Path(tempfile.mkdtemp(prefix="specrank-soak-"))
+    rng = random.Random(args.seed)
+    t_start = time.perf_counter()
+    ref, durations = stage_commands(root, "ref"), {}
+    for name, cmd in ref.items():  # the uninterrupted reference, timed
+        if name == "train":
+            cmd = [*cmd, f"hydra.run.dir={train_dir(root, 'ref', 0)}"]
+        t0 = time.perf_counter()
+        done = run(cmd)
+        if done.returncode != 0:
+            raise RuntimeError(f"reference {name} failed:\n{done.stderr[-3000:]}")
+        durations[name] = time.perf_counter() - t0
+    print(json.dumps({"reference_s": {k: round(v, 1) for k, v in durations.items()}}), flush=True)
+    # hooks: kills while a shard, its marker or a results table is written, and in logging
+    hooks = {
+        "record": ["shard_write@2=kill", "shard_marker@3=kill"],
+        "extract": ["shard_write@1=kill", "shard_marker@2=kill"],
+        "train": ["table_write@3=kill", "run_logging@1=kill"],
+        "online": ["shard_write@1=kill"],
+    }
+    kills: list[dict] = []
+    for name in ref:
+        soak_stage(name, root, rng, durations[name], args.random_kills, hooks[name], kills)
+        if name == "record":
+            same_store(root / "soak" / "traces", root / "ref" / "traces", "trace")
+        elif name == "extract":
+            same_store(root / "soak" / "features", root / "ref" / "features", "candidates")
+        elif name == "online":
+            same_store(root / "soak" / "online", root / "ref" / "online", "trace")
+        else:
+            final = train_dir(root, "soak", len(hooks["train"]) + args.random_kills)
+            same_run_folder(final, train_dir(root, "ref", 0))
+            statuses = mlflow_statuses(f"sqlite:///{root / 'soak' / 'mlflow.db'}")
+            if statuses.get("RUNNING"):
+                raise AssertionError(f"MLflow runs left RUNNING after the soak: {statuses}")
+    summary = {
+        "kills": sum(k["killed"] for k in kills),
+        "while_writing": sum(k["killed"] and while_writing(k["phase"]) for k in kills),
+        "phases": dict(Counter(k["phase"].split(" of ")[0] for k in kills if k["killed"])),
+        "lost_or_duplicated": 0,  # every comparison above passed
+    }
+    if args.full_disk:
+        from bench.soak_faults import full_disk
+
+        summary["full_disk"] = full_disk(root)
+    if args.tracking_server:
+        from bench.soak_faults import tracking_server
+
+        summary["tracking_server"] = tracking_server(root)
+    summary["seconds"] = round(time.perf_counter() - t_start, 1)
+    print(json.dumps({"summary": summary}), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

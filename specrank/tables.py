@@ -1,0 +1,95 @@
+"""Declared tables: an Arrow schema with a name and a version, and the checks every writer
+and reader of a `specrank.shard_store.ShardStore` applies with it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+
+class SchemaError(ValueError):
+    """A table, shard or store does not match its declared schema or version."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A declared table: name, version and Arrow schema (with provenance metadata)."""
+
+    name: str
+    version: int
+    schema: pa.Schema
+
+    def __post_init__(self) -> None:
+        meta = {
+            b"specrank.table": self.name.encode(),
+            b"specrank.version": str(self.version).encode(),
+        }
+        object.__setattr__(self, "schema", self.schema.with_metadata(meta))
+
+    def conform(self, table: pa.Table) -> pa.Table:
+        """Cast `table` to this schema; refuse missing or extra columns, and nulls the schema
+        does not allow (a field's or a list's items), by name."""
+        check_columns(self, table.schema.names)
+        table = table.select(self.schema.names)
+        check_nulls(self, table)  # first: a cast may refuse them too, without naming the column
+        try:
+            return table.cast(self.schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+            raise SchemaError(
+                f"{self.name} v{self.version}: cannot cast to the declared schema: {err}"
+            ) from err
+
+
+def check_nulls(spec: TableSpec, table: pa.Table) -> None:
+    """Refuse a null where `spec` declares none: a non-nullable field, or a list's items.
+
+    Arrow records nullability in the schema but never enforces it (a cast or a read
+    keeps the nulls), so this is the check.
+    """
+    for field_ in spec.schema:
+        if field_.name not in table.column_names:
+            continue
+        col = table[field_.name]
+        if col.null_count and not field_.nullable:
+            raise SchemaError(
+                f"{spec.name} v{spec.version}: column {field_.name} holds {col.null_count} "
+                f"null(s) but is declared non-null"
+            )
+        if (pa.types.is_list(field_.type) and pa.types.is_list(col.type)
+                and not field_.type.value_field.nullable):  # fmt: skip
+            items = sum(chunk.flatten().null_count for chunk in col.chunks)
+            if items:
+                raise SchemaError(
+                    f"{spec.name} v{spec.version}: column {field_.name} holds {items} null "
+                    f"list item(s) but its items are declared non-null"
+                )
+
+
+def check_columns(spec: TableSpec, found: Iterable[str]) -> None:
+    found = list(found)
+    missing = [n for n in spec.schema.names if n not in found]
+    extra = [n for n in found if n not in spec.schema.names]
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing column(s) {missing}")
+        if extra:
+            parts.append(f"extra column(s) {extra}")
+        raise SchemaError(f"{spec.name} v{spec.version}: " + "; ".join(parts))
+
+
+def fingerprint_json(obj: Any) -> str:
+    """Stable sha256 of a JSON-able object (sorted keys)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes (streamed)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
