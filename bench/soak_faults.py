@@ -44,9 +44,9 @@ def _wait_phase(phase_file: Path, proc: subprocess.Popen, words: str, timeout: f
     raise AssertionError(f"phase '{words}' not reached (last: {read_phase(phase_file)})")
 
 
-def _line(text: str, start: str) -> str:
-    """The last line of `text` that starts with `start` (the error a stage printed)."""
-    return [x for x in text.splitlines() if x.startswith(start)][-1]
+def _line(text: str, words: str) -> str:
+    """The last line of `text` holding `words` (the error a stage printed)."""
+    return [x for x in text.splitlines() if words in x][-1]
 
 
 def _expect(cond: bool, what: str, proc_err: str) -> None:
@@ -54,21 +54,28 @@ def _expect(cond: bool, what: str, proc_err: str) -> None:
         raise AssertionError(f"{what}; stderr tail:\n{proc_err[-2000:]}")
 
 
+def _fails_on_full_disk(mnt: Path, leave: int, cmd: list[str], words: str, error: str) -> str:
+    """`cmd` run with `leave` bytes free on `mnt`: it must fail saying `words`; its error line."""
+    ballast = _fill(mnt, leave)
+    try:
+        failed = run(cmd)
+    finally:
+        ballast.unlink()
+    _expect(failed.returncode != 0 and words in failed.stderr,
+            f"a full disk was not named ('{words}')", failed.stderr)  # fmt: skip
+    return _line(failed.stderr, error)
+
+
 def full_disk(root: Path) -> dict:
-    mnt = root / "disk"
+    mnt = root / "tmpfs"
     mnt.mkdir(exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
     out: dict[str, str] = {}
     try:
         traces = mnt / "traces"
         cmd = [*stage_commands(root, "disk")["record"][:-2], f"paths.traces={traces}",
-               f"hydra.sweep.dir={root / 'disk_h'}"]  # fmt: skip
-        ballast = _fill(mnt, 50_000)
-        before = run(cmd)
-        _expect(before.returncode != 0 and "MB free" in before.stderr,
-                "a full disk was not refused before recording", before.stderr)  # fmt: skip
-        out["before_start"] = _line(before.stderr, "DiskSpaceError")
-        ballast.unlink()
+               f"hydra.sweep.dir={root / 'disk' / 'h_record'}"]  # fmt: skip
+        out["before_start"] = _fails_on_full_disk(mnt, 50_000, cmd, "MB free", "DiskSpaceError")
         phase_file = root / "disk_phase.txt"
         phase_file.unlink(missing_ok=True)
         proc = start(cmd, phase_file)
@@ -91,13 +98,8 @@ def full_disk(root: Path) -> dict:
         _expect(again.returncode == 0, "the rerun after freeing space failed", again.stderr)
         same_store(traces, root / "ref" / "traces", "trace")
         out["rows_kept_before_rerun"] = str(kept)
-        train = [*stage_commands(root, "ref")["train"], f"hydra.run.dir={mnt / 'train'}"]
-        ballast = _fill(mnt, 60_000)
-        failed = run(train)
-        _expect(failed.returncode != 0 and ".csv: cannot write" in failed.stderr,
-                "a full disk while writing tables was not named", failed.stderr)  # fmt: skip
-        out["tables"] = _line(failed.stderr, "OSError")
-        ballast.unlink()
+        train = [*stage_commands(root, "disk")["train"][:-1], f"hydra.run.dir={mnt / 'train'}"]
+        out["tables"] = _fails_on_full_disk(mnt, 60_000, train, ".csv: cannot write", "OSError")
         done = run([*train[:-1], f"hydra.run.dir={mnt / 'train2'}"])
         _expect(done.returncode == 0, "the training rerun after freeing space failed", done.stderr)
     finally:
@@ -109,7 +111,10 @@ def tracking_server(root: Path) -> dict:
     server_root, folder = root / "server", root / "served_train"
     env = {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
     with mlflow_server(server_root) as (url, server):
-        cmd = [*stage_commands(root, "ref", tracking=url)["train"], f"hydra.run.dir={folder}"]
+        cmd = [
+            *stage_commands(root, "served", tracking=url)["train"][:-1],
+            f"hydra.run.dir={folder}",
+        ]
         phase_file = root / "server_phase.txt"
         phase_file.unlink(missing_ok=True)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env | {"SPECRANK_PHASE_FILE": str(phase_file)},

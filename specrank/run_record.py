@@ -26,7 +26,7 @@ import mlflow
 from specrank import faults
 from specrank.claims import HOST, pid_alive
 from specrank.files import atomic_write
-from specrank.tracking import parent_run, resolve_tracking_uri
+from specrank.tracking import ensure_sqlite_store, parent_run, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 RECORD = "mlflow_run.json"
@@ -112,6 +112,7 @@ def log_record(folder: Path, tracking_uri: str | None = None) -> str:
         raise ValueError(f"{folder}: already logged as MLflow run {run_id} ({LOGGED})")
     rec = read_record(folder)
     uri = tracking_uri or rec.tracking_uri
+    ensure_sqlite_store(resolve_tracking_uri(uri))  # before any client touches it
     mlflow.set_tracking_uri(resolve_tracking_uri(uri))
     mark_killed_runs(rec.experiment)
     tags = rec.tags | {"specrank.host": HOST, "specrank.pid": str(os.getpid()),

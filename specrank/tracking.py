@@ -8,6 +8,7 @@ current directory happens to be). Any tracking URI works by config.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -27,6 +28,37 @@ def resolve_tracking_uri(uri: str) -> str:
     if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
         return prefix + str(PROJECT_ROOT / uri[len(prefix) :])
     return uri
+
+
+def ensure_sqlite_store(uri: str) -> None:
+    """Create a new SQLite tracking store whole: schema built in a temp file, then renamed.
+
+    MLflow migrates a new SQLite file in many steps (alembic); a process killed between
+    them leaves a store every later run fails on ("table _alembic_tmp_experiments already
+    exists", found by the fault soak). Built aside and renamed, a kill leaves no store.
+    """
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix) or Path(uri[len(prefix) :]).exists():
+        return
+    path = Path(uri[len(prefix) :])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        mlflow.MlflowClient(tracking_uri=prefix + str(tmp)).search_experiments()  # migrates
+        _dispose_engines(str(tmp))
+        os.replace(tmp, path)  # a writer racing us built an equal empty store: either wins
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _dispose_engines(db_path: str) -> None:
+    """Close MLflow's cached engine of a store file before the file is renamed (its pool
+    would otherwise keep the temp name's connection open)."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engines = getattr(SqlAlchemyStore, "_engine_map", {})  # absent in other MLflow versions
+    for key in [k for k in engines if db_path in str(k)]:
+        engines.pop(key).dispose()
 
 
 def git_sha() -> str:
@@ -92,6 +124,7 @@ def parent_run(
 ) -> Iterator[mlflow.ActiveRun]:
     """Start the invocation's parent run with the resolved config as params and artifact."""
     uri = resolve_tracking_uri(tracking_uri)
+    ensure_sqlite_store(uri)
     mlflow.set_tracking_uri(uri)
     if mlflow.get_experiment_by_name(experiment) is None:
         artifacts = None

@@ -79,8 +79,9 @@ def readme_commands(text: str | None = None) -> list[Command]:
 def _placeholders(line: str, tmp: Path) -> str:
     line = re.sub(r"/path/to/([\w.-]+)", lambda m: str(tmp / "models" / m[1]), line)
     line = line.replace("<run id>", "0123456789abcdef").replace("<partition>", "cpu")
+    line = re.sub(r"\s*\[--[^\]]*\]", "", line)  # optional flags shown in brackets
     counter = itertools.count()
-    return re.sub(r"<dir>", lambda _: str(tmp / f"dir{next(counter)}"), line)
+    return re.sub(r"<[^<>]*>", lambda _: str(tmp / f"dir{next(counter)}"), line)
 
 
 def _sweeps(args: list[str]) -> list[list[str]]:

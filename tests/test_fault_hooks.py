@@ -178,3 +178,16 @@ def test_a_run_left_running_by_a_kill_is_marked_killed(tmp_path):
     statuses = sorted(r.info.status for r in client.search_runs(
         [client.get_experiment_by_name("e").experiment_id]))  # fmt: skip
     assert statuses == ["FINISHED", "FINISHED", "KILLED"]
+
+
+def test_a_new_sqlite_tracking_store_is_created_whole(tmp_path):
+    """Built aside and renamed (a kill mid-migration once left a store no run could open)."""
+    from specrank.tracking import ensure_sqlite_store
+
+    uri = f"sqlite:///{tmp_path / 'db' / 'm.db'}"
+    ensure_sqlite_store(uri)
+    assert sorted(p.name for p in (tmp_path / "db").iterdir()) == ["m.db"]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    client.create_experiment("x")
+    ensure_sqlite_store(uri)  # an existing store is left as it is
+    assert client.get_experiment_by_name("x") is not None
