@@ -25,17 +25,18 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 
-from decode.config import DataConfig, DecodeConfig, ModelConfig, PoolConfig, SelectConfig
-from decode.models import load_model_pair
-from decode.online.loop import PromptRun, decode_prompt
-from decode.online.metrics import timed_baseline
-from decode.online.round import STAGES
-from decode.online.settings import OnlineSettings
-from decode.online.stream import DecodeSettings
-from decode.pocket.eagle3_card import write_card
-from decode.prompts import encode_prompt
-from decode.record import resolve_inputs
+from decode.inputs import resolve_inputs
+from decode.loop import PromptRun, decode_prompt
+from decode.metrics import timed_baseline
+from decode.round import STAGES
+from decode.settings import OnlineSettings
+from decode.stream import DecodeSettings
+from pairs.config import DataConfig, ModelConfig
+from pairs.models import load_model_pair
+from pairs.prompts import encode_prompt
+from recipes.pocket.eagle3_card import write_card
 from specrank.paths import PROJECT_ROOT
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 CONF = PROJECT_ROOT / "conf"
 

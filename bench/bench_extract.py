@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from decode.config import PoolConfig, SelectConfig
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import write_synthetic_traces
-from decode.trace_schema import SCHEMA_VERSION
 from features.extract import ExtractReport, extract
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
+from specrank.trace_schema import SCHEMA_VERSION
+from tree.config import PoolConfig, SelectConfig
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 PAPER_PROMPTS, PAPER_ROUNDS = 1402, 261  # 365,922 rounds

@@ -22,7 +22,7 @@ phat latency of each prediction route for one round's first level (--rows rows),
 as ratios to LightGBM's / scikit-learn's own predictor measured in the same run.
 
 Per round (issue 19): the reranker's features and prediction of one round, split
-into its steps (`decode.online.reranker.PHASES`), on --cost-prompts prompts at the
+into its steps (`decode.reranker.PHASES`), on --cost-prompts prompts at the
 largest budget: "in decode" = the call the decoder makes (caches as the models'
 passes left them: what a round pays), "repeated" = the same call on the same round
 --cost-reps more times (warm caches; the minimum). On CUDA the call starts after
@@ -46,13 +46,11 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-import decode.online.reranker as online_reranker
-import decode.online.round as online_round
+import decode.reranker as online_reranker
+import decode.round as online_round
 from bench.small_fit import small_fit_frame, small_fit_profile
-from decode.config import DataConfig, DecodeConfig, ModelConfig, PoolConfig, SelectConfig
-from decode.models import ModelPair, load_model_pair
-from decode.online.loop import decode_prompt
-from decode.online.metrics import (
+from decode.loop import decode_prompt
+from decode.metrics import (
     PromptTiming,
     group_metrics,
     prompt_table,
@@ -60,21 +58,24 @@ from decode.online.metrics import (
     timed_baseline,
     tokens_to_eos,
 )
-from decode.online.settings import OnlineSettings
-from decode.online.stream import DecodeSettings
-from decode.prompts import Prompt, encode_prompt, load_prompts
-from decode.record import record_traces
+from decode.recording import record_traces
+from decode.settings import OnlineSettings
+from decode.stream import DecodeSettings
 from features.extract import extract
 from features.schema import candidate_store
+from pairs.config import DataConfig, ModelConfig
+from pairs.models import ModelPair, load_model_pair
+from pairs.prompts import Prompt, encode_prompt, load_prompts
 from rerank.boosting import PAPER_CAPACITY, Capacity
 from rerank.config import RerankConfig, RerankModelConfig
 from rerank.forest_eval import compile_forest, link, prepare, walk_numpy
 from rerank.models import fit_reranker
-from rerank.online import PREDICTORS, OnlinePredictor, forest_of, load_online_reranker
 from rerank.persist import save_reranker
+from rerank.serving import PREDICTORS, OnlinePredictor, forest_of, load_online_reranker
 from rerank.settings import model_capacity
 from specrank.paths import project_path
 from tests.tiny_models import build_tiny_pair
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(__file__).resolve().parent / ".cache"
@@ -177,7 +178,7 @@ def fitted(
 def predictor_latency(model, device: torch.device, rows: int, n: int = 300) -> dict[str, float]:
     """Median microseconds of one round's log phat (features excluded) per prediction route.
 
-    Routes (rerank.online.PREDICTORS) on the CPU and, if another, the decoding device;
+    Routes (rerank.serving.PREDICTORS) on the CPU and, if another, the decoding device;
     `numpy_walk_cpu_us`: the numpy forest walk (rerank.forest_eval.walk_numpy). Ratios:
     each route's time over the library's, in this run.
     """

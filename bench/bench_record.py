@@ -24,21 +24,15 @@ from pathlib import Path
 import torch
 import transformers
 
-from decode.config import (
-    DataConfig,
-    DecodeConfig,
-    ModelConfig,
-    PoolConfig,
-    PromptSource,
-    SelectConfig,
-)
-from decode.models import load_model_pair
-from decode.online.baseline import autoregressive_decode
-from decode.online.stream import DecodeSettings
-from decode.prompts import encode_prompt, load_prompts
-from decode.record import RecordReport, record_traces
+from decode.baseline import autoregressive_decode
+from decode.recording import RecordReport, record_traces
+from decode.stream import DecodeSettings
+from pairs.config import DataConfig, ModelConfig, PromptSource
+from pairs.models import load_model_pair
+from pairs.prompts import encode_prompt, load_prompts
 from specrank.paths import PROJECT_ROOT
 from tests.tiny_models import TINY_CHAT_TEMPLATE, build_tiny_pair
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 SPEC_BENCH = PROJECT_ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
 POCKET = PROJECT_ROOT / "models" / "pocket"

@@ -42,7 +42,6 @@ import pandas as pd
 from scipy.special import expit
 
 from bench.bench_extract import CACHE, PAPER_PROMPTS, PAPER_ROUNDS, paper_traces
-from decode.trace_schema import SCHEMA_VERSION
 from features.extract import extract
 from features.schema import candidate_store
 from rerank.boosting import Capacity, fit_estimator
@@ -51,6 +50,7 @@ from rerank.design import design_matrix, task_categories
 from rerank.models import KINDS, LABEL_OF_LAW, feature_list
 from rerank.pool_chunks import ROUND_KEYS
 from rerank.token_prior import token_prior_features
+from specrank.trace_schema import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 FEATURE_SET = "rows"

@@ -17,9 +17,9 @@ import os
 import time
 
 from bench.bench_extract import paper_traces
-from decode.select.pool_batch import POOL_COLUMNS
-from decode.trace_schema import trace_store
+from selection.pool_batch import POOL_COLUMNS
 from specrank.tables import sha256_file
+from specrank.trace_schema import trace_store
 
 
 def _best(fn, repeats: int) -> float:

@@ -22,17 +22,17 @@ import pyarrow as pa
 import torch
 
 from bench.bench_extract import paper_traces
-from decode.select.pool_batch import POOL_COLUMNS, pool_batch_from_table
-from decode.select.ranking import (
+from selection.pool_batch import POOL_COLUMNS, pool_batch_from_table
+from selection.ranking import (
     draft_scores,
     first_level_ancestor,
     path_product,
     rank_order,
     torch_route,
 )
-from decode.select.values import evaluate_pools
-from decode.trace_schema import trace_store
+from selection.values import evaluate_pools
 from specrank.memory import retain_freed_heap
+from specrank.trace_schema import trace_store
 
 PAPER_ROUNDS = 365_922  # = 1402 prompts x 261 rounds
 PAPER_ROUNDS_PER_PROMPT = 261

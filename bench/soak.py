@@ -38,8 +38,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 
-from decode.trace_schema import trace_store
 from features.schema import candidate_store
+from specrank.trace_schema import trace_store
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ["debug=default"]

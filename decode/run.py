@@ -33,11 +33,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
-from decode.config import DataConfig, ModelConfig, manifest_view
-from decode.models import load_model_pair
-from decode.online.config import RunConfig
-from decode.online.metrics import PromptTiming, round_table
-from decode.online.session import (
+from decode.config import RunConfig, manifest_view
+from decode.inputs import check_job_launcher, check_prompts, resolve_inputs
+from decode.metrics import PromptTiming, round_table
+from decode.session import (
     RunReport,
     TraceShards,
     decode_all,
@@ -46,14 +45,14 @@ from decode.online.session import (
     rule_label,
     summarize,
 )
-from decode.online.settings import OnlineSettings
-from decode.online.stream import DecodeSettings
-from decode.positions import check_prompt_lengths
-from decode.record import check_job_launcher, check_prompts, resolve_inputs
+from decode.settings import OnlineSettings
 from decode.shard_workers import PairInfo, run_on_ray
-from decode.tree.pool import pool_size
+from decode.stream import DecodeSettings
+from pairs.config import DataConfig, ModelConfig
+from pairs.models import load_model_pair
+from pairs.positions import check_prompt_lengths
 from rerank.config import MlflowConfig
-from rerank.online import (
+from rerank.serving import (
     PREDICTORS,
     SEEN_PROMPTS,
     OnlinePredictor,
@@ -66,6 +65,7 @@ from specrank.cli import run_entry_point
 from specrank.parallel import ParallelConfig, check_parallel
 from specrank.paths import CONF_DIR, project_path
 from specrank.run_record import TrackingError
+from tree.pool import pool_size
 
 log = logging.getLogger(__name__)
 

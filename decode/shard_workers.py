@@ -18,19 +18,19 @@ from pathlib import Path
 
 import torch
 
-from decode.config import ModelConfig
-from decode.models import load_model_pair
-from decode.online.config import RunConfig
-from decode.online.metrics import PromptTiming
-from decode.online.session import decode_all, rule_label
-from decode.online.settings import OnlineSettings
-from decode.online.stream import DecodeSettings
-from decode.prompts import Prompt
-from decode.record import RecordReport, ShardRecorder, plan_shards, recording_settings
-from decode.trace_schema import trace_store
-from rerank.online import OnlinePredictor, load_online_reranker
+from decode.config import RunConfig
+from decode.metrics import PromptTiming
+from decode.recording import RecordReport, ShardRecorder, plan_shards, recording_settings
+from decode.session import decode_all, rule_label
+from decode.settings import OnlineSettings
+from decode.stream import DecodeSettings
+from pairs.config import ModelConfig
+from pairs.models import load_model_pair
+from pairs.prompts import Prompt
+from rerank.serving import OnlinePredictor, load_online_reranker
 from specrank.claims import new_owner
 from specrank.parallel import ParallelConfig, deal
+from specrank.trace_schema import trace_store
 
 
 def _threads(model: ModelConfig) -> None:

@@ -24,7 +24,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from omegaconf import DictConfig, OmegaConf
 
-from decode.trace_schema import SCHEMA_VERSION, trace_store
 from features.config import FeaturesConfig
 from features.from_trace import TRACE_COLUMNS, candidate_table
 from features.schema import candidate_store
@@ -33,6 +32,7 @@ from specrank.config import register_configs
 from specrank.files import check_free_space
 from specrank.paths import CONF_DIR, project_path
 from specrank.tables import SchemaError
+from specrank.trace_schema import SCHEMA_VERSION, trace_store
 
 
 @dataclass

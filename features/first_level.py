@@ -217,7 +217,7 @@ class FirstLevelFeatures(Mapping):
     """name -> [N] array (FEATURE_DTYPES order), each a row of one output block per dtype.
 
     A read-only mapping: rows are viewed when asked for, not all at once; `design_rows`
-    gives a model's design matrix in a few calls (`rerank.online.OnlinePredictor.design`).
+    gives a model's design matrix in a few calls (`rerank.serving.OnlinePredictor.design`).
     """
 
     def __init__(self, o32: np.ndarray, oi32: np.ndarray, ob: np.ndarray) -> None:

@@ -13,8 +13,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from decode.select.pool_batch import check_draft_logprobs, trace_matrix
-from decode.trace_schema import TRACE_SCHEMA
 from features.first_level import first_level_features, first_level_index, first_level_labels
 from features.rounds import (
     FL_ROWS,
@@ -25,7 +23,9 @@ from features.rounds import (
     RoundArrays,
 )
 from features.schema import CANDIDATE_SCHEMA
+from selection.pool_batch import check_draft_logprobs, trace_matrix
 from specrank.tables import SchemaError
+from specrank.trace_schema import TRACE_SCHEMA
 
 CHUNK_ROUNDS = 512  # rounds per call of first_level_features (cache-sized working arrays)
 RUN_KEYS = ["prompt_id", "temperature", "rule", "budget"]  # one decoding run of one prompt

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from decode.tree.retained import TOKEN_ONLY_MAX
+from tree.retained import TOKEN_ONLY_MAX
 
 PAD_DEPTH = 0  # depth of padding entries (real candidates have depth >= 1)
 TOKEN_ONLY_WIDTH = TOKEN_ONLY_MAX + 1  # up to 24 token-only rows, plus the root's row
@@ -45,7 +45,7 @@ ROW_SCALARS = (
     *(f"{k}_{stat}" for stat in ("entropy", "top1_prob") for k in ROW_KINDS),
 )
 ROW_ARGMAX = tuple(f"{k}_argmax" for k in ROW_KINDS)
-# What a round's features read from the retained rows (decode.tree.retained.row_inputs).
+# What a round's features read from the retained rows (tree.retained.row_inputs).
 ROW_INPUTS = (*FL_ROWS, *ROW_SCALARS, *ROW_ARGMAX, "token_only_argmax")
 _ROW_INPUT_SET = frozenset(ROW_INPUTS)
 # rows of RoundBlocks.scalars (float32) and RoundBlocks.ints (int32)
@@ -158,7 +158,7 @@ class RoundArrays:
     @classmethod
     def one_round(cls, **round_inputs) -> RoundArrays:
         """One round (R = 1) from `RoundBlocks.one_round`'s keywords: 1-D pool arrays [P],
-        the context and the retained-row inputs `rows` (`decode.tree.retained.row_inputs`).
+        the context and the retained-row inputs `rows` (`tree.retained.row_inputs`).
         """
         b = RoundBlocks.one_round(**round_inputs)
         return cls(
@@ -206,7 +206,7 @@ class RoundBlocks:
     ) -> RoundBlocks:
         """One round (R = 1) from 1-D pool arrays [P] and the retained-row inputs `rows`.
 
-        `rows` holds exactly ROW_INPUTS (`decode.tree.retained.row_inputs`): first-level
+        `rows` holds exactly ROW_INPUTS (`tree.retained.row_inputs`): first-level
         arrays [n1] (NaN or None where a row is absent), scalars (None when absent) and
         the token-only rows' argmaxes. The pool arrays keep their integer dtypes.
         """

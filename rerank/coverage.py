@@ -32,9 +32,9 @@ import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
-from decode.select.pool_batch import PoolBatch
-from decode.select.ranking import replace_first_factor
 from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
+from selection.pool_batch import PoolBatch
+from selection.ranking import replace_first_factor
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
 from specrank.laws import law_name
 

@@ -1,7 +1,7 @@
 """The design matrix of a feature set (model inputs as float32 columns) and row fingerprints.
 
 One builder serves fitting, held-out prediction and the benchmarks; the online
-predictor (`rerank.online`) builds the same columns for one round and is tested
+predictor (`rerank.serving`) builds the same columns for one round and is tested
 equal to it (`tests/test_online_features.py`).
 """
 

@@ -11,7 +11,7 @@ summed over rounds, never a sample:
                         level keep the drawn token alone: size 1, in neither)
   matched PEARL         PEARL with its pre-draw budget raised until its mean
                         tree size equals root-draw's; the budget mixes the two
-                        nearest whole budgets (`decode.select.draws.matched_budget`,
+                        nearest whole budgets (`selection.draws.matched_budget`,
                         point estimate; `rerank.summary` repeats the matching in
                         every bootstrap resample for the *values*)
   exceeds B             E[1{matched PEARL's pruned tree holds more than B nodes}]
@@ -35,8 +35,8 @@ import torch
 from numba import njit, prange
 from torch import Tensor
 
-from decode.select.draws import matched_budget
 from rerank.pool_chunks import PoolChunk, iter_pool_chunks
+from selection.draws import matched_budget
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
 from specrank.laws import law_name
 

@@ -2,7 +2,7 @@
 
 Streams a trace store in chunks of rounds; for each chunk it builds the dense
 pools, turns every first-factor source into first-level log factors and asks
-`decode.select.values` for the value of each rule at each budget (and feeds the
+`selection.values` for the value of each rule at each budget (and feeds the
 same pools and draft order to the report accumulators of `rerank.reports`). The result is a
 per-round table (keys, breakdown fields, `<rule>@B<b>` values) from which
 `rerank.summary` computes gains and intervals.
@@ -33,10 +33,10 @@ from numba import njit
 from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
-from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table, trace_matrix
-from decode.select.ranking import pool_levels
-from decode.select.values import RULES, evaluate_pools
 from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, chunk_of, iter_trace_chunks
+from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table, trace_matrix
+from selection.ranking import pool_levels
+from selection.values import RULES, evaluate_pools
 from specrank.memory import release_freed_heap
 
 _TRIM_EVERY = 4  # chunks between returns of the heap's free pages
@@ -199,7 +199,7 @@ def _factors_for_chunk(
     """First-level log factors of every learned and substituted rule. [R, n] each.
 
     n covers the depth-1 candidates (the first level when every round shares the
-    layout); NaN keeps the draft factor (`decode.select.values.evaluate_pools`).
+    layout); NaN keeps the draft factor (`selection.values.evaluate_pools`).
     """
     width = _first_width(pool, levels)
     depth1 = pool.depth[:, :width] == 1

@@ -234,7 +234,7 @@ def predict_proba(ff: FlatForest, X: np.ndarray, n_threads: int | None = None) -
         raw = predict_raw(ff, X)
     finally:
         # numba's OpenMP layer shares libgomp with torch's intra-op pool; restore torch's
-        # count (see decode.select.ranking.compiled_route)
+        # count (see selection.ranking.compiled_route)
         if torch.get_num_threads() != torch_threads:
             torch.set_num_threads(torch_threads)
     f = ff.forest

@@ -23,12 +23,12 @@ import pyarrow.dataset as ds
 import torch
 
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
-from decode.select.pool_batch import PoolBatch
-from decode.select.ranking import path_sum, pool_levels
 from rerank.boosting import PAPER_CAPACITY, Capacity
 from rerank.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
 from rerank.models import LABEL_OF_LAW, FittedReranker, crossfit_predict
 from rerank.pool_chunks import ROUND_KEYS, iter_trace_chunks
+from selection.pool_batch import PoolBatch
+from selection.ranking import path_sum, pool_levels
 from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 
@@ -217,7 +217,7 @@ EDGE_COLUMNS = ["prompt_id", "temperature", "root_argmax", "cand_parent", "cand_
 class _FlatEdges:
     """A trace table's pool edges as flat arrays in row-major pool order (no dense pools).
 
-    The same values `decode.select.pool_batch.pool_batch_from_table` would put in the
+    The same values `selection.pool_batch.pool_batch_from_table` would put in the
     valid entries of its dense tensors, in the order a row-major mask reads them;
     columns stay Arrow's own buffers until the kept edges are gathered.
     """

@@ -36,10 +36,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 
-from decode.select.pool_batch import list_matrix, trace_matrix
-from decode.tree.retained import TOKEN_ONLY_MAX
 from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
+from selection.pool_batch import list_matrix, trace_matrix
 from specrank.laws import law_name
+from tree.retained import TOKEN_ONLY_MAX
 
 SCALAR_ROWS = {"matched": "matched", "cache": "cache", "same": "same", "preceding": "prev"}
 ROW_KINDS = ("matched", "token_only", "token_only_path", "token_only_other", "cache", "same",

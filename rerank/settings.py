@@ -13,10 +13,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from decode.config import PoolConfig
-from decode.select.values import RULES
-from decode.trace_schema import trace_store
-from decode.tree.pool import pool_size
 from rerank.boosting import Capacity
 from rerank.comparisons import check_comparisons, parse_comparisons
 from rerank.config import (
@@ -29,9 +25,13 @@ from rerank.config import (
 from rerank.crossfit import SCHEMES
 from rerank.evaluate import RETAINED_ROWS
 from rerank.models import FEATURE_SETS, KINDS
+from selection.values import RULES
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
 from specrank.paths import project_path
 from specrank.tables import SchemaError
+from specrank.trace_schema import trace_store
+from tree.config import PoolConfig
+from tree.pool import pool_size
 
 log = logging.getLogger(__name__)
 

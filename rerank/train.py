@@ -30,7 +30,6 @@ import pyarrow.compute as pc
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from decode.trace_schema import trace_store
 from features.schema import candidate_store
 from rerank.breakdowns import breakdown_gains, breakdowns
 from rerank.comparisons import compare, comparisons_table
@@ -73,6 +72,7 @@ from specrank.memory import release_freed_heap, retain_freed_heap
 from specrank.paths import CONF_DIR, project_path
 from specrank.run_record import ChildRun, RunRecord, TrackingError, log_or_explain, write_record
 from specrank.tables import SchemaError
+from specrank.trace_schema import trace_store
 from specrank.tracking import metric_key
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ class PathsConfig:
     """Where stages read and write. Relative paths resolve against the project root."""
 
     traces: str = "data_out/traces"  # trace store written by decode.record
-    synthetic: str = "data_out/synthetic_traces"  # trace store written by decode.synth
+    synthetic: str = "data_out/synthetic_traces"  # trace store written by recipes.synth
     features: str = "data_out/features"  # candidate table written by features.extract
 
 

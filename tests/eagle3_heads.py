@@ -7,12 +7,12 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, LlamaConfig
 
-from decode.config import ModelConfig
-from decode.eagle3.capture import default_aux_layers
-from decode.eagle3.drafter import build_head
-from decode.eagle3.head import Eagle3Head
-from decode.eagle3.layout import HeadSpec
-from decode.eagle3.save import save_head
+from pairs.config import ModelConfig
+from pairs.eagle3.capture import default_aux_layers
+from pairs.eagle3.drafter import build_head
+from pairs.eagle3.head import Eagle3Head
+from pairs.eagle3.layout import HeadSpec
+from pairs.eagle3.save import save_head
 from tests.tiny_models import build_tiny_pair
 
 
@@ -99,7 +99,7 @@ def fit_head(
     T=1 samples, so that drafts get accepted often (the sampling-law test needs a used tree)."""
     from transformers import AutoModelForCausalLM
 
-    from decode.pocket.eagle3 import continuations, ttt_loss
+    from recipes.pocket.eagle3 import continuations, ttt_loss
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, local_files_only=True).eval()
     target.requires_grad_(False)

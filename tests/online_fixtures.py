@@ -1,7 +1,7 @@
 """Shared pieces of the online-decoder tests: tiny settings, prompts, and a quickly fitted reranker.
 
 A reranker for the tests is fitted the way the pipeline fits one, only small:
-record a few prompts with the tiny models (`decode.record.record_traces`), extract
+record a few prompts with the tiny models (`decode.recording.record_traces`), extract
 the candidate table (`features.extract.extract`), fit with a small capacity
 (`rerank.models.fit_reranker`) and save it (`rerank.persist.save_reranker`).
 """
@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from decode.config import DecodeConfig, PoolConfig, SelectConfig
-from decode.models import ModelPair, load_causal_lm
-from decode.online.settings import OnlineSettings
-from decode.online.stream import DecodeSettings
-from decode.prompts import Prompt
-from decode.record import record_traces
+from decode.recording import record_traces
+from decode.settings import OnlineSettings
+from decode.stream import DecodeSettings
 from features.extract import extract
 from features.schema import candidate_store
+from pairs.models import ModelPair, load_causal_lm
+from pairs.prompts import Prompt
 from rerank.models import Capacity, fit_reranker
 from rerank.persist import save_reranker
 from tests.test_decode_sampling import TINY_V
 from tests.tiny_models import build_tiny_pair, tiny_model_config
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 # 4 + 3 * 12 = 40 candidates: every rule has room to differ from draft ranking at B=6.
 SMALL_POOL = PoolConfig(top_k=4, steps=3, expand=3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from decode.select.pool_batch import PoolBatch
+from selection.pool_batch import PoolBatch
 
 
 def random_tree(rng: np.random.Generator, level_sizes: list[int]) -> tuple[np.ndarray, np.ndarray]:

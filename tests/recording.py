@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel
 
-from decode.online.loop import decode_prompt
-from decode.online.stream import DecodeSettings
-from decode.record import recording_settings
+from decode.loop import decode_prompt
+from decode.recording import recording_settings
+from decode.stream import DecodeSettings
 
 
 @dataclass

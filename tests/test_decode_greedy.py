@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 import torch
 
-from decode.config import DecodeConfig, PoolConfig, SelectConfig
-from decode.models import load_model_pair
-from decode.online.baseline import autoregressive_decode
-from decode.online.stream import DecodeSettings
-from decode.prompts import encode_prompt
+from decode.baseline import autoregressive_decode
+from decode.stream import DecodeSettings
+from pairs.models import load_model_pair
+from pairs.prompts import encode_prompt
 from tests.recording import decode_recorded
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 NEW_TOKENS = 24

@@ -19,14 +19,15 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from decode.config import DecodeConfig, ModelConfig, PoolConfig, SelectConfig
-from decode.models import load_causal_lm
-from decode.online.stream import DecodeSettings, prompt_seed
-from decode.tree.attention import ancestor_matrix
-from decode.tree.pool import Pool
-from decode.tree.verify import accepted_mask, outcome_eagle3, outcome_exhaustive, row_logprobs
+from decode.stream import DecodeSettings, prompt_seed
+from pairs.config import ModelConfig
+from pairs.models import load_causal_lm
 from tests.recording import decode_recorded
 from tests.tiny_models import build_tiny_pair, one_thread
+from tree.attention import ancestor_matrix
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
+from tree.pool import Pool
+from tree.verify import accepted_mask, outcome_eagle3, outcome_exhaustive, row_logprobs
 
 ALPHA = 1e-3
 

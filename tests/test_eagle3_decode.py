@@ -11,16 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from decode.config import DecodeConfig, ModelConfig, PoolConfig, SelectConfig
-from decode.eagle3.capture import FeatureRows
-from decode.eagle3.drafter import attach_head, read_head
-from decode.models import load_causal_lm, load_model_pair
-from decode.online.baseline import autoregressive_decode
-from decode.online.loop import decode_prompt
-from decode.online.settings import OnlineSettings
-from decode.online.stream import DecodeSettings
-from decode.prompts import encode_prompt
-from decode.tree.attention import forward_chain, new_cache
+from decode.baseline import autoregressive_decode
+from decode.loop import decode_prompt
+from decode.settings import OnlineSettings
+from decode.stream import DecodeSettings
+from pairs.config import ModelConfig
+from pairs.eagle3.capture import FeatureRows
+from pairs.eagle3.drafter import attach_head, read_head
+from pairs.models import load_causal_lm, load_model_pair
+from pairs.prompts import encode_prompt
 from tests.eagle3_heads import eagle3_config, pocket_eagle3_config, tiny_target, write_head
 from tests.recording import decode_recorded
 from tests.test_decode_sampling import (
@@ -30,6 +29,8 @@ from tests.test_decode_sampling import (
     assert_sampling_is_seeded_per_prompt,
 )
 from tests.tiny_models import build_tiny_pair, one_thread
+from tree.attention import forward_chain, new_cache
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 NEW_TOKENS = 24

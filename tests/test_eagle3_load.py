@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from decode.eagle3.capture import resolve_aux_layers
-from decode.eagle3.layout import LAYOUTS, read_head_config
-from decode.eagle3.save import save_head
-from decode.models import load_model_pair
+from pairs.eagle3.capture import resolve_aux_layers
+from pairs.eagle3.layout import LAYOUTS, read_head_config
+from pairs.eagle3.save import save_head
+from pairs.models import load_model_pair
 from tests.eagle3_heads import eagle3_config, head_spec, random_head, tiny_target, write_head
 from tests.tiny_models import one_thread
 
@@ -24,7 +24,7 @@ def target_dir(request, tmp_path_factory):
 
 def _probe(head, n_aux: int, hidden: int, seed: int = 3):
     """Draft logits of a few pairs + a two-node tree through the head's own forward."""
-    from decode.eagle3.pool import run_head
+    from pairs.eagle3.pool import run_head
 
     g = torch.Generator().manual_seed(seed)
     feats = torch.randn(5, n_aux * hidden, generator=g)

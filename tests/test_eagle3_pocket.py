@@ -12,22 +12,23 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from decode.config import DataConfig, DecodeConfig, PoolConfig, PromptSource, SelectConfig
-from decode.eagle3.layout import read_head_config
-from decode.eagle3.pool import run_head
-from decode.models import load_model_pair
-from decode.online.baseline import autoregressive_decode
-from decode.online.stream import DecodeSettings
-from decode.pocket.config import PocketEagle3Config
-from decode.pocket.eagle3 import run as train_head
-from decode.pocket.eagle3 import target_view, ttt_steps
-from decode.prompts import encode_prompt, load_prompts
-from decode.record import record_traces
-from decode.trace_schema import trace_store
+from decode.baseline import autoregressive_decode
+from decode.recording import record_traces
+from decode.stream import DecodeSettings
+from pairs.config import DataConfig, PromptSource
+from pairs.eagle3.layout import read_head_config
+from pairs.eagle3.pool import run_head
+from pairs.models import load_model_pair
+from pairs.prompts import encode_prompt, load_prompts
+from recipes.pocket.config import PocketEagle3Config
+from recipes.pocket.eagle3 import run as train_head
+from recipes.pocket.eagle3 import target_view, ttt_steps
 from specrank.paths import PROJECT_ROOT
+from specrank.trace_schema import trace_store
 from tests.eagle3_heads import head_spec, pocket_eagle3_config, random_head, tiny_target
 from tests.recording import decode_recorded
 from tests.tiny_models import one_thread
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 HEAD = PROJECT_ROOT / "models" / "pocket" / "eagle3"
 

@@ -12,13 +12,13 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from decode.config import PoolConfig
-from decode.eagle3.pool import Eagle3State, feed_pairs, grow_pool_eagle3, run_head
-from decode.models import load_model_pair
-from decode.tree.attention import cache_length, forward_chain, new_cache
-from decode.tree.pool import pool_size
+from pairs.eagle3.pool import Eagle3State, feed_pairs, grow_pool_eagle3, run_head
+from pairs.models import load_model_pair
 from tests.eagle3_heads import eagle3_config, tiny_target, write_head
 from tests.tiny_models import one_thread
+from tree.attention import cache_length, forward_chain, new_cache
+from tree.config import PoolConfig
+from tree.pool import pool_size
 
 CONTEXT = [40, 41, 72, 79, 79, 82, 3, 90, 11, 57]  # committed tokens; the last one is the root
 TOL = 1e-4

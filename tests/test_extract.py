@@ -13,10 +13,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from decode.config import PoolConfig, SelectConfig
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import write_synthetic_traces
-from decode.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, trace_store
 from features import from_trace
 from features.extract import _expand_short_overrides, extract
 from features.first_level import FEATURE_DTYPES, LABEL_DTYPES
@@ -32,10 +28,14 @@ from features.schema import (
     ROW_FEATURES,
     candidate_store,
 )
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
 from specrank.shard_store import ShardStore
 from specrank.tables import SchemaError, TableSpec
+from specrank.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, trace_store
 from tests.fake_traces import random_trace
 from tests.test_features import OUTCOME_COLUMNS
+from tree.config import PoolConfig, SelectConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

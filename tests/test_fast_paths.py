@@ -17,13 +17,8 @@ import pytest
 import torch
 
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
-from decode.config import PoolConfig, SelectConfig
-from decode.select.draws import subtree_ranks
-from decode.select.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
-from decode.select.ranking import path_sum, pool_levels
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import write_synthetic_traces
-from decode.trace_schema import trace_store
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
 from rerank.boosting import Capacity
 from rerank.coverage import RootIfCovered
 from rerank.design import design_matrix
@@ -38,7 +33,12 @@ from rerank.predict import (
     predict_first_factors,
 )
 from rerank.reports import ReportAccumulators
+from selection.draws import subtree_ranks
+from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
+from selection.ranking import path_sum, pool_levels
+from specrank.trace_schema import trace_store
 from tests.candidate_frames import FAST, TASKS, make_candidate_frame
+from tree.config import PoolConfig, SelectConfig
 
 TOL = 1e-12  # the tolerance on predictions; the forest meets it with equality
 

@@ -22,18 +22,20 @@ import pytest
 
 import decode.record as record
 import specrank.files as files
-from decode.config import DataConfig, PoolConfig, PromptSource, SelectConfig, TraceConfig
-from decode.online.stream import DecodeSettings
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import write_synthetic_traces
-from decode.trace_schema import trace_store
+from decode.config import TraceConfig
+from decode.stream import DecodeSettings
 from features.extract import extract
+from pairs.config import DataConfig, PromptSource
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.train import train_and_evaluate
 from specrank import faults
 from specrank.files import DiskSpaceError
 from specrank.run_record import LOGGED, RECORD, RunRecord, log_record, write_record
+from specrank.trace_schema import trace_store
 from tests.tiny_models import tiny_model_config
+from tree.config import PoolConfig, SelectConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = PoolConfig(top_k=4, steps=2, expand=4)

@@ -13,17 +13,19 @@ import pyarrow.parquet as pq
 import pytest
 
 import decode.record as record
-from decode.config import DataConfig, DecodeConfig, PromptSource, SelectConfig, TraceConfig
-from decode.online.stream import DecodeSettings
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import write_synthetic_traces
-from decode.trace_schema import SCHEMA_VERSION, TRACE_SPEC, trace_store
+from decode.config import TraceConfig
+from decode.stream import DecodeSettings
 from features.extract import extract
+from pairs.config import DataConfig, PromptSource
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
 from rerank.config import MlflowConfig, RerankConfig
 from rerank.train import train_and_evaluate
 from specrank.shard_store import ShardStore
 from specrank.tables import SchemaError, sha256_file
+from specrank.trace_schema import SCHEMA_VERSION, TRACE_SPEC, trace_store
 from tests.tiny_models import tiny_model_config
+from tree.config import DecodeConfig, SelectConfig
 
 JOB = SynthJobConfig(prompts=4, rounds_per_prompt=3, prompts_per_shard=2)
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from hydra import compose
 
-from decode.prompts import load_prompts
+from pairs.prompts import load_prompts
 from rerank.config import RerankConfig
 from rerank.crossfit import balance_tolerance, check_grouped, prompt_halves
 from rerank.predict import fold_map, halves_table

@@ -19,18 +19,18 @@ import pytest
 import torch
 
 import rerank.train as train_module
-from decode.config import PoolConfig, SelectConfig
-from decode.eagle3.layout import pickle_protocol, read_head_weights
-from decode.select.pool_batch import check_draft_logprobs, list_matrix, pool_batch_from_table
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import write_synthetic_traces
-from decode.trace_schema import TRACE_SPEC, trace_store
 from features.extract import extract
+from pairs.eagle3.layout import pickle_protocol, read_head_weights
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.evaluate import EvalPlan, evaluate_traces
 from rerank.summary import _node_budgets, results_table, summarise_draws
+from selection.pool_batch import check_draft_logprobs, list_matrix, pool_batch_from_table
 from specrank.bootstrap import MAX_NONFINITE_SHARE, ci_text, percentile_interval
 from specrank.tables import SchemaError, sha256_file
+from specrank.trace_schema import TRACE_SPEC, trace_store
+from tree.config import PoolConfig, SelectConfig
 
 POOL = PoolConfig(top_k=4, steps=2, expand=4)  # 4 + 16 + 16 = 36 candidates
 N_POOL = 36

@@ -11,27 +11,20 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import decode.online.session as session
 import decode.record as record
-from decode.config import (
-    DataConfig,
-    DecodeConfig,
-    ModelConfig,
-    PoolConfig,
-    PromptSource,
-    SelectConfig,
-    TraceConfig,
-)
-from decode.models import load_model_pair
-from decode.online.baseline import autoregressive_decode
-from decode.online.config import RunConfig
-from decode.online.loop import decode_prompt
-from decode.online.settings import OnlineSettings
-from decode.online.stream import DecodeSettings
+import decode.session as session
+from decode.baseline import autoregressive_decode
+from decode.config import RunConfig, TraceConfig
+from decode.loop import decode_prompt
 from decode.run import run_online
-from decode.trace_schema import trace_store
+from decode.settings import OnlineSettings
+from decode.stream import DecodeSettings
+from pairs.config import DataConfig, ModelConfig, PromptSource
+from pairs.models import load_model_pair
+from specrank.trace_schema import trace_store
 from tests.eagle3_heads import eagle3_config, tiny_target, write_head
 from tests.tiny_models import one_thread, tiny_model_config
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 POOL = PoolConfig(top_k=3, steps=2, expand=3)
 SETTINGS = DecodeSettings(pool=POOL, select=SelectConfig(budget=4, top_m=4),
@@ -67,7 +60,7 @@ def test_a_long_prompt_is_refused_before_any_model_loads(tmp_path, models, monke
 def test_long_prompts_skipped_on_request_and_counted(tmp_path, models, caplog):
     data = _data(tmp_path, {"short": "hello", "long": LONG}, long_prompts="skip")
     trace = TraceConfig(out_dir=str(tmp_path / "t"), progress=False)
-    with one_thread(), caplog.at_level(logging.WARNING, logger="decode.positions"):
+    with one_thread(), caplog.at_level(logging.WARNING, logger="pairs.positions"):
         rep = record.run_record(models, data, SETTINGS, trace, {"what": "test"})
     assert rep.prompts_decoded == 1
     assert set(
@@ -136,7 +129,7 @@ def test_an_eagle3_head_decodes_past_its_configured_length(short_head, caplog):
     s = DecodeSettings(pool=POOL, select=SelectConfig(budget=4),
                        decode=DecodeConfig(max_new_tokens=24))  # fmt: skip
     assert len(prompt) + 24 + 3 > 40
-    with one_thread(), caplog.at_level(logging.WARNING, logger="decode.online.stream"):
+    with one_thread(), caplog.at_level(logging.WARNING, logger="decode.stream"):
         out = decode_prompt(pair.target, pair.drafter, prompt, OnlineSettings(s, "draft"),
                             frozenset())  # fmt: skip
         plain = autoregressive_decode(pair.target, prompt, len(out.output), frozenset(), 0.0)

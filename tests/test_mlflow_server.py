@@ -25,17 +25,17 @@ import pandas as pd
 import pytest
 
 from bench.mlflow_server import group_alive, mlflow_server, stop_server
-from decode.config import PoolConfig, SelectConfig
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import write_synthetic_traces
-from decode.trace_schema import trace_store
 from features.extract import extract
 from features.schema import candidate_store
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.evaluate import ROUND_KEYS
 from rerank.persist import load_reranker
 from rerank.train import train_and_evaluate
 from specrank.bootstrap import fill_notes
+from specrank.trace_schema import trace_store
+from tree.config import PoolConfig, SelectConfig
 
 
 def _get(url: str, endpoint: str, **query: str) -> bytes:

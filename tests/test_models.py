@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from decode.models import load_model_pair
-from decode.tree.attention import check_batch_one
+from pairs.models import load_model_pair
 from tests.tiny_models import build_tiny_pair, tiny_model_config, tiny_tokenizer
+from tree.attention import check_batch_one
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

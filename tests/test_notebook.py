@@ -20,14 +20,14 @@ import pytest
 from nbclient import NotebookClient
 from traitlets.config import Config
 
-from decode.config import PoolConfig, SelectConfig
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import write_synthetic_traces
 from features.extract import extract
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
 from rerank import run_tables as T
 from rerank import runs as R
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.train import TrainResult, train_and_evaluate
+from tree.config import PoolConfig, SelectConfig
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "compare_runs.ipynb"
 EXPERIMENT = "nb"

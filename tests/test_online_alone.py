@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 import torch
 
-from decode.config import PoolConfig
-from decode.online.baseline import autoregressive_decode
-from decode.online.loop import decode_prompt
-from decode.prompts import encode_prompt
-from decode.tree.attention import forward_chain, new_cache
-from decode.tree.pool import grow_pool
-from decode.tree.root_pass import cached_root_tree_pass, root_pass
+from decode.baseline import autoregressive_decode
+from decode.loop import decode_prompt
+from pairs.prompts import encode_prompt
 from tests.online_fixtures import PROMPTS, settings, tiny_vocab_models
 from tests.test_decode_sampling import ALPHA, PROMPT, TINY_V, _chi_square_p, _exact_two_token_law
 from tests.tiny_models import one_thread, tiny_pair
+from tree.attention import forward_chain, new_cache
+from tree.config import PoolConfig
+from tree.pool import grow_pool
+from tree.root_pass import cached_root_tree_pass, root_pass
 
 CHAIN = PoolConfig(top_k=1, steps=3, expand=1)  # 4 candidates, one per depth
 

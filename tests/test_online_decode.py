@@ -2,7 +2,7 @@
 
 1. Greedy: every rule (draft, reranker, root, root-draw, PEARL, covering), scoring the
    tree alone or the recorder's scored set, emits exactly the target's greedy output.
-2. rule=draft with run.score=pool is the recorder's round (`decode.online.stream`): the
+2. rule=draft with run.score=pool is the recorder's round (`decode.stream`): the
    same output and the same trace rows, greedy and sampled (same seeds).
 3. Sampling: on a tiny-vocabulary model the first two emitted tokens follow
    p(x1 | c) p(x2 | c x1) under every rule: Pearson's chi-square as in
@@ -18,18 +18,18 @@ import numpy as np
 import pytest
 import torch
 
-from decode.config import PoolConfig
-from decode.online.baseline import autoregressive_decode
-from decode.online.config import RUN_RULES
-from decode.online.loop import decode_prompt
-from decode.online.settings import OnlineSettings
-from decode.prompts import encode_prompt
+from decode.baseline import autoregressive_decode
+from decode.config import RUN_RULES
+from decode.loop import decode_prompt
+from decode.settings import OnlineSettings
+from pairs.prompts import encode_prompt
 from rerank.models import fit_reranker
-from rerank.online import OnlinePredictor
+from rerank.serving import OnlinePredictor
 from tests.candidate_frames import FAST, make_candidate_frame
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings, tiny_vocab_models
 from tests.test_decode_sampling import ALPHA, PROMPT, TINY_V, _chi_square_p, _exact_two_token_law
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
+from tree.config import PoolConfig
 
 TEXTS = [PROMPTS[0], PROMPTS[1]]
 
@@ -44,7 +44,7 @@ def pair(tmp_path_factory):
 def greedy_predictor(pair, tmp_path_factory):
     with one_thread():
         path = fitted_reranker(tmp_path_factory.mktemp("rr"), pair, 0.0)
-    from rerank.online import load_online_reranker
+    from rerank.serving import load_online_reranker
 
     return OnlinePredictor(load_online_reranker(str(path), 0.0, "unused"), pair.device)
 
@@ -87,7 +87,7 @@ def test_greedy_equality_on_qwen3(tmp_path, rule):
     predictor = None
     with one_thread():
         if rule == "reranker":
-            from rerank.online import load_online_reranker
+            from rerank.serving import load_online_reranker
 
             path = fitted_reranker(tmp_path / "rr", pair, 0.0, kind="hgb", feature_set="base")
             predictor = OnlinePredictor(load_online_reranker(str(path), 0.0, "x"), pair.device)
@@ -179,8 +179,8 @@ def test_sampled_outputs_follow_the_target_law(tiny_vocab, rule, verifier, n):
 @pytest.mark.parametrize("rule", RUN_RULES)
 def test_every_rule_on_cuda(tmp_path, rule):
     """Greedy equality and seeded sampling on the device; the reranker's forest runs there."""
-    from decode.models import load_model_pair
-    from rerank.online import load_online_reranker
+    from pairs.models import load_model_pair
+    from rerank.serving import load_online_reranker
 
     cfg = dataclasses.replace(tiny_model_config(tmp_path / "m", "llama"), device="cuda")
     pair = load_model_pair(cfg)

@@ -15,15 +15,15 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from decode.models import load_model_pair
-from decode.online.loop import decode_prompt
-from decode.prompts import encode_prompt
-from decode.trace_schema import TRACE_SCHEMA, trace_store
+from decode.loop import decode_prompt
 from features.extract import extract
 from features.first_level import FEATURE_DTYPES
 from features.schema import EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES, candidate_store
+from pairs.models import load_model_pair
+from pairs.prompts import encode_prompt
 from rerank.design import design_matrix
-from rerank.online import OnlinePredictor, load_online_reranker
+from rerank.serving import OnlinePredictor, load_online_reranker
+from specrank.trace_schema import TRACE_SCHEMA, trace_store
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.tiny_models import one_thread, tiny_model_config
 

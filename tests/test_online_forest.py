@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-import rerank.online as online_rerank
+import rerank.serving as online_rerank
 from rerank.forest import ForestError, _mask, forest_from_hgb, forest_from_lightgbm
 from rerank.forest_eval import TorchForest, compile_forest, link, prepare, walk_numpy
 from rerank.models import fit_reranker
-from rerank.online import OnlinePredictor
+from rerank.serving import OnlinePredictor
 from tests.candidate_frames import FAST, TASKS, make_candidate_frame
 from tests.forest_inputs import forest_inputs, library_predict
 from tests.tiny_models import one_thread
@@ -78,7 +78,7 @@ def test_unrepresentable_models_fall_back_to_the_library(model, monkeypatch, cap
         raise ForestError("too many categories")
 
     monkeypatch.setattr(online_rerank, "forest_of", refuse)
-    with caplog.at_level(logging.WARNING, logger="rerank.online"):
+    with caplog.at_level(logging.WARNING, logger="rerank.serving"):
         assert OnlinePredictor(m, torch.device("cpu"), "auto").route == "library"
     assert m.kind == "lgbm" or "too many categories" in caplog.text
     with pytest.raises(ForestError, match="too many categories"):

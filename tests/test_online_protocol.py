@@ -11,14 +11,14 @@ import pandas as pd
 import pytest
 import torch
 
-from decode.config import DataConfig, PromptSource
-from decode.online.baseline import row_entropies
-from decode.online.config import RunConfig
-from decode.online.elasticity import budget_elasticity
-from decode.online.metrics import entropy_halves, group_metrics, task_entropy
-from decode.online.round import STAGES
-from decode.online.settings import OnlineSettings
+from decode.baseline import row_entropies
+from decode.config import RunConfig
+from decode.elasticity import budget_elasticity
+from decode.metrics import entropy_halves, group_metrics, task_entropy
+from decode.round import STAGES
 from decode.run import run_online
+from decode.settings import OnlineSettings
+from pairs.config import DataConfig, PromptSource
 from tests.online_fixtures import PROMPTS, settings
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 

@@ -12,10 +12,10 @@ import shutil
 
 import pytest
 
-from decode.prompts import Prompt
+from pairs.prompts import Prompt
 from rerank.models import fit_reranker
-from rerank.online import load_online_reranker, unseen_prompts
 from rerank.persist import RerankerLoadError, save_reranker
+from rerank.serving import load_online_reranker, unseen_prompts
 from tests.candidate_frames import FAST, make_candidate_frame
 from tests.tiny_models import one_thread
 

@@ -23,7 +23,6 @@ import torch
 
 import rerank.forest_jit as forest_jit
 from calibrate.isotonic import PROB_FLOOR
-from decode.trace_schema import TRACE_SCHEMA
 from features.first_level import (
     FEATURE_DTYPES,
     FirstLevelFeatures,
@@ -35,7 +34,8 @@ from features.kernels import pairwise_sum
 from features.rounds import FL_ROWS, ROW_ARGMAX, ROW_SCALARS, RoundArrays, RoundBlocks
 from rerank.forest_eval import compile_forest, link, prepare, walk_numpy
 from rerank.models import Capacity, fit_reranker
-from rerank.online import OnlinePredictor, forest_of
+from rerank.serving import OnlinePredictor, forest_of
+from specrank.trace_schema import TRACE_SCHEMA
 from tests.candidate_frames import TASKS, make_candidate_frame
 from tests.fake_traces import random_trace
 from tests.forest_inputs import forest_inputs, library_predict
@@ -126,7 +126,7 @@ def test_route_falls_back_when_the_layout_cannot_hold_a_tree(model, monkeypatch,
     monkeypatch.setattr(forest_jit, "MAX_OFFSET", 1)  # no tree has its right child next
     with pytest.raises(forest_jit.ForestError, match="more than 1 nodes"):
         forest_jit.jit_forest(compile_forest(forest_of(m)))
-    with caplog.at_level(logging.WARNING, logger="rerank.online"):
+    with caplog.at_level(logging.WARNING, logger="rerank.serving"):
         p = OnlinePredictor(m, torch.device("cpu"), "auto")
     assert p.route == "library" and "more than 1 nodes" in caplog.text
     with pytest.raises(forest_jit.ForestError):

@@ -1,6 +1,6 @@
 """Realized acceptance online agrees with the rule's offline expected value on the same contexts.
 
-The run records its rounds (run.score=pool); `decode.select.values.evaluate_pools`
+The run records its rounds (run.score=pool); `selection.values.evaluate_pools`
 then values the rule that chose each round's tree on that round's own pool and
 rows (the reranker with the round's own log phat). Greedy: equal round by round
 (one target pass gives both the traversal and the recorded argmaxes, so not even
@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from decode.online.loop import decode_prompt
-from decode.online.metrics import PromptTiming, expected_values, realized_vs_expected, round_table
-from decode.prompts import encode_prompt
-from rerank.online import OnlinePredictor, load_online_reranker
+from decode.loop import decode_prompt
+from decode.metrics import PromptTiming, expected_values, realized_vs_expected, round_table
+from pairs.prompts import encode_prompt
+from rerank.serving import OnlinePredictor, load_online_reranker
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.tiny_models import one_thread, tiny_pair
 

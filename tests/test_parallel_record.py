@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 import decode.record as record
-from decode.config import DataConfig, PromptSource, TraceConfig
-from decode.online.config import RunConfig
-from decode.online.stream import DecodeSettings
+from decode.config import RunConfig, TraceConfig
 from decode.run import run_online
+from decode.stream import DecodeSettings
+from pairs.config import DataConfig, PromptSource
 from specrank.claims import HOST, ClaimLost, claim_files, release
 from specrank.parallel import ParallelConfig, check_launcher, check_parallel, deal, part_of
 from specrank.shard_store import ShardStore

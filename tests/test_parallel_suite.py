@@ -24,13 +24,14 @@ from hydra import compose
 from omegaconf import OmegaConf
 
 import decode.record as record
-from decode.config import DataConfig, PromptSource
-from decode.online.config import RunConfig
-from decode.online.stream import DecodeSettings
+from decode.config import RunConfig
+from decode.recording import RecordReport
 from decode.run import run_online
-from decode.trace_schema import trace_store
+from decode.stream import DecodeSettings
+from pairs.config import DataConfig, PromptSource
 from specrank.parallel import ParallelConfig
 from specrank.tables import SchemaError
+from specrank.trace_schema import trace_store
 from tests.online_fixtures import PROMPTS, settings
 from tests.tiny_models import one_thread, tiny_model_config
 from tests.toy_workers import lean_ray
@@ -54,11 +55,11 @@ def _table(out: Path) -> pa.Table:
     return t.sort_by([("prompt_id", "ascending"), ("round_index", "ascending")])
 
 
-def _summary(r: record.RecordReport) -> tuple:
+def _summary(r: RecordReport) -> tuple:
     return (r.prompts_decoded, r.shards_written, r.shards_skipped, r.rounds, r.tokens, r.accepted)
 
 
-def _record(cfg) -> record.RecordReport:
+def _record(cfg) -> RecordReport:
     """What `decode.record`'s main does with a composed config, returning the report."""
     s = DecodeSettings(pool=OmegaConf.to_object(cfg.pool), select=OmegaConf.to_object(cfg.select),
                        decode=OmegaConf.to_object(cfg.decode))  # fmt: skip

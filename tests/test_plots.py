@@ -11,15 +11,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from decode.config import PoolConfig, SelectConfig
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import write_synthetic_traces
 from features.extract import extract
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.plot_style import COLORS, MARKERS, family_of, group_rules, styles
 from rerank.plots import comparison_forest, gain_figure, reliability_figure
 from rerank.plots_reliability import EDGES
 from rerank.train import train_and_evaluate
+from tree.config import PoolConfig, SelectConfig
 
 BUDGETS = [2, 8, 16]
 

@@ -14,9 +14,9 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 import specrank.config  # noqa: F401  (registers the root schema)
-from decode.config import DataConfig
-from decode.pocket import corpus
-from decode.pocket.config import (
+from pairs.config import DataConfig
+from recipes.pocket import corpus
+from recipes.pocket.config import (
     CorpusConfig,
     EvalConfig,
     NetConfig,
@@ -24,10 +24,10 @@ from decode.pocket.config import (
     TokenizerConfig,
     TrainConfig,
 )
-from decode.pocket.export import MAX_FILE_BYTES, apply_sharpen
-from decode.pocket.recipe import run
-from decode.pocket.tokenizer import fit_tokenizer
-from decode.pocket.train import init_from_target, make_llama
+from recipes.pocket.export import MAX_FILE_BYTES, apply_sharpen
+from recipes.pocket.recipe import run
+from recipes.pocket.tokenizer import fit_tokenizer
+from recipes.pocket.train import init_from_target, make_llama
 
 ROOT = Path(__file__).resolve().parents[1]
 POCKET = ROOT / "models" / "pocket"

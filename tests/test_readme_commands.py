@@ -104,7 +104,7 @@ def test_make_run_at_debug_size(tmp_path):
 
 
 def test_decode_synth_runs_from_the_command_line(tmp_path):
-    """`python -m decode.synth` from any folder (its @hydra.main lives in decode.synth.job)."""
+    """`python -m decode.synth` from any folder (its @hydra.main lives in recipes.synth.job)."""
     out = tmp_path / "synth"
     r = subprocess.run(
         [sys.executable, "-m", "decode.synth", "debug=default", f"paths.synthetic={out}",
@@ -112,6 +112,6 @@ def test_decode_synth_runs_from_the_command_line(tmp_path):
         cwd=tmp_path, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    from decode.trace_schema import trace_store
+    from specrank.trace_schema import trace_store
 
     assert trace_store(out).read(columns=["prompt_id"]).num_rows == 6 * 5  # debug: 6 x 5 rounds

@@ -12,12 +12,13 @@ from hydra import compose
 from omegaconf import OmegaConf
 
 import decode.record as record
+import decode.recording as recording
 import specrank.config  # noqa: F401  (registers the schema)
-from decode.config import DataConfig, PromptSource
-from decode.prompts import encode_prompt, load_prompts, load_source
-from decode.trace_schema import TRACE_SCHEMA, trace_store
+from pairs.config import DataConfig, PromptSource
+from pairs.prompts import encode_prompt, load_prompts, load_source
 from specrank.paths import project_path
 from specrank.tables import SchemaError
+from specrank.trace_schema import TRACE_SCHEMA, trace_store
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 
 SPEC_BENCH = (
@@ -167,7 +168,7 @@ def test_resume_after_an_interrupted_run_gives_identical_shards(
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     _run(_compose(models, prompts, full, *sampled))
 
-    real, calls = record.decode_prompt, []
+    real, calls = recording.decode_prompt, []
 
     def killed_on_the_third_prompt(*args, **kw):
         calls.append(1)
@@ -175,13 +176,13 @@ def test_resume_after_an_interrupted_run_gives_identical_shards(
             raise KeyboardInterrupt  # as if the run were killed mid-shard
         return real(*args, **kw)
 
-    monkeypatch.setattr(record, "decode_prompt", killed_on_the_third_prompt)
+    monkeypatch.setattr(recording, "decode_prompt", killed_on_the_third_prompt)
     with pytest.raises(KeyboardInterrupt):
         _run(_compose(models, prompts, resumed, *sampled))
     store = trace_store(resumed)
     assert store.done_shards() == ["t1.0-b8-00000"]  # shard 1 never half-written
     marker = (resumed / "shard-t1.0-b8-00000.done").read_text()
-    monkeypatch.setattr(record, "decode_prompt", real)
+    monkeypatch.setattr(recording, "decode_prompt", real)
     _run(_compose(models, prompts, resumed, *sampled))
     assert (resumed / "shard-t1.0-b8-00000.done").read_text() == marker  # finished shard not redone
     assert (

@@ -8,14 +8,14 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from decode.select.pool_batch import pool_batch_from_table
-from decode.select.values import pool_context, rule_scores
-from decode.trace_schema import TRACE_SCHEMA
 from rerank.coverage import RootIfCovered, coverage_table
 from rerank.draw_sizes import draw_size_table, size_means
 from rerank.evaluate import EvalPlan, evaluate_traces
 from rerank.reports import report_tables
 from rerank.row_agreement import row_agreement
+from selection.pool_batch import pool_batch_from_table
+from selection.values import pool_context, rule_scores
+from specrank.trace_schema import TRACE_SCHEMA
 from tests.fake_traces import random_trace
 
 U = 0.125  # draft log-prob unit: sums of multiples of 1/8 are exact in float32, so ties are exact

@@ -13,16 +13,16 @@ import pyarrow.compute as pc
 import pytest
 
 from bench.bench_rerankers import same_model_values
-from decode.config import PoolConfig, SelectConfig
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import write_synthetic_traces
-from decode.trace_schema import trace_store
 from features.extract import extract
 from features.schema import candidate_store
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
 from rerank.evaluate import ROUND_KEYS, EvalPlan, evaluate_traces
 from rerank.summary import choose_mixture_weights
 from rerank.train import train_and_evaluate
+from specrank.trace_schema import trace_store
+from tree.config import PoolConfig, SelectConfig
 
 # Small pools keep model fits and evaluation to seconds: 6 first-level
 # candidates, 3 further steps, 6 expansions per step.

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from decode.config import DecodeConfig, PoolConfig, SelectConfig
-from decode.online.stream import DecodeSettings
-from decode.prompts import encode_prompt
-from decode.tree import retained as R
+from decode.stream import DecodeSettings
+from pairs.prompts import encode_prompt
 from tests.recording import decode_recorded
 from tests.tiny_models import one_thread, tiny_pair
+from tree import retained as R
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 # A hand-built round, pool order:
 #   idx    0   1   2   3   4   5   6   7

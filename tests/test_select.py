@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decode.select.draws import matched_budget
-from decode.select.ranking import (
+from selection.draws import matched_budget
+from selection.ranking import (
     first_level_ancestor,
     path_product,
     path_sum,
@@ -23,7 +23,7 @@ from decode.select.ranking import (
     top_b,
     torch_route,
 )
-from decode.select.values import FACTOR_RULES, RULES, evaluate_pools
+from selection.values import FACTOR_RULES, RULES, evaluate_pools
 from tests.random_pools import random_pool_batch, random_tree
 
 

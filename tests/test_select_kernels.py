@@ -1,4 +1,4 @@
-"""The compiled CPU kernels give what the torch route gives (decode/select/kernels.py).
+"""The compiled CPU kernels give what the torch route gives (selection/kernels.py).
 
 CPU tensors go through the kernels by default; `torch_route()` forces the torch
 implementation, which also serves CUDA. Selections must be identical (same
@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decode.select.ranking import (
+from selection.ranking import (
     draft_scores,
     first_level_ancestor,
     path_product,
@@ -30,7 +30,7 @@ from decode.select.ranking import (
     top_b,
     torch_route,
 )
-from decode.select.values import DRAW_RULES, RULES, evaluate_pools, lead_factor_scores, pool_context
+from selection.values import DRAW_RULES, RULES, evaluate_pools, lead_factor_scores, pool_context
 from specrank.paths import PROJECT_ROOT
 from tests.random_pools import random_pool_batch, random_tree
 
@@ -162,7 +162,7 @@ def test_compiled_route_keeps_torchs_thread_count():
     """
     code = (
         "import torch; torch.set_num_threads(1)\n"
-        "from decode.select.ranking import compiled_route\n"
+        "from selection.ranking import compiled_route\n"
         "assert compiled_route(torch.zeros(3))\n"
         "print(torch.get_num_threads())\n"
     )

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from decode.select.ranking import draft_scores, path_product, top_b
-from decode.tree.stopping import check_tree, expected_outcome, simulate
+from selection.ranking import draft_scores, path_product, top_b
 from tests.random_pools import random_pool_batch
+from tree.stopping import check_tree, expected_outcome, simulate
 
 # SPEC §10: IID uniform binary target, T = {a, b, aa, ab, ba, aaa, aab} = Q, pool order.
 #                 a   b  aa  ab  ba aaa aab

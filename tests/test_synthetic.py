@@ -8,15 +8,15 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from decode.config import PoolConfig, SelectConfig
-from decode.select.pool_batch import pool_batch_from_table
-from decode.select.ranking import draft_scores, path_product, top_b
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import synth_chunk, write_synthetic_traces
-from decode.synth.rounds import pool_layout, synth_rounds
-from decode.trace_schema import TRACE_SCHEMA, trace_store
-from decode.tree.stopping import expected_outcome
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import synth_chunk, write_synthetic_traces
+from recipes.synth.rounds import pool_layout, synth_rounds
+from selection.pool_batch import pool_batch_from_table
+from selection.ranking import draft_scores, path_product, top_b
 from specrank.shard_store import ShardStore
+from specrank.trace_schema import TRACE_SCHEMA, trace_store
+from tree.config import PoolConfig, SelectConfig
+from tree.stopping import expected_outcome
 
 JOB = SynthJobConfig(prompts=6, rounds_per_prompt=12, prompts_per_shard=2, temperatures=[0.0, 1.0])
 POOL, SELECT, SYNTH = PoolConfig(), SelectConfig(), SynthConfig()
@@ -57,7 +57,7 @@ def test_layout_counts_default_and_chain():
 
 def test_layout_matches_the_decoders_pool_growth():
     # the real decoder's level sizes, for other shapes too (imports transformers: ~3 s once)
-    from decode.tree.pool import level_sizes
+    from tree.pool import level_sizes
 
     for cfg in (PoolConfig(), PoolConfig(top_k=10, steps=3, expand=4), PoolConfig(4, 5, 6)):
         lay = pool_layout(cfg)
@@ -350,7 +350,7 @@ def test_growth_scores_equal_select_draft_scores_bitwise():
 def test_entry_point_composes_and_writes(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from decode.synth.job import main
+    from recipes.synth.job import main
     from specrank.paths import PROJECT_ROOT
 
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):

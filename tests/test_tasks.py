@@ -13,12 +13,12 @@ import pytest
 from hydra import compose
 from omegaconf import OmegaConf
 
-from decode.config import DataConfig, PromptSource
-from decode.online.loop import STAGES, _trace_row  # the stages the row assembly reads
-from decode.prompts import Prompt, load_prompts, load_source
-from decode.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, trace_store
+from decode.loop import STAGES, _trace_row  # the stages the row assembly reads
+from pairs.config import DataConfig, PromptSource
+from pairs.prompts import Prompt, load_prompts, load_source
 from specrank.bootstrap import PromptSums
 from specrank.paths import project_path
+from specrank.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, trace_store
 from tests.test_record import _compose, _prompt_file, _run
 from tests.tiny_models import tiny_model_config
 

@@ -8,12 +8,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from decode.config import PoolConfig, SelectConfig
-from decode.synth.config import SynthConfig, SynthJobConfig
-from decode.synth.job import synth_chunk
-from decode.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, TRACE_SPEC, trace_store
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import synth_chunk
 from specrank.shard_store import ShardStore
 from specrank.tables import SchemaError, TableSpec, sha256_file
+from specrank.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, TRACE_SPEC, trace_store
+from tree.config import PoolConfig, SelectConfig
 
 # A tiny pool (3 + 6 + 6 candidates) keeps these tests about the store, not the generator.
 TINY = dict(

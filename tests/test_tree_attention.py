@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode.tree.attention import (
+from tests.tiny_models import one_thread, tiny_pair
+from tree.attention import (
     ancestor_matrix,
     cache_length,
     compact_cache,
@@ -15,7 +16,6 @@ from decode.tree.attention import (
     to_attention_mask,
     tree_visibility,
 )
-from tests.tiny_models import one_thread, tiny_pair
 
 CONTEXT = [5, 9, 20, 33, 41, 8, 77]
 # A small trie below the root (the root is the last context token): pool order.

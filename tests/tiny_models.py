@@ -18,8 +18,8 @@ from transformers import (
     Qwen3Config,
 )
 
-from decode.config import ModelConfig
-from decode.models import ModelPair, load_model_pair
+from pairs.config import ModelConfig
+from pairs.models import ModelPair, load_model_pair
 
 transformers.utils.logging.disable_progress_bar()  # quiet save/load bars in test output
 

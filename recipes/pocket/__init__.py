@@ -1,0 +1,6 @@
+"""The pocket pair: a small target/drafter trained by the project (`python -m decode.pocket`).
+
+Stages (each a plain function in `recipes.pocket.recipe`): corpus -> tokenizer ->
+target -> drafter -> export -> evaluate. The shipped result lives in
+`models/pocket/` and loads like any Hugging Face checkpoint.
+"""

@@ -1,0 +1,255 @@
+"""Draw rules' values (SPEC §6): root-draw, PEARL and PEARL-commit, exact over the first draw.
+
+Root-draw keeps, below whichever first-level candidate g the root row draws,
+g's B-1 best-ranked descendants; PEARL keeps the part of the draft tree T_B
+below the drawn token; PEARL-commit keeps g*'s B-1 best-ranked descendants only
+below the drafter's top g*. Each is a mass-by-rank curve read at the budgets
+(`selection.values` has the formulas).
+
+Two routes give the root-draw and PEARL-commit curves: one sort of the pool by
+(first-level ancestor, draft rank) in torch (`_draw_curves_torch`, the
+reference, and the CUDA route), and the compiled best-first search of
+`draw_curves` on CPU; they add the same terms in another order and agree to
+float32 rounding (`tests/test_select_kernels.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from numba import njit, prange
+from torch import Tensor
+
+from selection.kernels import _index, _key, _pop, _push
+from selection.ranking import compiled_route, kernel_valid
+
+if TYPE_CHECKING:  # values imports this module for evaluate_pools
+    from selection.values import PoolContext
+
+
+def subtree_ranks(ctx: PoolContext) -> tuple[Tensor, Tensor, Tensor]:
+    """Candidates grouped by first-level subtree, each group in draft order.
+
+    Returns (perm, group, rank_below), each [R, P]: `perm` sorts the pool by
+    (first-level ancestor, draft rank) with depth-1 and invalid entries last;
+    `group` is the first-level ancestor of each sorted entry, or P for those
+    trailing entries; `rank_below` is each entry's rank among the candidates
+    below the same first-level candidate. One sort of unique composite int64
+    keys does all of it.
+    """
+    width = ctx.pool.shape[1]
+    index_bits = max(1, (width - 1).bit_length())
+    if 32 + index_bits + width.bit_length() > 63:
+        raise ValueError(f"pools of {width} candidates are too wide for 63-bit subtree keys")
+    below = (ctx.pool.depth >= 2) & ctx.valid
+    group = torch.where(below, ctx.first_ancestor, width)  # sentinel group `width` sorts last
+    score_desc = 0x7FFFFFFF - (ctx.draft_keys >> 32)  # in [0, 2^32)
+    positions = torch.arange(width, device=group.device)
+    key = ((group << 32) | score_desc) << index_bits
+    key |= positions
+    # keys are unique, so numpy's fast unstable sort is exact (see select.rank_order)
+    perm = (
+        torch.from_numpy(np.argsort(key.numpy(), axis=-1))
+        if key.device.type == "cpu"
+        else torch.sort(key, dim=-1).indices
+    )
+    group_sorted = torch.gather(group, -1, perm)
+    starts = torch.ones_like(below)
+    starts[:, 1:] = group_sorted[:, 1:] != group_sorted[:, :-1]
+    start_pos = torch.cummax(torch.where(starts, positions, 0), dim=-1).values
+    return perm, group_sorted, positions - start_pos
+
+
+def _mass_by_rank(values: Tensor, rank: Tensor, mask: Tensor, n_ranks: int) -> Tensor:
+    """Cumulative mass of masked entries by rank: out[:, r] = sum(values[rank <= r]). [R, n_ranks].
+
+    Ranks >= n_ranks are never asked for and share one overflow bin.
+    """
+    binned = torch.zeros(values.shape[0], n_ranks + 1, dtype=values.dtype, device=values.device)
+    binned.scatter_add_(-1, rank.clamp(max=n_ranks), torch.where(mask, values, 0.0))
+    return torch.cumsum(binned[:, :n_ranks], dim=-1)
+
+
+def draw_values(ctx: PoolContext, top_first: Tensor, budgets: Sequence[int]) -> dict[str, Tensor]:
+    """Root-draw and PEARL-commit values and expected tree sizes. [R, n_budgets] each.
+
+    Root-draw keeps, below whichever first-level g is drawn, g's b-1 best-ranked
+    descendants; PEARL-commit keeps them only below the drafter's top g*.
+    """
+    for b in budgets:
+        if b < 1:
+            raise ValueError(f"Draw rules need a budget >= 1 (the drawn token). Got {b} instead.")
+    width = ctx.pool.shape[1]
+    kept_below = [min(b - 1, width) for b in budgets]  # b-1 kept below the drawn g
+    n_ranks = max(max(kept_below), 1)
+    names = ("root_draw", "size/root_draw", "pearl_commit", "size/pearl_commit")
+    if compiled_route(ctx.draft):
+        valid, has_valid = kernel_valid(ctx.restrict, ctx.draft)
+        stacked, monotone = draw_curves(
+            ctx.draft.contiguous().numpy(),
+            valid,
+            has_valid,
+            ctx.pool.parent.contiguous().numpy(),
+            ctx.pool.depth.contiguous().numpy(),
+            ctx.path_prob.contiguous().numpy(),
+            ctx.law.contiguous().numpy(),
+            top_first.contiguous().numpy(),
+            n_ranks,
+        )
+        if not monotone:
+            raise ValueError(
+                "draw rules need pools in pool order whose draft scores never rise along a "
+                "path (draft log-probabilities <= 0); this batch breaks that"
+            )
+        curves = dict(zip(names, torch.from_numpy(stacked).unbind(1), strict=True))
+    else:
+        curves = dict(zip(names, _draw_curves_torch(ctx, top_first, n_ranks), strict=True))
+    idx = torch.tensor([k - 1 for k in kept_below], device=top_first.device)
+    out = {}
+    for name, cum in curves.items():
+        taken = cum[:, idx.clamp(min=0)]
+        out[name] = 1 + torch.where(idx >= 0, taken, torch.zeros_like(taken))
+    return out
+
+
+def _draw_curves_torch(ctx: PoolContext, top_first: Tensor, n_ranks: int) -> list[Tensor]:
+    """draw_values' four mass-by-rank curves via one sort of the pool (the torch route)."""
+    width = ctx.pool.shape[1]
+    perm, group, rank = subtree_ranks(ctx)
+    below = group < width
+    path_prob = torch.gather(ctx.path_prob, -1, perm)
+    # p(g|c) of each entry's subtree root (the sentinel group reads column 0, masked out)
+    first_prob = torch.gather(ctx.law, -1, torch.where(below, group, 0))
+    under_top = group == top_first[:, None]
+    return [
+        _mass_by_rank(path_prob, rank, below, n_ranks),
+        _mass_by_rank(first_prob, rank, below, n_ranks),
+        _mass_by_rank(path_prob, rank, under_top, n_ranks),
+        _mass_by_rank(first_prob, rank, under_top, n_ranks),
+    ]
+
+
+def pearl_curves(ctx: PoolContext, draft_order: Tensor) -> tuple[Tensor, Tensor]:
+    """PEARL value and expected tree size at pre-draw budgets b = 1..k. [R, k] each.
+
+    PEARL keeps the part of the draft tree T_b below the drawn first token, so
+    value(b) = 1 + sum of P(u) over depth>=2 members of T_b, and the expected
+    size adds p(g|c) for each such u below g.
+    """
+    # gather the k ordered entries first: every product below is [R, k], not [R, P]
+    below = (
+        (torch.gather(ctx.pool.depth, -1, draft_order) >= 2)
+        & torch.gather(ctx.valid, -1, draft_order)
+    ).float()
+    first_prob = torch.gather(ctx.law, -1, torch.gather(ctx.first_ancestor, -1, draft_order))
+    value = 1 + torch.cumsum(torch.gather(ctx.path_prob, -1, draft_order) * below, dim=-1)
+    size = 1 + torch.cumsum(first_prob * below, dim=-1)
+    return value, size
+
+
+def matched_budget(mean_size_curve: Tensor, target_size: float) -> tuple[int, int, float]:
+    """Fractional pre-draw budget whose mean PEARL tree size equals `target_size`.
+
+    Returns (b_lo, b_hi, w): mix w of budget b_lo with 1 - w of b_hi (1-based).
+    The size curve is non-decreasing in the budget.
+    """
+    curve = mean_size_curve.double()
+    if target_size <= curve[0]:
+        return 1, 1, 1.0
+    if target_size > curve[-1]:
+        raise ValueError(
+            f"PEARL trees cannot reach mean size {target_size:.3f} within the pool "
+            f"(largest mean size {curve[-1].item():.3f} at budget {len(curve)})"
+        )
+    hi = int(torch.searchsorted(curve, torch.tensor([target_size], dtype=curve.dtype)).item())
+    lo = hi - 1
+    span = (curve[hi] - curve[lo]).item()
+    w = 1.0 if span == 0 else (curve[hi].item() - target_size) / span
+    return lo + 1, hi + 1, w
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def draw_curves(
+    draft: np.ndarray,
+    valid: np.ndarray,
+    has_valid: bool,
+    parent: np.ndarray,
+    depth: np.ndarray,
+    path_prob: np.ndarray,
+    law: np.ndarray,
+    top_first: np.ndarray,
+    n_ranks: int,
+) -> tuple[np.ndarray, bool]:
+    """Root-draw and PEARL-commit mass by within-subtree draft rank. [R, 4, n_ranks].
+
+    Channels: root-draw value, root-draw size, PEARL-commit value, PEARL-commit
+    size; entry j is the mass of candidates of rank <= j below their
+    first-level candidate (see `draw_values`). Instead of
+    sorting, a best-first search from each first-level candidate pops its
+    descendants in draft order: ranking keys strictly decrease along a path
+    when draft scores do, so the frontier always holds the next best one.
+    Returns ok=False when a draft score rises along an edge (the precondition
+    fails) or a parent does not precede its child.
+    """
+    # One piece: the best-first search keeps its heap in the body of one prange loop; a
+    # call per step from the compiled loop would cost more than the step itself.
+    n_rounds, width = draft.shape
+    out = np.zeros((n_rounds, 4, n_ranks), dtype=path_prob.dtype)
+    bad = np.zeros(n_rounds, dtype=np.bool_)
+    for r in prange(n_rounds):
+        keys = np.empty(width, dtype=np.int64)
+        n_children = np.zeros(width + 1, dtype=np.int64)
+        for i in range(width):
+            ok = valid[r, i] if has_valid else True
+            keys[i] = _key(np.float32(draft[r, i]), i, width, ok)
+            p = parent[r, i]
+            if p >= i:
+                bad[r] = True
+            elif p >= 0 and ok:
+                n_children[p + 1] += 1
+        if bad[r]:
+            continue
+        for i in range(width):  # children of u: child_list[n_children[u]:n_children[u + 1]]
+            n_children[i + 1] += n_children[i]
+        child_list = np.empty(max(n_children[width], 1), dtype=np.int64)
+        fill = n_children[:width].copy()
+        for i in range(width):
+            p = parent[r, i]
+            if p >= 0 and (valid[r, i] if has_valid else True):
+                child_list[fill[p]] = i
+                fill[p] += 1
+        heap = np.empty(width, dtype=np.int64)
+        for g in range(width):
+            if parent[r, g] >= 0 or depth[r, g] != 1 or not (valid[r, g] if has_valid else True):
+                continue
+            n = 0
+            for c in range(n_children[g], n_children[g + 1]):
+                child = keys[child_list[c]]
+                bad[r] |= child > keys[g]
+                _push(heap, n, ~child)  # ~key: best first
+                n += 1
+            first = law[r, g]
+            commit = g == top_first[r]
+            for j in range(n_ranks):
+                if n == 0:
+                    break
+                key = ~_pop(heap, n)
+                n -= 1
+                u = _index(key, width)
+                out[r, 0, j] += path_prob[r, u]
+                out[r, 1, j] += first
+                if commit:
+                    out[r, 2, j] += path_prob[r, u]
+                    out[r, 3, j] += first
+                for c in range(n_children[u], n_children[u + 1]):
+                    child = keys[child_list[c]]
+                    bad[r] |= child > key
+                    _push(heap, n, ~child)
+                    n += 1
+        for c in range(4):
+            for j in range(1, n_ranks):
+                out[r, c, j] += out[r, c, j - 1]
+    return out, not bad.any()

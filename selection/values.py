@@ -1,0 +1,312 @@
+"""Expected acceptance of selection rules on recorded pools (SPEC §6), batched.
+
+Value of a tree: V(T) = sum over non-root u in T of P(u), with P the target
+path probability under the round's law (greedy: 1 on the argmax path, else 0).
+Every rule builds its tree from the same pool and is scored with the exact
+target probabilities of the trace, so differences are due to selection alone.
+
+One stable sort per rule gives the rank of every candidate; the cumulative sum
+of path probabilities in rank order then gives the rule's value at *every*
+budget at once (`V(B) = cumsum[B - 1]`). Root-draw and PEARL-style values are
+exact expectations over the first draw, not samples:
+
+    root-draw(B)   = 1 + sum_g sum_{u below g, among g's B-1 best-ranked} P(u)
+    PEARL(B)       = 1 + sum_{u in draft tree T_B, depth(u) >= 2} P(u)
+    PEARL-commit(B)= 1 + sum_{u below g*, among g*'s B-1 best-ranked} P(u)
+
+where g runs over first-level candidates, g* is the drafter's top first-level
+candidate and P(u) includes the first factor p(g|c): the draw itself counts
+one accepted token whatever it is, and a draw outside the first level keeps
+that token alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from selection import kernels as select_kernels
+from selection.draws import draw_values, pearl_curves
+from selection.pool_batch import PoolBatch
+from selection.ranking import (
+    _NAN_SCORES,
+    Levels,
+    compiled_route,
+    draft_scores,
+    first_level_ancestor,
+    kernel_valid,
+    leading_factor_edges,
+    path_product,
+    path_sum,
+    pool_levels,
+    rank_order,
+    ranking_keys,
+    restrict_to_top_m,
+)
+
+# Rules scored by a replaced per-edge log factor (SPEC §6 table).
+FACTOR_RULES = ("draft", "root", "root_softmax", "depth_two", "oracle")
+# Rules that draw the first token from the root row before selecting.
+DRAW_RULES = ("root_draw", "pearl", "pearl_commit")
+RULES = FACTOR_RULES + DRAW_RULES
+
+
+@dataclass
+class PoolContext:
+    """Per-batch quantities every rule shares, computed once. [R, P] unless noted."""
+
+    pool: PoolBatch
+    levels: Levels | None  # fast path-reduction layout, None for ragged pools
+    law: Tensor  # per-edge target probability under each round's law
+    first_ancestor: Tensor  # int64 pool index of the depth-1 ancestor
+    draft: Tensor  # cumulative draft log-probability (the draft rule's score)
+    valid: Tensor  # bool: in the pool and inside the top-M restriction
+    restrict: Tensor | None  # `valid`, or None when every entry is valid (cheaper ranking)
+    path_prob: Tensor  # P(u) under the law, 0 outside `valid`
+
+    @cached_property
+    def draft_keys(self) -> Tensor:
+        """int64 ranking keys of the draft scores (torch route only; see select.ranking_keys)."""
+        return ranking_keys(self.draft, self.restrict)
+
+
+def pool_context(pool: PoolBatch, top_m: int = 0) -> PoolContext:
+    levels = pool_levels(pool.parent, pool.depth)
+    law = pool.law_edge_prob()
+    draft = draft_scores(pool.draft_logprob, pool.parent, levels)
+    valid = restrict_to_top_m(draft, top_m, pool.valid)
+    restrict = None if bool(valid.all()) else valid
+    path_prob = path_product(law, pool.parent, levels)
+    return PoolContext(
+        pool=pool,
+        levels=levels,
+        law=law,
+        first_ancestor=first_level_ancestor(pool.parent, levels),
+        draft=draft,
+        valid=valid,
+        restrict=restrict,
+        path_prob=path_prob if restrict is None else path_prob * restrict,
+    )
+
+
+def rule_scores(ctx: PoolContext, rule: str) -> Tensor:
+    """Candidate scores of a factor rule: path sums of its per-edge log factors. [R, P].
+
+    The oracle ranks by the path probability P(u) itself: log is monotone, and
+    skipping it saves a pass over the pool (log of the many exact zeros of
+    greedy rounds is slow on CPU).
+    """
+    pool = ctx.pool
+    if rule == "draft":
+        return ctx.draft
+    if rule == "oracle":
+        return ctx.path_prob
+    if rule in ("root", "root_softmax"):
+        upto, prob = 1, ctx.law if rule == "root" else pool.target_prob
+    elif rule == "depth_two":
+        upto, prob = 2, ctx.law
+    else:
+        raise ValueError(f"The 'rule' must be one of {FACTOR_RULES}. Got {rule!r} instead.")
+    if ctx.levels:  # the replaced depths are the leading columns: log just those
+        prob = prob[:, : ctx.levels[min(upto, len(ctx.levels)) - 1][1]]
+    # root_softmax: greedy rounds ranked by the unit-temperature softmax
+    edge = leading_factor_edges(pool.draft_logprob, torch.log(prob), pool.depth, upto, ctx.levels)
+    return path_sum(edge, pool.parent, ctx.levels)
+
+
+LEAD_RULES = ("root", "root_softmax", "depth_two")  # factor rules that replace leading factors
+
+
+def _lead(ctx: PoolContext, rule: str) -> tuple[Tensor, int]:
+    """A factor rule's replaced leading log factors (leading columns only) and their depths."""
+    upto = 2 if rule == "depth_two" else 1
+    end = ctx.levels[min(upto, len(ctx.levels)) - 1][1]
+    prob = ctx.pool.target_prob if rule == "root_softmax" else ctx.law
+    return torch.log(prob[:, :end]), upto
+
+
+def lead_factor_scores(ctx: PoolContext, lead: Tensor, upto: int = 1) -> Tensor:
+    """Scores with the factors at depths <= upto replaced by `lead` where not NaN. [R, P].
+
+    `lead` covers the leading pool columns ([R, n], n <= P; NaN keeps the draft factor).
+    """
+    pool = ctx.pool
+    width = pool.shape[1]
+    if lead.shape[1] < width:
+        lead = torch.cat(
+            [lead, lead.new_full((lead.shape[0], width - lead.shape[1]), torch.nan)], 1
+        )
+    edge = leading_factor_edges(pool.draft_logprob, lead, pool.depth, upto, ctx.levels)
+    return path_sum(edge, pool.parent, ctx.levels)
+
+
+def _fused_values(
+    ctx: PoolContext,
+    lead: Tensor,
+    upto: int,
+    budgets: Sequence[int],
+    k: int,
+    curve: bool,
+    src: tuple[Tensor, Tensor | None],
+    copy: Tensor | None = None,
+    nan_copies: bool = False,
+    draft_order: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """`lead_factor_values` (one compiled pass: scores, top k, values) for a pool with levels.
+
+    `src` (values [R, n_budgets], whole curve [R, P] or None) of a rule that ranks like
+    this one in the rounds `copy` (and, with `nan_copies`, where `lead` is all NaN).
+    `draft_order`, the whole pool's: first-level factors are ranked by merging the
+    first-level subtrees, each nearly sorted in draft order already.
+    """
+    end = ctx.levels[min(upto, len(ctx.levels)) - 1][1]
+    width = ctx.pool.shape[1]
+    k = width if curve else min(k, width)
+    valid, has_valid = kernel_valid(ctx.restrict, ctx.draft)
+    at = np.asarray([min(b, k) - 1 for b in budgets], dtype=np.int64)
+    n = ctx.pool.shape[0]
+    src_values, src_curve = src
+    if curve and src_curve is None:  # nothing to copy a curve from: compute every round
+        copy, nan_copies = None, False
+    merge = upto == 1 and draft_order is not None and draft_order.shape[1] == width
+    n_groups = end if merge else 0  # with levels the first level is columns 0..end-1
+    values, cum, status = select_kernels.lead_factor_values(
+        ctx.pool.draft_logprob.contiguous().numpy(),
+        ctx.pool.parent.contiguous().numpy(),
+        lead[:, :end].float().contiguous().numpy(),
+        ctx.path_prob.contiguous().numpy(),
+        valid,
+        has_valid,
+        k,
+        at,
+        curve,
+        np.zeros(n, np.bool_) if copy is None else copy.contiguous().numpy(),
+        nan_copies,
+        src_values.float().contiguous().numpy(),
+        np.zeros((0, 0), np.float32) if src_curve is None else src_curve.contiguous().numpy(),
+        draft_order.contiguous().numpy() if merge else np.zeros((1, 1), np.int64),
+        ctx.first_ancestor.contiguous().numpy() if merge else np.zeros((1, 1), np.int64),
+        n_groups,
+    )
+    if status == 2:
+        raise ValueError(_NAN_SCORES)
+    if status:  # levels guarantee pool order; a failure here is a bug upstream
+        raise ValueError("pool layout changed between pool_levels and scoring")
+    return torch.from_numpy(values), torch.from_numpy(cum) if curve else None
+
+
+def values_at_budgets(order: Tensor, path_prob: Tensor, budgets: Sequence[int]) -> Tensor:
+    """V(top-B) for each budget, given a rule's best-first order. [R, n_budgets].
+
+    `order` may hold only the first k indices (k >= max budget, or the whole
+    pool); budgets beyond the valid pool keep the whole pool, since padding and
+    candidates outside a top-M restriction carry zero path mass.
+    """
+    mass = torch.cumsum(torch.gather(path_prob, -1, order), dim=-1)  # [R, k]
+    idx = torch.tensor([min(b, order.shape[-1]) - 1 for b in budgets], device=order.device)
+    out = mass[:, idx.clamp(min=0)]
+    return torch.where(idx >= 0, out, torch.zeros_like(out))  # B = 0: the empty tree
+
+
+def evaluate_pools(
+    pool: PoolBatch,
+    budgets: Sequence[int],
+    rules: Sequence[str] = RULES,
+    top_m: int = 0,
+    extra_scores: dict[str, Tensor] | None = None,
+    curves: bool = False,
+    curve_rules: Sequence[str] = (),
+    first_factors: dict[str, Tensor] | None = None,
+    ctx: PoolContext | None = None,
+    draft_order: Tensor | None = None,
+    pearl: tuple[Tensor, Tensor] | None = None,
+) -> dict[str, Tensor]:
+    """Value of every rule at every budget for each round: {rule: [R, n_budgets]}.
+
+    `extra_scores` adds rules given directly as candidate scores (per-depth
+    calibrated...), each [R, P] and non-increasing along paths; `first_factors`
+    rules given by their first-level log factor (reranker, calibrated, substituted,
+    root after a covered round...), each [R, n] over the leading pool columns
+    (n <= P; entries at depth-1 candidates are read, NaN keeps the draft factor,
+    values <= 0). On CPU pools with a shared depth layout a first-factor rule
+    (and root, root_softmax, depth_two) is scored, ranked and valued in one
+    compiled pass (`kernels.lead_factor_values`), which gives what its scores
+    would (`tests/test_select_kernels.py`). `ctx` and `draft_order` (the whole
+    pool's, or at least max(budgets)) may be passed when the caller built them
+    (`pool_context(pool, top_m)`, `rank_order(ctx.draft, ctx.restrict)`), and
+    `pearl`, `pearl_curves(ctx, draft_order)` of that whole-pool order.
+    Draw rules also report `size/<rule>` (expected verified nodes). `top_m` > 0
+    restricts every rule to the M highest-ranked candidates of the pool.
+    `curves` adds values at every budget 1..P ([R, P] each): `curve/pearl` and
+    `curve/size/pearl`, PEARL's value and expected tree size at each pre-draw
+    budget, from which the matched-size variant is found (`matched_budget`);
+    and `curve/draft`, draft selection's value, from which node-equivalent
+    budgets are found (SPEC §9: the smallest budget at which draft selection
+    reaches a rule's value); with `curve_rules`, `curve/<rule>` for each of those
+    rules too (the budget at which the rule reaches draft's value, paper Table 13).
+    """
+    unknown = [r for r in rules if r not in RULES]
+    if unknown:
+        raise ValueError(f"Unknown rule(s) {unknown}; known rules are {list(RULES)}")
+    if not budgets or min(budgets) < 0:
+        raise ValueError(f"The 'budgets' must be a non-empty list of ints >= 0. Got {budgets}.")
+    ctx = pool_context(pool, top_m) if ctx is None else ctx
+    k = max(budgets)
+    # the torch route shares the draft keys with subtree_ranks; kernels build keys in-cache
+    keys = None if compiled_route(ctx.draft) else ctx.draft_keys
+    if draft_order is None or (curves and draft_order.shape[1] < pool.shape[1]):
+        draft_order = rank_order(ctx.draft, ctx.restrict, k=None if curves else k, keys=keys)
+    elif draft_order.shape[1] < min(k, pool.shape[1]):
+        raise ValueError(f"draft_order holds {draft_order.shape[1]} entries; budgets need {k}")
+    out: dict[str, Tensor] = {}
+    fused = compiled_route(ctx.draft) and ctx.levels is not None
+    firsts = dict(first_factors or {})
+    names = [r for r in rules if r in FACTOR_RULES] + list(firsts) + list(extra_scores or {})
+    draft_values = values_at_budgets(draft_order, ctx.path_prob, budgets)
+    draft_curve = None
+    if curves:
+        draft_curve = torch.cumsum(torch.gather(ctx.path_prob, -1, draft_order), dim=-1)
+    for name in names:  # the order of the output: factor rules, first factors, scores
+        full = curves and name in curve_rules  # its whole order: a value at every budget
+        if name == "draft":
+            out[name] = draft_values
+            continue
+        if fused and name in firsts:  # a round without any factor ranks like draft selection
+            out[name], cum = _fused_values(ctx, firsts[name], 1, budgets, k, full,
+                                           (draft_values, draft_curve), nan_copies=True,
+                                           draft_order=draft_order)  # fmt: skip
+        elif fused and name in LEAD_RULES:
+            src, copy = (draft_values, None), None
+            if name == "root_softmax" and "root" in out:  # sampling: the row at T is the law
+                src, copy = (out["root"], out.get("curve/root")), ~ctx.pool.greedy[:, 0]
+            out[name], cum = _fused_values(ctx, *_lead(ctx, name), budgets, k, full, src, copy,
+                                           draft_order=draft_order)  # fmt: skip
+        else:
+            if name in firsts:
+                score = lead_factor_scores(ctx, firsts[name])
+            elif name in (extra_scores or {}):
+                score = extra_scores[name]
+            else:
+                score = rule_scores(ctx, name)
+            order = rank_order(score, ctx.restrict, k=None if full else k)
+            out[name] = values_at_budgets(order, ctx.path_prob, budgets)
+            cum = torch.cumsum(torch.gather(ctx.path_prob, -1, order), dim=-1) if full else None
+        if full:
+            out[f"curve/{name}"] = cum
+    if curves:
+        out["curve/draft"] = draft_curve
+    if "pearl" in rules or curves:
+        value, size = pearl_curves(ctx, draft_order) if pearl is None else pearl
+        idx = [min(b, value.shape[-1]) - 1 for b in budgets]
+        out["pearl"], out["size/pearl"] = value[:, idx], size[:, idx]
+        if curves:
+            out["curve/pearl"], out["curve/size/pearl"] = value, size
+    if "root_draw" in rules or "pearl_commit" in rules:
+        drawn = draw_values(ctx, draft_order[:, 0], budgets)  # draft rank 0 is a depth-1 node
+        out.update({name: v for name, v in drawn.items() if name.split("/")[-1] in rules})
+    return out

@@ -1,0 +1,41 @@
+"""Typed settings of one round's tree: pool growth, selection, verification (`pool:`,
+`select:` and `decode:` sections; see `specrank.config`).
+
+Plain dataclasses: Hydra schemas, and the typed values library functions receive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PoolConfig:
+    """Pool growth (SPEC §2). Defaults give 10 + 7 * 100 = 710 candidates, 70 expanded."""
+
+    top_k: int = 10  # children proposed per expanded node (and at the root)
+    steps: int = 7  # further steps after the first level: depths 2 .. steps + 1
+    expand: int = 10  # nodes expanded per step (highest cumulative draft log-prob)
+
+
+@dataclass
+class SelectConfig:
+    """Which verified tree a round keeps and what else its pass scores (SPEC §4)."""
+
+    rule: str = "draft"  # selection rule of the verified tree (see selection.ranking.RULES)
+    budget: int = 59  # B: non-root nodes of the verified tree
+    top_m: int = 160  # the M highest-ranked candidates are scored too (0: tree + expanded only)
+
+
+@dataclass
+class DecodeConfig:
+    temperature: float = 0.0  # 0 = greedy; > 0: exhaustive target sampling at this temperature
+    verifier: str = "exhaustive"  # exhaustive | eagle3 (child-by-child; same law)
+    # Stop after the round in which the output reaches this many tokens (or emits EOS).
+    # A round emits up to depth + 1 = 9 tokens, so outputs hold at most 256 + 8 = 264
+    # tokens: the paper's "at most 264" (and 1,024 -> "at most 1,032") implies 256 here.
+    max_new_tokens: int = 256
+    seed: int = 0  # per-prompt generators are seeded from (seed, prompt id)
+
+
+SECTIONS = {"pool": PoolConfig, "select": SelectConfig, "decode": DecodeConfig}
