@@ -66,11 +66,11 @@ from features.schema import candidate_store
 from pairs.config import DataConfig, ModelConfig
 from pairs.models import ModelPair, load_model_pair
 from pairs.prompts import Prompt, encode_prompt, load_prompts
-from rerank.boosting import PAPER_CAPACITY, Capacity
 from rerank.config import RerankConfig, RerankModelConfig
-from rerank.forest_eval import compile_forest, link, prepare, walk_numpy
-from rerank.models import fit_reranker
-from rerank.persist import save_reranker
+from rerank.fit.boosting import PAPER_CAPACITY, Capacity
+from rerank.fit.models import fit_reranker
+from rerank.fit.persist import save_reranker
+from rerank.forest.walk import compile_forest, link, prepare, walk_numpy
 from rerank.serving import PREDICTORS, OnlinePredictor, forest_of, load_online_reranker
 from rerank.settings import model_capacity
 from specrank.paths import project_path

@@ -19,7 +19,7 @@ Full job (`--full-job`): wall and CPU seconds and peak memory of the default
 run). Then the baseline's own fitted models (its out-of-fold predictions) are
 evaluated by this code and every rule value compared with the baseline's, and
 one of its saved rerankers predicts its held-out half through the library and
-through the compiled forest (`rerank.forest_eval`).
+through the compiled forest (`rerank.forest.walk`).
 
     python -m bench.bench_rerankers                  # paper scale
     python -m bench.bench_rerankers --prompts 64     # a quick look
@@ -44,12 +44,12 @@ from scipy.special import expit
 from bench.bench_extract import CACHE, PAPER_PROMPTS, PAPER_ROUNDS, paper_traces
 from features.extract import extract
 from features.schema import candidate_store
-from rerank.boosting import Capacity, fit_estimator
-from rerank.crossfit import prompt_halves
-from rerank.design import design_matrix, task_categories
-from rerank.models import KINDS, LABEL_OF_LAW, feature_list
-from rerank.pool_chunks import ROUND_KEYS
-from rerank.token_prior import token_prior_features
+from rerank.evaluate.pool_chunks import ROUND_KEYS
+from rerank.fit.boosting import Capacity, fit_estimator
+from rerank.fit.crossfit import prompt_halves
+from rerank.fit.design import design_matrix, task_categories
+from rerank.fit.models import KINDS, LABEL_OF_LAW, feature_list
+from rerank.fit.token_prior import token_prior_features
 from specrank.trace_schema import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -179,8 +179,8 @@ def same_model_values(run: Path, traces: Path, features: Path, rerank=None) -> d
     `rerank`: the run's `RerankConfig` (default: the defaults on these stores).
     """
     from rerank.config import RerankConfig
-    from rerank.predict import FirstFactorPredictions, fold_map
-    from rerank.quality import prediction_quality
+    from rerank.fit.predict import FirstFactorPredictions, fold_map
+    from rerank.fit.quality import prediction_quality
     from rerank.settings import store_budgets
     from rerank.train import Fitted, evaluate
 
@@ -207,7 +207,7 @@ def same_model_values(run: Path, traces: Path, features: Path, rerank=None) -> d
 
 def forest_vs_library(run: Path, features: Path) -> dict:
     """A saved reranker of a run predicting its held-out half: library vs compiled forest."""
-    from rerank.persist import load_reranker
+    from rerank.fit.persist import load_reranker
 
     folder = sorted((run / "rerankers").glob("rows_*_T0_fold0"))[0]
     model = load_reranker(folder)

@@ -37,8 +37,8 @@ import numpy as np
 from bench.bench_extract import CACHE, paper_traces
 from features.extract import extract
 from features.schema import CANDIDATE_VERSION, candidate_store
-from rerank.crossfit import prompt_halves
-from rerank.models import fit_reranker
+from rerank.fit.crossfit import prompt_halves
+from rerank.fit.models import fit_reranker
 from specrank.trace_schema import SCHEMA_VERSION
 
 PAPER_ROUNDS = 1402 * 261  # 365,922 (bench_extract's paper scale)

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from features.schema import candidate_store
-from rerank.boosting import PAPER_CAPACITY
-from rerank.models import fit_reranker
+from rerank.fit.boosting import PAPER_CAPACITY
+from rerank.fit.models import fit_reranker
 
 
 def small_fit_frame(n: int, cache: Path):
@@ -32,16 +32,16 @@ def small_fit_profile(frame, kind: str, law: str) -> list[dict]:
     """Where a small fit's time goes: set-up (design matrix, priors), binning, iterations.
 
     Per thread count (1, and every core: given explicitly, since `n_threads=None`
-    fits this small run on one thread, `rerank.boosting`): the whole `fit_reranker`
+    fits this small run on one thread, `rerank.fit.boosting`): the whole `fit_reranker`
     at the paper's capacity, and the library alone with 1 and 400 iterations
     (LightGBM: binning is `Dataset.construct`, timed on its own).
     """
     import lightgbm as lgb
 
-    from rerank.boosting import fit_estimator
-    from rerank.design import design_matrix, task_categories
-    from rerank.models import LABEL_OF_LAW, feature_list
-    from rerank.token_prior import token_prior_features
+    from rerank.fit.boosting import fit_estimator
+    from rerank.fit.design import design_matrix, task_categories
+    from rerank.fit.models import LABEL_OF_LAW, feature_list
+    from rerank.fit.token_prior import token_prior_features
 
     features = feature_list("rows")
     y = frame[LABEL_OF_LAW[law]].to_numpy(np.float64)

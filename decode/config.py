@@ -53,7 +53,7 @@ class RunConfig:
     # skip = decode only the others (e.g. the held-out cross-fitting half); allow = decode all.
     seen_prompts: str = "refuse"
     # Fast phat on the hot path: auto = the fastest exact route for the model and device
-    # (CPU: the compiled forest walk, rerank/forest_jit.py, for both libraries; CUDA: the
+    # (CPU: the compiled forest walk, rerank/forest/jit.py, for both libraries; CUDA: the
     # forest as tensors on the device); library = the model's own predict; forest = the
     # forest walk (numpy on CPU, torch on CUDA); compiled = the compiled walk on the host,
     # then one copy to the device.

@@ -79,13 +79,13 @@ class RerankConfig:
     # refused unless every task's halves are balanced (|n0 - n1| <= max(1, n // 10)).
     halves: str = "seeded"
     budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
-    # Paired gains of rule_a over rule_b with their own intervals (rerank.comparisons), as
+    # Paired gains of rule_a over rule_b with their own intervals (rerank.report.comparisons), as
     # "rule_a:rule_b". None: the paper's claims (DEFAULT_COMPARISONS) among this run's rules;
     # a list given is checked strictly (every rule must be evaluated by the run).
     comparisons: list[str] | None = None
     sweep: bool = False  # evaluate the SPEC budget sweep too
     top_m: int = 0  # restrict every rule to the M highest-ranked candidates (0: whole pool)
-    # Report tables beside the rule values (rerank.reports): retained-row agreement, coverage of
+    # Report tables beside the rule values (rerank.evaluate.reports): retained-row agreement, coverage of
     # scored sets, draw-rule tree sizes, from the evaluation's own pass over the traces.
     reports: bool = True
     n_resamples: int = DEFAULT_RESAMPLES  # paired prompt-bootstrap resamples

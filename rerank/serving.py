@@ -5,7 +5,7 @@
 
 on the fastest exact route for the model and device (`run.predictor`; see
 `OnlinePredictor`): on a CPU the project's forest walked by compiled code
-(`rerank.forest_jit`, a quarter of LightGBM's own predictor's time per call).
+(`rerank.forest.jit`, a quarter of LightGBM's own predictor's time per call).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from calibrate.isotonic import PROB_FLOOR
 from features.first_level import FEATURE_DTYPES, DesignLayout, FirstLevelFeatures
 from features.schema import EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES
 from pairs.prompts import Prompt
-from rerank.forest import ForestError, forest_from_hgb, forest_from_lightgbm
-from rerank.forest_eval import CompiledForest, TorchForest, compile_forest, link, prepare
-from rerank.forest_jit import JitForest, jit_forest, log_phat
-from rerank.models import FEATURE_SETS, TOKEN_PRIOR, FittedReranker, feature_list
-from rerank.persist import RerankerLoadError, load_reranker, read_sidecar
+from rerank.fit.models import FEATURE_SETS, TOKEN_PRIOR, FittedReranker, feature_list
+from rerank.fit.persist import RerankerLoadError, load_reranker, read_sidecar
+from rerank.forest.jit import JitForest, jit_forest, log_phat
+from rerank.forest.table import ForestError, forest_from_hgb, forest_from_lightgbm
+from rerank.forest.walk import CompiledForest, TorchForest, compile_forest, link, prepare
 from specrank.laws import law_kind
 from specrank.paths import project_path
 
@@ -125,7 +125,7 @@ def unseen_prompts(model: FittedReranker, prompts: list[Prompt], seen: str) -> l
 
 
 def forest_of(model: FittedReranker):
-    """The model's trees as a `rerank.forest.Forest` (raises ForestError if not exact)."""
+    """The model's trees as a `rerank.forest.table.Forest` (raises ForestError if not exact)."""
     if model.kind == "lgbm":
         return forest_from_lightgbm(model.estimator)
     return forest_from_hgb(model.estimator)
@@ -143,7 +143,7 @@ class OnlinePredictor:
     run.predictor:
       auto     = compiled on a CPU device; forest on any other (phat computed on the device);
                  the library's predictor, with a warning, when the forest cannot represent
-                 the model exactly (`rerank.forest.ForestError`)
+                 the model exactly (`rerank.forest.table.ForestError`)
       library  = the model's own predict (CPU), log phat copied to the device
       forest   = the project's forest: the compiled walk on a CPU device, torch ops on the
                  device otherwise (`rerank.forest_eval.TorchForest`)

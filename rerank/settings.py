@@ -4,7 +4,7 @@
 name the setting, what was expected and what was found); `run_rules` and
 `comparison_pairs` say, from the settings alone, which rules the job reports and
 which paired comparisons it computes; `model_capacity` turns `rerank.model` into
-the boosting capacity of `rerank.boosting`.
+the boosting capacity of `rerank.fit.boosting`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rerank.boosting import Capacity
-from rerank.comparisons import check_comparisons, parse_comparisons
 from rerank.config import (
     CALIBRATORS,
     DEFAULT_COMPARISONS,
@@ -22,9 +20,11 @@ from rerank.config import (
     RerankConfig,
     RerankModelConfig,
 )
-from rerank.crossfit import SCHEMES
-from rerank.evaluate import RETAINED_ROWS
-from rerank.models import FEATURE_SETS, KINDS
+from rerank.evaluate.values import RETAINED_ROWS
+from rerank.fit.boosting import Capacity
+from rerank.fit.crossfit import SCHEMES
+from rerank.fit.models import FEATURE_SETS, KINDS
+from rerank.report.comparisons import check_comparisons, parse_comparisons
 from selection.values import RULES
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
 from specrank.paths import project_path

@@ -31,16 +31,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from features.schema import candidate_store
-from rerank.breakdowns import breakdown_gains, breakdowns
-from rerank.comparisons import compare, comparisons_table
 from rerank.config import MlflowConfig, RerankConfig
-from rerank.coverage import RootIfCovered
-from rerank.evaluate import EvalPlan, PromptCurves, evaluate_traces
-from rerank.models import LABEL_OF_LAW
-from rerank.persist import save_reranker
-from rerank.plots import reliability_table, write_plots
-from rerank.pool_chunks import ROUND_KEYS
-from rerank.predict import (
+from rerank.evaluate.coverage import RootIfCovered
+from rerank.evaluate.pool_chunks import ROUND_KEYS
+from rerank.evaluate.reports import ReportAccumulators
+from rerank.evaluate.values import EvalPlan, PromptCurves, evaluate_traces
+from rerank.fit.models import LABEL_OF_LAW
+from rerank.fit.persist import save_reranker
+from rerank.fit.predict import (
     FirstFactorPredictions,
     fit_per_depth_maps,
     fold_map,
@@ -48,21 +46,23 @@ from rerank.predict import (
     per_depth_scores,
     predict_first_factors,
 )
-from rerank.quality import prediction_quality
-from rerank.reports import ReportAccumulators
+from rerank.fit.quality import prediction_quality
+from rerank.report.breakdowns import breakdown_gains, breakdowns
+from rerank.report.comparisons import compare, comparisons_table
+from rerank.report.plots import reliability_table, write_plots
+from rerank.report.summary import (
+    choose_mixture_weights,
+    law_draws,
+    results_table,
+    summarise_draws,
+)
+from rerank.report.variants import variant_table, variants_text
 from rerank.settings import (
     check_settings,
     comparison_pairs,
     model_capacity,
     store_budgets,
 )
-from rerank.summary import (
-    choose_mixture_weights,
-    law_draws,
-    results_table,
-    summarise_draws,
-)
-from rerank.variants import variant_table, variants_text
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank import faults
 from specrank.cli import run_entry_point
@@ -126,12 +126,14 @@ class Fitted:
 class Evaluation:
     per_round: pd.DataFrame
     summary: pd.DataFrame
-    comparisons: pd.DataFrame  # paired gains between two rules (rerank.comparisons)
+    comparisons: pd.DataFrame  # paired gains between two rules (rerank.report.comparisons)
     breakdowns: pd.DataFrame  # mean values per group
     breakdown_gains: pd.DataFrame  # gains over draft per group, with intervals
     mixture_weights: pd.DataFrame
     table: str  # the results table, then the paired comparisons
-    reports: dict[str, pd.DataFrame]  # rerank.reports tables and the halves split, by file name
+    reports: dict[
+        str, pd.DataFrame
+    ]  # rerank.evaluate.reports tables and the halves split, by file name
 
 
 def fit(rerank: RerankConfig, seed: int) -> Fitted:

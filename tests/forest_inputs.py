@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rerank.design import design_matrix
+from rerank.fit.design import design_matrix
 from tests.candidate_frames import make_candidate_frame
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bench.bench_rerankers import bench_law, iterations_to
-from rerank.models import KINDS, Capacity
+from rerank.fit.models import KINDS, Capacity
 from tests.candidate_frames import make_candidate_frame
 
 

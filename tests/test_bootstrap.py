@@ -99,7 +99,7 @@ def test_prompts_with_two_task_labels_are_refused():
 
 
 def test_matched_pearl_hits_the_target_size_in_every_resample():
-    from rerank.summary import matched_pearl
+    from rerank.report.summary import matched_pearl
 
     rng = np.random.default_rng(0)
     n_prompts, width = 15, 40
@@ -122,7 +122,7 @@ def test_matched_pearl_hits_the_target_size_in_every_resample():
 
 
 def test_node_equivalent_budget_is_the_first_draft_budget_reaching_the_value():
-    from rerank.summary import node_equivalent_budget
+    from rerank.report.summary import node_equivalent_budget
 
     curve = np.array([[0.5, 1.0, 1.5, 1.5, 2.0]] * 5)
     value = np.array([1.0, 1.2, 1.5, 2.5, 1.0 + 1e-12])

@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rerank.comparisons import check_comparisons, compare, parse_comparisons
-from rerank.evaluate import PromptCurves
-from rerank.predict import FirstFactorPredictions
-from rerank.quality import prediction_quality
-from rerank.summary import law_draws, summarise_draws
+from rerank.evaluate.values import PromptCurves
+from rerank.fit.predict import FirstFactorPredictions
+from rerank.fit.quality import prediction_quality
+from rerank.report.comparisons import check_comparisons, compare, parse_comparisons
+from rerank.report.summary import law_draws, summarise_draws
 from specrank.bootstrap import resample_weights
 
 N_RES = 300
@@ -146,7 +146,7 @@ def test_top1_agreement_is_the_papers():
 
 def test_breakdown_gains_are_the_summary_of_each_groups_rounds():
     """A group's gain and interval = the round-weighted summary of that group's rounds alone."""
-    from rerank.breakdowns import breakdown_gains
+    from rerank.report.breakdowns import breakdown_gains
 
     frame = _rounds(4)
     frame["category"] = frame["task"] + "_x"

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rerank.crossfit import check_grouped, fold_masks, prompt_halves
-from rerank.models import crossfit_predict, fit_reranker
-from rerank.token_prior import TokenPrior, alternation_parts, token_prior_features
+from rerank.fit.crossfit import check_grouped, fold_masks, prompt_halves
+from rerank.fit.models import crossfit_predict, fit_reranker
+from rerank.fit.token_prior import TokenPrior, alternation_parts, token_prior_features
 from tests.candidate_frames import FAST, make_candidate_frame
 
 # -- prompt halves -------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_crossfit_model_equals_a_model_fitted_on_the_training_half_alone(samplin
 
 
 def test_distinct_values_are_numpys_unique_of_the_strings():
-    from rerank.crossfit import distinct_strings
+    from rerank.fit.crossfit import distinct_strings
 
     rng = np.random.default_rng(5)
     words = np.array(["b-10", "b-9", "a", "é", "B", "b-1"], dtype=object)

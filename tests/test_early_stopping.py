@@ -9,12 +9,12 @@ import pytest
 from hydra import compose
 from omegaconf import OmegaConf
 
-from rerank.boosting import Capacity, fit_estimator
-from rerank.crossfit import check_grouped, inner_validation, prompt_halves
-from rerank.design import design_matrix
-from rerank.models import LABEL_OF_LAW, crossfit_predict, feature_list
+from rerank.fit.boosting import Capacity, fit_estimator
+from rerank.fit.crossfit import check_grouped, inner_validation, prompt_halves
+from rerank.fit.design import design_matrix
+from rerank.fit.models import LABEL_OF_LAW, crossfit_predict, feature_list
+from rerank.fit.token_prior import token_prior_features
 from rerank.settings import model_capacity
-from rerank.token_prior import token_prior_features
 from tests.candidate_frames import make_candidate_frame
 
 # Fast enough for tests, large enough that the held-out loss turns before n_iter.

@@ -19,20 +19,20 @@ import torch
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.boosting import Capacity
-from rerank.coverage import RootIfCovered
-from rerank.design import design_matrix
-from rerank.evaluate import EvalPlan, PromptCurves, evaluate_traces
-from rerank.models import crossfit_predict, fit_reranker
-from rerank.pool_chunks import ROUND_KEYS, RoundCodes, chunk_of, iter_trace_chunks
-from rerank.predict import (
+from rerank.evaluate.coverage import RootIfCovered
+from rerank.evaluate.pool_chunks import ROUND_KEYS, RoundCodes, chunk_of, iter_trace_chunks
+from rerank.evaluate.reports import ReportAccumulators
+from rerank.evaluate.values import EvalPlan, PromptCurves, evaluate_traces
+from rerank.fit.boosting import Capacity
+from rerank.fit.design import design_matrix
+from rerank.fit.models import crossfit_predict, fit_reranker
+from rerank.fit.predict import (
     EDGE_COLUMNS,
     fit_per_depth_maps,
     fold_map,
     per_depth_scores,
     predict_first_factors,
 )
-from rerank.reports import ReportAccumulators
 from selection.draws import subtree_ranks
 from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
 from selection.ranking import path_sum, pool_levels

@@ -9,8 +9,8 @@ from hydra import compose
 
 from pairs.prompts import load_prompts
 from rerank.config import RerankConfig
-from rerank.crossfit import balance_tolerance, check_grouped, prompt_halves
-from rerank.predict import fold_map, halves_table
+from rerank.fit.crossfit import balance_tolerance, check_grouped, prompt_halves
+from rerank.fit.predict import fold_map, halves_table
 from tests.test_tasks import _data
 
 

@@ -24,8 +24,8 @@ from pairs.eagle3.layout import pickle_protocol, read_head_weights
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
-from rerank.evaluate import EvalPlan, evaluate_traces
-from rerank.summary import _node_budgets, results_table, summarise_draws
+from rerank.evaluate.values import EvalPlan, evaluate_traces
+from rerank.report.summary import _node_budgets, results_table, summarise_draws
 from selection.pool_batch import check_draft_logprobs, list_matrix, pool_batch_from_table
 from specrank.bootstrap import MAX_NONFINITE_SHARE, ci_text, percentile_interval
 from specrank.tables import SchemaError, sha256_file
@@ -184,7 +184,7 @@ def test_an_unreachable_node_budget_is_beyond_the_pool():
 
 
 def test_the_results_table_prints_why_an_interval_is_missing():
-    from rerank.summary import LawDraws
+    from rerank.report.summary import LawDraws
 
     point = np.array([1.0, 1.2])
     draws = np.stack([np.ones(100), np.r_[np.full(90, 1.2), np.full(10, np.nan)]], 1)

@@ -1,4 +1,4 @@
-"""notebooks/compare_runs.ipynb and its reading helpers (`rerank.runs`), on runs at debug size.
+"""notebooks/compare_runs.ipynb and its reading helpers (`rerank.report.runs`), on runs at debug size.
 
 The notebook is stored without outputs; here it is executed with nbclient on
 two runs that `rerank.train` logged to a temporary SQLite store, parameterised
@@ -23,9 +23,9 @@ from traitlets.config import Config
 from features.extract import extract
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank import run_tables as T
-from rerank import runs as R
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
+from rerank.report import run_tables as T
+from rerank.report import runs as R
 from rerank.train import TrainResult, train_and_evaluate
 from tree.config import PoolConfig, SelectConfig
 

@@ -23,7 +23,7 @@ from decode.config import RUN_RULES
 from decode.loop import decode_prompt
 from decode.settings import OnlineSettings
 from pairs.prompts import encode_prompt
-from rerank.models import fit_reranker
+from rerank.fit.models import fit_reranker
 from rerank.serving import OnlinePredictor
 from tests.candidate_frames import FAST, make_candidate_frame
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings, tiny_vocab_models

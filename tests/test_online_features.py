@@ -21,7 +21,7 @@ from features.first_level import FEATURE_DTYPES
 from features.schema import EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES, candidate_store
 from pairs.models import load_model_pair
 from pairs.prompts import encode_prompt
-from rerank.design import design_matrix
+from rerank.fit.design import design_matrix
 from rerank.serving import OnlinePredictor, load_online_reranker
 from specrank.trace_schema import TRACE_SCHEMA, trace_store
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings

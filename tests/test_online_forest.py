@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import rerank.serving as online_rerank
-from rerank.forest import ForestError, _mask, forest_from_hgb, forest_from_lightgbm
-from rerank.forest_eval import TorchForest, compile_forest, link, prepare, walk_numpy
-from rerank.models import fit_reranker
+from rerank.fit.models import fit_reranker
+from rerank.forest.table import ForestError, _mask, forest_from_hgb, forest_from_lightgbm
+from rerank.forest.walk import TorchForest, compile_forest, link, prepare, walk_numpy
 from rerank.serving import OnlinePredictor
 from tests.candidate_frames import FAST, TASKS, make_candidate_frame
 from tests.forest_inputs import forest_inputs, library_predict

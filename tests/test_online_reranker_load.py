@@ -13,8 +13,8 @@ import shutil
 import pytest
 
 from pairs.prompts import Prompt
-from rerank.models import fit_reranker
-from rerank.persist import RerankerLoadError, save_reranker
+from rerank.fit.models import fit_reranker
+from rerank.fit.persist import RerankerLoadError, save_reranker
 from rerank.serving import load_online_reranker, unseen_prompts
 from tests.candidate_frames import FAST, make_candidate_frame
 from tests.tiny_models import one_thread
@@ -22,7 +22,7 @@ from tests.tiny_models import one_thread
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    """A greedy Rows reranker saved by rerank.persist (fitted on a synthetic table)."""
+    """A greedy Rows reranker saved by rerank.fit.persist (fitted on a synthetic table)."""
     root = tmp_path_factory.mktemp("saved")
     frame = make_candidate_frame(n_prompts=16, rounds=5, temperature=0.0, seed=4)
     with one_thread():

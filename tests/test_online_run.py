@@ -96,7 +96,7 @@ def test_whole_run_logs_metrics_values_and_traces(tmp_path):
     assert m["online/realized_minus_expected"] == 0.0 and m["online/rounds_equal"] == 1.0
     run_data = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri).get_run(report.run_id).data
     assert run_data.metrics["online/tau"] == m["online/tau"]
-    # run.predictor=auto on a CPU: the compiled forest walk (rerank.forest_jit)
+    # run.predictor=auto on a CPU: the compiled forest walk (rerank.forest.jit)
     assert run_data.tags["rule"] == "reranker_rows_lgbm" and run_data.tags["predictor"] == "forest"
     assert run_data.tags["reranker"] == uri
     assert (tmp_path / "out" / "online_groups.csv").exists()

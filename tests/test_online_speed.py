@@ -1,6 +1,6 @@
 """The online decoder's fast paths give the reference paths' values (issue 19).
 
-- the compiled forest walk (`rerank.forest_jit`) predicts the libraries' phat to 1e-12;
+- the compiled forest walk (`rerank.forest.jit`) predicts the libraries' phat to 1e-12;
 - the compiled feature kernels (`features.first_level`, `features.subtree`): a round's
   features are bitwise the same from the online entry point (`RoundBlocks.one_round`,
   the pool's int64 arrays), from `RoundArrays.one_round` and from a batch of rounds with
@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-import rerank.forest_jit as forest_jit
+import rerank.forest.jit as forest_jit
 from calibrate.isotonic import PROB_FLOOR
 from features.first_level import (
     FEATURE_DTYPES,
@@ -32,8 +32,8 @@ from features.first_level import (
 from features.from_trace import candidate_table, round_arrays
 from features.kernels import pairwise_sum
 from features.rounds import FL_ROWS, ROW_ARGMAX, ROW_SCALARS, RoundArrays, RoundBlocks
-from rerank.forest_eval import compile_forest, link, prepare, walk_numpy
-from rerank.models import Capacity, fit_reranker
+from rerank.fit.models import Capacity, fit_reranker
+from rerank.forest.walk import compile_forest, link, prepare, walk_numpy
 from rerank.serving import OnlinePredictor, forest_of
 from specrank.trace_schema import TRACE_SCHEMA
 from tests.candidate_frames import TASKS, make_candidate_frame

@@ -14,9 +14,9 @@ import skops.io as sio
 from sklearn.preprocessing import FunctionTransformer
 
 from features.schema import CANDIDATE_VERSION
-from rerank.crossfit import prompt_halves
-from rerank.models import FittedReranker, crossfit_predict, feature_list
-from rerank.persist import (
+from rerank.fit.crossfit import prompt_halves
+from rerank.fit.models import FittedReranker, crossfit_predict, feature_list
+from rerank.fit.persist import (
     MODEL_FILES,
     SIDECAR,
     RerankerLoadError,

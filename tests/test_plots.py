@@ -15,9 +15,9 @@ from features.extract import extract
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
-from rerank.plot_style import COLORS, MARKERS, family_of, group_rules, styles
-from rerank.plots import comparison_forest, gain_figure, reliability_figure
-from rerank.plots_reliability import EDGES
+from rerank.report.plot_style import COLORS, MARKERS, family_of, group_rules, styles
+from rerank.report.plots import comparison_forest, gain_figure, reliability_figure
+from rerank.report.plots_reliability import EDGES
 from rerank.train import train_and_evaluate
 from tree.config import PoolConfig, SelectConfig
 

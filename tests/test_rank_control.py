@@ -7,7 +7,7 @@ import pytest
 
 from calibrate.isotonic import PROB_FLOOR
 from calibrate.rank_control import DraftRankMeans
-from rerank.crossfit import crossfit_rank_control
+from rerank.fit.crossfit import crossfit_rank_control
 
 
 def test_means_by_rank_and_by_q_bin_by_hand():

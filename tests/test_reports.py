@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from rerank.coverage import RootIfCovered, coverage_table
-from rerank.draw_sizes import draw_size_table, size_means
-from rerank.evaluate import EvalPlan, evaluate_traces
-from rerank.reports import report_tables
-from rerank.row_agreement import row_agreement
+from rerank.evaluate.coverage import RootIfCovered, coverage_table
+from rerank.evaluate.draw_sizes import draw_size_table, size_means
+from rerank.evaluate.reports import report_tables
+from rerank.evaluate.row_agreement import row_agreement
+from rerank.evaluate.values import EvalPlan, evaluate_traces
 from selection.pool_batch import pool_batch_from_table
 from selection.values import pool_context, rule_scores
 from specrank.trace_schema import TRACE_SCHEMA

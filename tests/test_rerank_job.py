@@ -18,8 +18,8 @@ from features.schema import candidate_store
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
 from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
-from rerank.evaluate import ROUND_KEYS, EvalPlan, evaluate_traces
-from rerank.summary import choose_mixture_weights
+from rerank.evaluate.values import ROUND_KEYS, EvalPlan, evaluate_traces
+from rerank.report.summary import choose_mixture_weights
 from rerank.train import train_and_evaluate
 from specrank.trace_schema import trace_store
 from tree.config import PoolConfig, SelectConfig

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import rerank.design as design
-import rerank.models as models
+import rerank.fit.design as design
+import rerank.fit.models as models
 from calibrate.isotonic import PROB_FLOOR
 from features.schema import (
     BASE_FEATURES,
@@ -20,9 +20,9 @@ from features.schema import (
     MATCHED_FEATURES,
     ROW_FEATURES,
 )
-from rerank.crossfit import prompt_halves
-from rerank.design import TOKEN_PRIOR, design_matrix, task_categories
-from rerank.models import (
+from rerank.fit.crossfit import prompt_halves
+from rerank.fit.design import TOKEN_PRIOR, design_matrix, task_categories
+from rerank.fit.models import (
     LABEL_OF_LAW,
     Capacity,
     CrossfitResult,
@@ -31,7 +31,7 @@ from rerank.models import (
     feature_list,
     fit_reranker,
 )
-from rerank.token_prior import TokenPrior
+from rerank.fit.token_prior import TokenPrior
 from tests.candidate_frames import FAST, TASKS, make_candidate_frame
 
 TEMPERATURE = {"greedy": 0.0, "sampling": 1.0}

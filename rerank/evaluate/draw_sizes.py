@@ -12,7 +12,7 @@ summed over rounds, never a sample:
   matched PEARL         PEARL with its pre-draw budget raised until its mean
                         tree size equals root-draw's; the budget mixes the two
                         nearest whole budgets (`selection.draws.matched_budget`,
-                        point estimate; `rerank.summary` repeats the matching in
+                        point estimate; `rerank.report.summary` repeats the matching in
                         every bootstrap resample for the *values*)
   exceeds B             E[1{matched PEARL's pruned tree holds more than B nodes}]
 
@@ -35,7 +35,7 @@ import torch
 from numba import njit, prange
 from torch import Tensor
 
-from rerank.pool_chunks import PoolChunk, iter_pool_chunks
+from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
 from selection.draws import matched_budget
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
 from specrank.laws import law_name

@@ -3,9 +3,9 @@
 Streams a trace store in chunks of rounds; for each chunk it builds the dense
 pools, turns every first-factor source into first-level log factors and asks
 `selection.values` for the value of each rule at each budget (and feeds the
-same pools and draft order to the report accumulators of `rerank.reports`). The result is a
+same pools and draft order to the report accumulators of `rerank.evaluate.reports`). The result is a
 per-round table (keys, breakdown fields, `<rule>@B<b>` values) from which
-`rerank.summary` computes gains and intervals.
+`rerank.report.summary` computes gains and intervals.
 
 First-factor sources (each replaces log q(x1) in the draft score):
   learned   out-of-fold predictions phat (rerankers, isotonic q1) joined by key
@@ -33,7 +33,13 @@ from numba import njit
 from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
-from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, chunk_of, iter_trace_chunks
+from rerank.evaluate.pool_chunks import (
+    ROUND_KEYS,
+    PoolChunk,
+    RoundCodes,
+    chunk_of,
+    iter_trace_chunks,
+)
 from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table, trace_matrix
 from selection.ranking import pool_levels
 from selection.values import RULES, evaluate_pools
@@ -252,7 +258,7 @@ def _round_fields(table: pa.Table, pool: PoolBatch) -> pd.DataFrame:
 
 
 class ChunkConsumer(Protocol):
-    """Something fed every chunk of the evaluation pass (the `rerank.reports` accumulators).
+    """Something fed every chunk of the evaluation pass (the `rerank.evaluate.reports` accumulators).
 
     `part` computes a chunk's contribution (in any thread); `merge` adds it, chunk
     after chunk in the traces' order.

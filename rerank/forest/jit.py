@@ -38,8 +38,8 @@ import numpy as np
 from numba import njit
 
 from calibrate.isotonic import PROB_FLOOR
-from rerank.forest import MAX_CATEGORY, ForestError
-from rerank.forest_eval import LGB_ZERO, CompiledForest, prepare
+from rerank.forest.table import MAX_CATEGORY, ForestError
+from rerank.forest.walk import LGB_ZERO, CompiledForest, prepare
 
 MAX_COLUMN = 2**16 - 1  # Xv columns a node can name (16 bits)
 MAX_OFFSET = 2**15 - 1  # preorder distance to a right child (15 bits): trees < 32k nodes

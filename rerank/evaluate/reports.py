@@ -21,10 +21,10 @@ from collections.abc import Sequence
 import pandas as pd
 import pyarrow.dataset as ds
 
-from rerank.coverage import COVERAGE_COLUMNS, CoverageRounds
-from rerank.draw_sizes import DrawSizeSums, size_means
-from rerank.pool_chunks import PoolChunk, iter_pool_chunks
-from rerank.row_agreement import ROW_COLUMNS, RowRounds, agreement_tables
+from rerank.evaluate.coverage import COVERAGE_COLUMNS, CoverageRounds
+from rerank.evaluate.draw_sizes import DrawSizeSums, size_means
+from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
+from rerank.evaluate.row_agreement import ROW_COLUMNS, RowRounds, agreement_tables
 
 
 class ReportAccumulators:

@@ -34,8 +34,8 @@ import skops
 import skops.io as sio
 
 from features.schema import CANDIDATE_VERSION
-from rerank.models import KINDS, LAWS, Capacity, FittedReranker
-from rerank.token_prior import TokenPrior
+from rerank.fit.models import KINDS, LAWS, Capacity, FittedReranker
+from rerank.fit.token_prior import TokenPrior
 from specrank.tables import sha256_file
 
 FORMAT = "specrank.reranker"

@@ -1,6 +1,6 @@
 """From per-round rule values to the published numbers (SPEC §9).
 
-Input: the per-round table of `rerank.evaluate` (plus a `fold` column). For
+Input: the per-round table of `rerank.evaluate.values` (plus a `fold` column). For
 each decoding law (greedy and sampling are never pooled) and budget:
 expected accepted tokens, emitted tokens (accepted + continuation), gains over
 draft selection with paired prompt-bootstrap intervals (round-, prompt- and
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rerank.evaluate import PromptCurves
+from rerank.evaluate.values import PromptCurves
 from specrank.bootstrap import (
     DEFAULT_RESAMPLES,
     WEIGHTINGS,

@@ -1,7 +1,7 @@
 """Chunks of recorded rounds as dense pools with their draft ranking (issue 14 reports).
 
-The report accumulators (`rerank.coverage`, `rerank.draw_sizes`,
-`rerank.row_agreement`) all need the same per-chunk quantities: the dense pool,
+The report accumulators (`rerank.evaluate.coverage`, `rerank.evaluate.draw_sizes`,
+`rerank.evaluate.row_agreement`) all need the same per-chunk quantities: the dense pool,
 the path probabilities under each round's law and the full draft order. They
 are built once per chunk, by `rerank.evaluate.evaluate_traces` (which needs
 them for the rule values too) or by `iter_pool_chunks`, so one pass over the

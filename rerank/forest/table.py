@@ -5,7 +5,7 @@ libraries' own predictors are exact but CPU-only, and scikit-learn's spends ~2
 ms of Python per call on 400 trees. A `Forest` holds every tree of a LightGBM
 Booster or a HistGradientBoosting model as rows of one table (all trees
 concatenated, leaves pointing to themselves) with each library's rules for
-missing values and categories, so `rerank.forest_eval` can evaluate it with a
+missing values and categories, so `rerank.forest.walk` can evaluate it with a
 few array ops per tree level, on the CPU (numpy) or on a CUDA device (torch).
 
 Exactness. Inputs are the float32 design matrix (`rerank.design.design_matrix`).

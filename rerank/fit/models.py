@@ -6,7 +6,7 @@ first-level candidate: under greedy decoding whether it is the target's argmax
 (regressor on ``label_target_prob``). The selector then ranks by
 ``log phat(x1) + log q(x2) + ...``.
 
-Capacity and the libraries' settings live in `rerank.boosting`: the paper's
+Capacity and the libraries' settings live in `rerank.fit.boosting`: the paper's
 fixed 400 x 0.05 x 63 leaves, or early stopping on a prompt-grouped inner split
 of the training half.
 """
@@ -27,14 +27,14 @@ from threadpoolctl import threadpool_limits
 
 from calibrate.isotonic import PROB_FLOOR
 from features.schema import BASE_FEATURES, EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES
-from rerank.boosting import (
+from rerank.fit.boosting import (
     PAPER_CAPACITY,
     Capacity,
     estimator_iterations,
     fit_estimator,
 )
-from rerank.crossfit import check_grouped, distinct_strings, fold_masks
-from rerank.design import (
+from rerank.fit.crossfit import check_grouped, distinct_strings, fold_masks
+from rerank.fit.design import (
     TOKEN_PRIOR,
     design_matrix,
     digest_rows,
@@ -42,9 +42,9 @@ from rerank.design import (
     hash_rows,
     task_categories,
 )
-from rerank.forest import ForestError, forest_of
-from rerank.forest_eval import flat_forest, predict_proba
-from rerank.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
+from rerank.fit.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
+from rerank.forest.table import ForestError, forest_of
+from rerank.forest.walk import flat_forest, predict_proba
 from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 
@@ -190,7 +190,7 @@ def fit_reranker(
 ) -> FittedReranker:
     """Fit one reranker on all rows of ``frame`` (they form the training half).
 
-    Training rows get alternation token priors (`rerank.token_prior`); the
+    Training rows get alternation token priors (`rerank.fit.token_prior`); the
     returned model applies the whole-half prior to new rows.
     """
     _check_args(frame, kind, law)
@@ -261,7 +261,7 @@ def crossfit_predict(
     ``folds`` come from `rerank.crossfit.prompt_halves` (checked constant
     within each prompt). Task categories are fixed from the whole frame
     unless declared. The token prior is computed inside each fold, and so is
-    early stopping's inner split (`rerank.boosting`): neither reads the
+    early stopping's inner split (`rerank.fit.boosting`): neither reads the
     predicted half. ``sample_weight`` (one per row) weighs the training rows' loss.
     ``route`` predicts the held-out half (`FittedReranker.predict_matrix`; None: the
     faster one for ``kind``, `BATCH_ROUTE`).

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from rerank.plot_style import FAMILIES, OTHER, family_of, group_rules, save, styles
-from rerank.plots_gain import comparison_forest, gain_figure
-from rerank.plots_reliability import reliability_figure, reliability_table
+from rerank.report.plot_style import FAMILIES, OTHER, family_of, group_rules, save, styles
+from rerank.report.plots_gain import comparison_forest, gain_figure
+from rerank.report.plots_reliability import reliability_figure, reliability_table
 
 __all__ = [
     "FAMILIES",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rerank.summary import budget_rows, value_columns
+from rerank.report.summary import budget_rows, value_columns
 from specrank.bootstrap import DEFAULT_RESAMPLES, PromptSums, resample_weights, weighted_means
 from specrank.laws import law_name
 

@@ -13,7 +13,7 @@ import pandas as pd
 from matplotlib import transforms
 from matplotlib.figure import Figure
 
-from rerank.plot_style import budget_axis, group_rules, new_figure, padded_range, styles
+from rerank.report.plot_style import budget_axis, group_rules, new_figure, padded_range, styles
 
 PANEL_COLUMNS = 3
 

@@ -1,4 +1,4 @@
-"""Rule families and styles shared by every figure (`rerank.plots`) and the notebook.
+"""Rule families and styles shared by every figure (`rerank.report.plots`) and the notebook.
 
 A family is a panel of the gain-vs-budget figure. Rules are mapped to families
 by name prefix, the longest prefix winning, so that a rule added later lands in
@@ -27,7 +27,7 @@ class Family:
 
 FAMILIES = (
     Family("exact", "exact target rows", ("root", "depth_two", "oracle")),
-    # `base`/`rows` alone: the notebook's model-kind-free names (`rerank.runs`)
+    # `base`/`rows` alone: the notebook's model-kind-free names (`rerank.report.runs`)
     Family("learned", "learned rerankers", ("base", "rows", "rank")),
     Family("calibrators", "calibration controls", ("iso", "per_depth")),
     # apart: a substitution at -70% would squash the mixtures near 0 in a shared panel

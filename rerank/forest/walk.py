@@ -1,4 +1,4 @@
-"""Evaluate a `rerank.forest.Forest`: categorical splits become virtual columns, then tree walks.
+"""Evaluate a `rerank.forest.table.Forest`: categorical splits become virtual columns, then tree walks.
 
 prepare (numpy, per call): X [N, F] float32 -> Xv [N, 2W], W = F + K
     HGB: categorical columns re-encoded; LightGBM: |x| <= 1e-35 read as 0
@@ -34,7 +34,7 @@ from numba import njit, prange
 from scipy.special import expit
 from torch import Tensor
 
-from rerank.forest import MAX_CATEGORY, Forest, ForestError
+from rerank.forest.table import MAX_CATEGORY, Forest, ForestError
 
 LGB_ZERO = np.float32(1e-35)  # LightGBM's kZeroThreshold (a float literal)
 _EXIT_CHECK = 4  # the numpy walk checks every few steps whether all paths reached a leaf

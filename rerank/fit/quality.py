@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from rerank.models import LABEL_OF_LAW
-from rerank.predict import FirstFactorPredictions
+from rerank.fit.models import LABEL_OF_LAW
+from rerank.fit.predict import FirstFactorPredictions
 from specrank.laws import law_kind
 
 

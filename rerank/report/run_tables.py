@@ -1,4 +1,4 @@
-"""Side-by-side tables of logged runs (issue 8): pure reshaping of what `rerank.runs` read.
+"""Side-by-side tables of logged runs (issue 8): pure reshaping of what `rerank.report.runs` read.
 
     tables = runs.load_runs(found, uri)                   # {"summary": ..., "breakdowns": ...}
     side_by_side(tables["summary"], "gain")              # rules x runs, "+12.3% [+8.1, +16.0]"
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from rerank.config import DEFAULT_BUDGETS
-from rerank.runs import ENV_BUDGETS, ENV_RULES
+from rerank.report.runs import ENV_BUDGETS, ENV_RULES
 
 
 def rule_order(summary: pd.DataFrame) -> list[str]:

@@ -40,7 +40,7 @@ import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
-from rerank.crossfit import inner_validation
+from rerank.fit.crossfit import inner_validation
 
 CATEGORICAL = ("task",)
 SMALL_FIT_ROWS = 100_000  # fits on fewer rows run on one thread (module doc)
@@ -146,7 +146,7 @@ def _cut(est: Any, kind: str, n_iter: int) -> Any:
     if kind == "lgbm":  # the text model round-trips doubles exactly (17 significant digits)
         return lgb.Booster(model_str=est.model_to_string(num_iteration=n_iter))
     # scikit-learn has no public way to drop iterations; these are the attributes its
-    # predictors read (rerank.forest reads `_predictors` too). The scores keep their
+    # predictors read (rerank.forest.table reads `_predictors` too). The scores keep their
     # baseline entry, as a fit that stopped at `n_iter` would hold.
     est._predictors = est._predictors[:n_iter]  # n_iter_ is len(_predictors)
     est.train_score_ = est.train_score_[: n_iter + 1]

@@ -32,7 +32,7 @@ import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
-from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
+from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from selection.pool_batch import PoolBatch
 from selection.ranking import replace_first_factor
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval

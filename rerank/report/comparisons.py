@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from rerank.models import FEATURE_SETS
-from rerank.summary import LawDraws
+from rerank.fit.models import FEATURE_SETS
+from rerank.report.summary import LawDraws
 from specrank.bootstrap import ci_text, emitted_gain, percentile_interval, relative_gain
 from specrank.laws import law_name
 

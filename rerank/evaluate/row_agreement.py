@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 
-from rerank.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
+from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from selection.pool_batch import list_matrix, trace_matrix
 from specrank.laws import law_name
 from tree.retained import TOKEN_ONLY_MAX

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from rerank.boosting import CATEGORICAL
+from rerank.fit.boosting import CATEGORICAL
 
-TOKEN_PRIOR = "token_prior"  # the design column filled from rerank.token_prior
+TOKEN_PRIOR = "token_prior"  # the design column filled from rerank.fit.token_prior
 # HGB bins a categorical feature into at most 255 values (one kept for missing).
 _MAX_CATEGORIES = 254
 

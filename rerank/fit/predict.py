@@ -6,7 +6,7 @@ the paper), the isotonic control of the first draft factor and the draft-rank
 control give phat for every first-level candidate;
 per-depth isotonic maps of every draft factor are fitted on pool edges of the
 training half. Every prediction of a prompt comes from a model fitted on the
-other half (`rerank.crossfit` conventions).
+other half (`rerank.fit.crossfit` conventions).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import pyarrow.dataset as ds
 import torch
 
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
-from rerank.boosting import PAPER_CAPACITY, Capacity
-from rerank.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
-from rerank.models import LABEL_OF_LAW, FittedReranker, crossfit_predict
-from rerank.pool_chunks import ROUND_KEYS, iter_trace_chunks
+from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks
+from rerank.fit.boosting import PAPER_CAPACITY, Capacity
+from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
+from rerank.fit.models import LABEL_OF_LAW, FittedReranker, crossfit_predict
 from selection.pool_batch import PoolBatch
 from selection.ranking import path_sum, pool_levels
 from specrank.laws import law_kind
