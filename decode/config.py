@@ -37,13 +37,12 @@ def manifest_view(sections: dict) -> dict:
 
 # Rules the online decoder runs (SPEC §6). `covering` is the comparison decoder of
 # the paper's App. D.10 (leaf draws emitted as the continuation; one pass per round).
-RUN_RULES = ("draft", "reranker", "root", "root_draw", "pearl", "covering")
 SCORE_MODES = ("tree", "pool")
 
 
 @dataclass
 class RunConfig:
-    rule: str = "draft"  # one of RUN_RULES
+    rule: str = "draft"  # a rule with an online route (selection.rules.online_rules)
     # rule=reranker: a folder written by rerank.persist.save_reranker (relative paths:
     # project root) or an MLflow artifact URI, e.g. runs:/<run id>/rerankers/rows_T0_fold0.
     # Its law must match decode.temperature (T=0: the classifier; T>0: the regressor).

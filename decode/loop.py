@@ -54,7 +54,7 @@ def decode_prompt(
     `task` and `category` (default: the task) label the prompt's trace rows.
     """
     s.check()
-    if s.rule == "reranker" and predictor is None:
+    if s.entry.predictor and predictor is None:
         raise ValueError("run.rule=reranker needs a loaded reranker (run.reranker)")
     check_positions(target, drafter, len(prompt), s.base)
     dec, dev = s.base.decode, target.device
@@ -62,7 +62,7 @@ def decode_prompt(
     if dec.temperature > 0:
         seed = prompt_seed(dec.seed, prompt_id)
         generator = torch.Generator(device=dev).manual_seed(seed)
-    rows_needed = s.record or (s.rule == "reranker" and predictor.uses_rows)
+    rows_needed = s.record or (s.entry.predictor and predictor.uses_rows)
     levels = levels_of(s.base)
     _sync(dev)
     t0 = time.perf_counter()

@@ -40,11 +40,11 @@ from decode.round import STAGES
 from decode.stream import prompt_seed
 from selection.pool_batch import pool_batch_from_table
 from selection.ranking import replace_first_factor
+from selection.rules import POOL_RULES
+from selection.rules import rule as rule_entry
 from selection.values import evaluate_pools
 from specrank.bootstrap import PromptSums, percentile_interval, resample_weights, weighted_means
 from specrank.trace_schema import TRACE_SCHEMA
-
-OFFLINE_RULE = {"draft": "draft", "root": "root", "root_draw": "root_draw", "pearl": "pearl"}
 
 
 @dataclass
@@ -233,7 +233,8 @@ def expected_values(
     """Offline expected value of `rule` at `budget` on each recorded round. [R] float64."""
     table = pa.Table.from_pylist(trace_rows, schema=TRACE_SCHEMA)
     pool = pool_batch_from_table(table)
-    if rule == "reranker":
+    entry = rule_entry(rule)
+    if entry.predictor:
         if first_logprob is None:
             raise ValueError("expected_values: rule=reranker needs each round's log phat")
         first = torch.zeros_like(pool.draft_logprob)  # [R, P]; only depth-1 entries are read
@@ -242,12 +243,10 @@ def expected_values(
         scores = replace_first_factor(pool.draft_logprob, pool.depth, first, pool.parent)
         out = evaluate_pools(pool, [budget], rules=["draft"], extra_scores={"reranker": scores})
         return out["reranker"][:, 0].double().numpy()
-    if rule not in OFFLINE_RULE:
-        raise ValueError(
-            f"no offline value for run.rule={rule!r}; known: {[*OFFLINE_RULE, 'reranker']}"
-        )
-    out = evaluate_pools(pool, [budget], rules=[OFFLINE_RULE[rule]])
-    return out[OFFLINE_RULE[rule]][:, 0].double().numpy()
+    if rule not in POOL_RULES:
+        raise ValueError(f"no offline value for run.rule={rule!r} (selection.rules: {entry})")
+    out = evaluate_pools(pool, [budget], rules=[rule])
+    return out[rule][:, 0].double().numpy()
 
 
 def realized_vs_expected(

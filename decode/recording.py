@@ -27,13 +27,13 @@ from decode.settings import OnlineSettings
 from decode.stream import DecodeSettings
 from pairs.models import ModelPair
 from pairs.prompts import Prompt, encode_prompt
+from selection.rules import RULES
 from specrank.checks import check_int
 from specrank.parallel import ParallelConfig, part_of
 from specrank.trace_schema import TRACE_SCHEMA, trace_store
 from tree.pool import pool_size
 
 log = logging.getLogger(__name__)
-RECORD_RULES = ("draft",)  # the paper records draft-selected trees (SPEC §4)
 
 
 def shard_id(temperature: float, budget: int, index: int) -> str:
@@ -91,9 +91,10 @@ class RecordReport:
 
 def recording_settings(settings: DecodeSettings, record: bool = True) -> OnlineSettings:
     """Recording = online decoding with the draft rule and the recording scored set (SPEC §4)."""
-    if settings.select.rule not in RECORD_RULES:
+    recordable = [n for n, r in RULES.items() if r.records]  # the paper records draft's trees
+    if settings.select.rule not in recordable:
         raise ValueError(
-            f"The 'select.rule' for recording must be one of {list(RECORD_RULES)}. "
+            f"The 'select.rule' for recording must be one of {recordable}. "
             f"Got {settings.select.rule!r} instead."
         )
     return OnlineSettings(base=settings, rule=settings.select.rule, score="pool", record=record)

@@ -35,6 +35,7 @@ from pairs.eagle3.pool import grow_pool_eagle3
 from pairs.models import Drafter
 from rerank.serving import OnlinePredictor
 from selection.ranking import Levels
+from selection.rules import Rule
 from tree import retained as R
 from tree import root_pass as RP
 from tree.attention import cache_length, compact_cache
@@ -75,9 +76,9 @@ class OnlineStream:
 # -- steps ----------------------------------------------------------------------------------------
 
 
-def root_row(st: OnlineStream, target: PreTrainedModel, rule: str) -> Tensor | None:
+def root_row(st: OnlineStream, target: PreTrainedModel, entry: Rule) -> Tensor | None:
     """The root's row [1, V] when known before selection: a root pass, or covering's held row."""
-    if rule in RP.ROOT_PASS_RULES:
+    if entry.root_pass:
         return RP.root_pass(target, st.stream.target_cache, st.stream.tokens[-1])
     if st.held_row is not None:
         return st.held_row[None]
@@ -123,7 +124,8 @@ def commit_step(
     its row. X1's KV is kept either way; the drafter has not seen X1.
     """
     stream, root, sel = st.stream, st.stream.tokens[-1], plan.sel
-    leaves = RP.tree_leaves(pool, sel.in_tree) if s.rule == "covering" else sel.in_tree  # [P]
+    covering = s.entry.online == "covering"
+    leaves = RP.tree_leaves(pool, sel.in_tree) if covering else sel.in_tree  # [P]
     small = torch.stack([v.accepted, leaves]).cpu().numpy()
     outcome_np = v.outcome.cpu().numpy()
     host = HostPool.from_device(pool, sel)
@@ -133,12 +135,12 @@ def commit_step(
     held, rows, x1, pending = None, [], [], []
     if plan.alone:
         rows = [plan.alone_row]
-        if s.rule == "covering":  # X1 labels the one-node tree's leaf: it is the continuation
+        if covering:  # X1 labels the one-node tree's leaf: it is the continuation
             held = plan.alone_row
         else:  # X1 (row 0's outcome: the draw) accepted; its row's outcome continues
             x1 = pending = [int(outcome_np[0])]
             cont = int(outcome_np[plan.alone_row])
-    elif s.rule == "covering" and path.size and small[1][path[-1]]:
+    elif covering and path.size and small[1][path[-1]]:
         leaf, path = int(path[-1]), path[:-1]  # sampled-leaf: the leaf is the continuation
         cont, held = int(host.token[leaf]), int(host.batch_row[leaf])
         rows = [held]
@@ -195,16 +197,16 @@ def decode_round(
         pool = grow_pool(drafter, stream.drafter_cache, pending, root_pos, s.base.pool)
     clock.mark()  # draft
 
-    root_logits = root_row(st, target, s.rule)  # [1, V] or None
-    passes = int(s.rule in RP.ROOT_PASS_RULES)
+    root_logits = root_row(st, target, s.entry)  # [1, V] or None
+    passes = int(s.entry.root_pass)
     clock.mark()  # root pass
 
     first, feats = None, None
-    if s.rule == "reranker":
+    if s.entry.predictor:
         first, feats = reranker_first_factor(
             stream, st.task, pool, predictor, ctx, law_temperature(temp), rows_needed
         )
-    elif s.rule == "root":
+    elif s.entry.online == "first_factor":  # from the root row (the root pass)
         first = RP.root_first_factor(root_logits, pool.token[: pool.n_first], temp)
     clock.mark()  # features
 
@@ -235,7 +237,7 @@ def decode_round(
         covered=c.covered,
         root_entropy=float(entropy),
         stage_ms=clock.durations_ms(),
-        first_logprob=None if s.rule != "reranker" else first.float().cpu().numpy(),
+        first_logprob=first.float().cpu().numpy() if s.entry.predictor else None,
         features=feats if keep_features else None,
         fields=c.fields,
         x1_alone=plan.alone,

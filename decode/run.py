@@ -59,6 +59,7 @@ from rerank.serving import (
     load_online_reranker,
     unseen_prompts,
 )
+from selection.rules import RULES
 from specrank.checks import check_choice, check_int
 from specrank.cli import expand_short_overrides as _expand
 from specrank.cli import run_entry_point
@@ -83,7 +84,7 @@ def check_run(s: OnlineSettings, run: RunConfig, prompts_per_shard: int) -> None
     n_pool = pool_size(s.base.pool)
     for i, b in enumerate(run.budgets):
         check_int(f"run.budgets[{i}]", b, 1, n_pool)
-    if s.rule == "reranker" and not run.reranker:
+    if s.entry.predictor and not run.reranker:
         raise ValueError("run.rule=reranker needs run.reranker=<folder or MLflow URI>; got none")
 
 
@@ -113,7 +114,7 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
                                    data.long_prompts)  # fmt: skip
     # An MLflow URI resolves against the run's tracking store; a folder needs none.
     uri = (tracking or MlflowConfig()).tracking_uri
-    if s.rule == "reranker":
+    if s.entry.predictor:
         fitted = load_online_reranker(run.reranker, s.base.decode.temperature, uri)
         prompts = unseen_prompts(fitted, prompts, run.seen_prompts)
     keys = ("model", "data", "pool", "select", "decode", "run")
@@ -133,7 +134,7 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
     else:
         pair = load_model_pair(model)
         predictor = None
-        if s.rule == "reranker":
+        if s.entry.predictor:
             predictor = OnlinePredictor(fitted, pair.device, run.predictor)
         traces = trace_shards(pair.ids)
         finished: list[PromptTiming] = []
@@ -200,7 +201,10 @@ def main(cfg: DictConfig) -> None:
     )
     # run.score=pool reports realized vs offline expected values, which are computed from
     # each round's trace row: build the rows then too (written only with record_traces).
-    build_rows = run.record_traces or (run.score == "pool" and run.rule != "covering")
+    entry = RULES.get(run.rule)  # an unknown rule is refused by check_run, naming the choices
+    build_rows = run.record_traces or (
+        run.score == "pool" and entry is not None and entry.has_offline_value
+    )
     s = OnlineSettings(base, run.rule, run.score, build_rows)
     try:
         report = run_online(

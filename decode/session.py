@@ -44,6 +44,8 @@ from pairs.models import ModelPair
 from pairs.prompts import Prompt, encode_prompt
 from rerank.config import MlflowConfig
 from rerank.serving import OnlinePredictor
+from selection.rules import learned
+from selection.rules import rule as rule_entry
 from specrank.files import atomic_write
 from specrank.laws import law_name
 from specrank.run_record import RunRecord, log_or_explain, write_record
@@ -77,9 +79,9 @@ def at_budget(s: OnlineSettings, budget: int) -> OnlineSettings:
 
 def rule_label(rule: str, predictor: OnlinePredictor | None) -> str:
     """Rule name in metric keys: reranker runs name their model (e.g. reranker_rows_lgbm)."""
-    if rule != "reranker" or predictor is None:
+    if not rule_entry(rule).predictor or predictor is None:
         return rule
-    return f"reranker_{predictor.model.feature_set}_{predictor.model.kind}"
+    return f"{rule}_{learned(predictor.model.feature_set, predictor.model.kind).name}"
 
 
 def decode_all(
@@ -209,7 +211,7 @@ def summarize(timings: dict[int, list[PromptTiming]], s: OnlineSettings, run: Ru
         b: run_groups(rounds[b], prompts[b], run.bootstrap_resamples, seed, halves) for b in timings
     }
     values: dict[str, float] = {}
-    if s.score == "pool" and s.rule != "covering":
+    if s.score == "pool" and s.entry.has_offline_value:
         rows = [r.fields for p in timings[primary] for r in p.run.rounds]
         firsts = [r.first_logprob for p in timings[primary] for r in p.run.rounds]
         rounds[primary]["expected"] = expected_values(rows, s.rule, primary, firsts)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from decode.config import RUN_RULES, SCORE_MODES
+from decode.config import SCORE_MODES
 from decode.stream import DecodeSettings
 from selection.ranking import Levels
+from selection.rules import Rule, online_rules, rule
 from tree.pool import level_sizes
 
 
@@ -20,11 +21,16 @@ class OnlineSettings:
     score: str = "tree"  # tree | pool (see decode.config)
     record: bool = False  # build trace rows (TRACE_SCHEMA) for every round
 
+    @property
+    def entry(self) -> Rule:
+        """The rule's entry in `selection.rules` (its routes, what it reads)."""
+        return rule(self.rule)
+
     def check(self) -> None:
         self.base.check()
-        if self.rule not in RUN_RULES:
+        if self.rule not in online_rules():
             raise ValueError(
-                f"The 'run.rule' must be one of {list(RUN_RULES)}. Got {self.rule!r} instead."
+                f"The 'run.rule' must be one of {list(online_rules())}. Got {self.rule!r} instead."
             )
         if self.score not in SCORE_MODES:
             raise ValueError(
@@ -35,9 +41,9 @@ class OnlineSettings:
                 "run.record_traces=true needs run.score=pool: a trace row holds the target "
                 "probability of every pool edge, which only a pass over the expanded nodes gives"
             )
-        if self.record and self.rule == "covering":
+        if self.record and not self.entry.traces:
             raise ValueError(
-                "run.record_traces=true is not supported for run.rule=covering (its rounds "
+                f"run.record_traces=true is not supported for run.rule={self.rule} (its rounds "
                 "emit a tree leaf as the continuation, which the trace schema cannot express)"
             )
 

@@ -133,7 +133,7 @@ class RunWorker:
             torch.set_num_threads(run.torch_threads)
         self.pair = load_model_pair(model)
         self.predictor = None
-        if s.rule == "reranker":
+        if s.entry.predictor:
             fitted = load_online_reranker(run.reranker, s.base.decode.temperature, tracking_uri)
             self.predictor = OnlinePredictor(fitted, self.pair.device, run.predictor)
         self.s, self.shards = s, shards

@@ -29,6 +29,7 @@ from transformers import PreTrainedModel
 from decode.settings import OnlineSettings
 from decode.stream import DecodeSettings, Stream
 from selection.ranking import Levels
+from selection.rules import Rule
 from tree import root_pass as RP
 from tree.pool import Pool
 from tree.verify import (
@@ -43,13 +44,13 @@ from tree.verify import (
 )
 
 
-def uses_draw_tree(rule: str, draw: Tensor | None) -> bool:
+def uses_draw_tree(entry: Rule, draw: Tensor | None) -> bool:
     """Whether the round's tree is built below the draw X1 (draw rules; covering with a held row)."""
-    return draw is not None and rule != "root"
+    return draw is not None and entry.online in ("draw", "covering")
 
 
 def rank_and_tree(
-    rule: str,
+    entry: Rule,
     pool: Pool,
     budget: int,
     levels: Levels,
@@ -58,12 +59,11 @@ def rank_and_tree(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(rank, in_tree, draft_rank), each [P]: the rule's ranking and verified tree (pool nodes)."""
     draft_rank = RP.rank_of(pool.score)
-    if rule in ("reranker", "root"):
+    if entry.online == "first_factor":
         rank = RP.rank_of(RP.factor_scores(pool, first_logprob, levels))
         return rank, rank < budget, draft_rank
-    if uses_draw_tree(rule, draw):  # draw rules; covering after a covered round
-        draw_rule = "root_draw" if rule == "covering" else rule
-        tree = RP.draw_tree(pool, draw_rule, draw, pool.score, draft_rank, budget, levels)
+    if uses_draw_tree(entry, draw):  # draw rules; covering after a covered round
+        tree = RP.draw_tree(pool, entry.draw_tree, draw, pool.score, draft_rank, budget, levels)
         return draft_rank, tree, draft_rank
     return draft_rank, draft_rank < budget, draft_rank  # draft; covering otherwise
 
@@ -80,7 +80,7 @@ def scored_set(
     """
     if s.score == "pool":
         return in_tree | pool.expanded | (draft_rank < s.base.select.top_m)
-    if draw is None or uses_draw_tree(s.rule, draw):
+    if draw is None or uses_draw_tree(s.entry, draw):
         return in_tree  # a draw tree lacks X1 only when X1 is off the pool: X1 alone
     n1 = pool.n_first
     return in_tree & (in_tree[:n1] & (pool.token[:n1] == draw)).any()
@@ -115,12 +115,12 @@ def select_step(
 ) -> Planned:
     """The verified tree and the scored set, with |Q|, |T| and X1-alone on the host (host sync 1)."""
     rank, in_tree, draft_rank = rank_and_tree(
-        s.rule, pool, s.base.select.budget, levels, first, draw
+        s.entry, pool, s.base.select.budget, levels, first, draw
     )
     scored = scored_set(s, pool, in_tree, draft_rank, draw)
     batch_row = torch.where(scored, scored.long().cumsum(0), -1)  # root is row 0
     sizes = [scored.sum(), in_tree.sum()]
-    if uses_draw_tree(s.rule, draw):
+    if uses_draw_tree(s.entry, draw):
         sizes.append((pool.token[: pool.n_first] != draw).all().long())  # X1 off the pool
     n_scored, n_tree, *off = torch.stack(sizes).tolist()
     if n_scored == 0:  # root rule, X1 off its tree's first level: X1 is the continuation

@@ -25,7 +25,7 @@ from rerank.fit.boosting import Capacity
 from rerank.fit.crossfit import SCHEMES
 from rerank.fit.models import FEATURE_SETS, KINDS
 from rerank.report.comparisons import check_comparisons, parse_comparisons
-from selection.values import RULES
+from selection.rules import RULES, learned, mixture, substitution
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
 from specrank.paths import project_path
 from specrank.tables import SchemaError
@@ -141,8 +141,7 @@ def comparison_pairs(rerank: RerankConfig) -> list[tuple[str, str]]:
 
 def run_rules(rerank: RerankConfig) -> set[str]:
     """Every rule the job reports, known from the settings before anything is fitted."""
-    learned = {f"{fs}_{rerank.model.kind}" for fs in rerank.feature_sets}
-    rows = {f"{kind}_{row}" for kind in ("sub", "mix") for row in rerank.substitutions}
-    return (
-        set(RULES) | learned | set(rerank.calibrators) | rows | {"pearl_matched", "root_if_covered"}
-    )
+    rules = {n for n, r in RULES.items() if r.offline is not None and n not in CALIBRATORS}
+    rules |= {learned(fs, rerank.model.kind).name for fs in rerank.feature_sets}
+    rules |= {maker(row).name for maker in (substitution, mixture) for row in rerank.substitutions}
+    return rules | set(rerank.calibrators)

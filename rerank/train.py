@@ -49,7 +49,8 @@ from rerank.fit.predict import (
 from rerank.fit.quality import prediction_quality
 from rerank.report.breakdowns import breakdown_gains, breakdowns
 from rerank.report.comparisons import compare, comparisons_table
-from rerank.report.plots import reliability_table, write_plots
+from rerank.report.plots import write_plots
+from rerank.report.plots_reliability import reliability_table
 from rerank.report.summary import (
     choose_mixture_weights,
     law_draws,
@@ -63,6 +64,7 @@ from rerank.settings import (
     model_capacity,
     store_budgets,
 )
+from selection.rules import learned
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank import faults
 from specrank.cli import run_entry_point
@@ -193,7 +195,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
             ids = table["prompt_id"].to_numpy(zero_copy_only=False)
             return {"per_depth": per_depth_scores(pool, ids, folds, maps)}
 
-    rerankers = [f"{fs}_{rerank.model.kind}" for fs in rerank.feature_sets]
+    rerankers = [learned(fs, rerank.model.kind).name for fs in rerank.feature_sets]
     plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
                     mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m,
                     curve_rules=["root", *rerankers])  # fmt: skip

@@ -48,12 +48,14 @@ from selection.ranking import (
     ranking_keys,
     restrict_to_top_m,
 )
+from selection.rules import PEARL, POOL_RULES
+from selection.rules import rule as rule_entry
 
-# Rules scored by a replaced per-edge log factor (SPEC §6 table).
-FACTOR_RULES = ("draft", "root", "root_softmax", "depth_two", "oracle")
-# Rules that draw the first token from the root row before selecting.
-DRAW_RULES = ("root_draw", "pearl", "pearl_commit")
-RULES = FACTOR_RULES + DRAW_RULES
+# The rules computed from the pool alone (selection.rules): scored by per-edge log factors
+# (SPEC §6 table), or drawing the first token from the root row before selecting.
+RULES = POOL_RULES
+FACTOR_RULES = tuple(n for n in RULES if rule_entry(n).offline in ("draft", "oracle", "lead"))
+DRAW_RULES = tuple(n for n in RULES if rule_entry(n).offline in ("draw", "pearl"))
 
 
 @dataclass
@@ -94,24 +96,21 @@ def pool_context(pool: PoolBatch, top_m: int = 0) -> PoolContext:
     )
 
 
-def rule_scores(ctx: PoolContext, rule: str) -> Tensor:
+def rule_scores(ctx: PoolContext, name: str) -> Tensor:
     """Candidate scores of a factor rule: path sums of its per-edge log factors. [R, P].
 
     The oracle ranks by the path probability P(u) itself: log is monotone, and
     skipping it saves a pass over the pool (log of the many exact zeros of
     greedy rounds is slow on CPU).
     """
-    pool = ctx.pool
-    if rule == "draft":
+    pool, entry = ctx.pool, rule_entry(name)
+    if entry.offline == "draft":
         return ctx.draft
-    if rule == "oracle":
+    if entry.offline == "oracle":
         return ctx.path_prob
-    if rule in ("root", "root_softmax"):
-        upto, prob = 1, ctx.law if rule == "root" else pool.target_prob
-    elif rule == "depth_two":
-        upto, prob = 2, ctx.law
-    else:
-        raise ValueError(f"The 'rule' must be one of {FACTOR_RULES}. Got {rule!r} instead.")
+    if entry.offline != "lead":
+        raise ValueError(f"The 'rule' must be one of {FACTOR_RULES}. Got {name!r} instead.")
+    upto, prob = entry.lead_depth, pool.target_prob if entry.lead_softmax else ctx.law
     if ctx.levels:  # the replaced depths are the leading columns: log just those
         prob = prob[:, : ctx.levels[min(upto, len(ctx.levels)) - 1][1]]
     # root_softmax: greedy rounds ranked by the unit-temperature softmax
@@ -119,15 +118,23 @@ def rule_scores(ctx: PoolContext, rule: str) -> Tensor:
     return path_sum(edge, pool.parent, ctx.levels)
 
 
-LEAD_RULES = ("root", "root_softmax", "depth_two")  # factor rules that replace leading factors
-
-
-def _lead(ctx: PoolContext, rule: str) -> tuple[Tensor, int]:
-    """A factor rule's replaced leading log factors (leading columns only) and their depths."""
-    upto = 2 if rule == "depth_two" else 1
+def _lead(ctx: PoolContext, name: str) -> tuple[Tensor, int]:
+    """A lead rule's replaced leading log factors (leading columns only) and their depths."""
+    entry = rule_entry(name)
+    upto = entry.lead_depth
     end = ctx.levels[min(upto, len(ctx.levels)) - 1][1]
-    prob = ctx.pool.target_prob if rule == "root_softmax" else ctx.law
+    prob = ctx.pool.target_prob if entry.lead_softmax else ctx.law
     return torch.log(prob[:, :end]), upto
+
+
+def _law_twin(name: str) -> str | None:
+    """The lead rule that ranks like softmax rule `name` under sampling (the row at T is
+    the law there): same depths, the law's probabilities."""
+    entry = rule_entry(name)
+    if not entry.lead_softmax:
+        return None
+    return next(n for n in RULES if rule_entry(n).offline == "lead" and not rule_entry(n)
+                .lead_softmax and rule_entry(n).lead_depth == entry.lead_depth)  # fmt: skip
 
 
 def lead_factor_scores(ctx: PoolContext, lead: Tensor, upto: int = 1) -> Tensor:
@@ -273,17 +280,17 @@ def evaluate_pools(
         draft_curve = torch.cumsum(torch.gather(ctx.path_prob, -1, draft_order), dim=-1)
     for name in names:  # the order of the output: factor rules, first factors, scores
         full = curves and name in curve_rules  # its whole order: a value at every budget
-        if name == "draft":
+        if name in RULES and rule_entry(name).offline == "draft":
             out[name] = draft_values
             continue
         if fused and name in firsts:  # a round without any factor ranks like draft selection
             out[name], cum = _fused_values(ctx, firsts[name], 1, budgets, k, full,
                                            (draft_values, draft_curve), nan_copies=True,
                                            draft_order=draft_order)  # fmt: skip
-        elif fused and name in LEAD_RULES:
-            src, copy = (draft_values, None), None
-            if name == "root_softmax" and "root" in out:  # sampling: the row at T is the law
-                src, copy = (out["root"], out.get("curve/root")), ~ctx.pool.greedy[:, 0]
+        elif fused and name in RULES and rule_entry(name).offline == "lead":
+            src, copy, twin = (draft_values, None), None, _law_twin(name)
+            if twin in out:  # sampling: the row at T is the law
+                src, copy = (out[twin], out.get(f"curve/{twin}")), ~ctx.pool.greedy[:, 0]
             out[name], cum = _fused_values(ctx, *_lead(ctx, name), budgets, k, full, src, copy,
                                            draft_order=draft_order)  # fmt: skip
         else:
@@ -300,13 +307,13 @@ def evaluate_pools(
             out[f"curve/{name}"] = cum
     if curves:
         out["curve/draft"] = draft_curve
-    if "pearl" in rules or curves:
+    if PEARL in rules or curves:
         value, size = pearl_curves(ctx, draft_order) if pearl is None else pearl
         idx = [min(b, value.shape[-1]) - 1 for b in budgets]
-        out["pearl"], out["size/pearl"] = value[:, idx], size[:, idx]
+        out[PEARL], out[f"size/{PEARL}"] = value[:, idx], size[:, idx]
         if curves:
-            out["curve/pearl"], out["curve/size/pearl"] = value, size
-    if "root_draw" in rules or "pearl_commit" in rules:
+            out[f"curve/{PEARL}"], out[f"curve/size/{PEARL}"] = value, size
+    if any(rule_entry(r).offline == "draw" for r in rules):
         drawn = draw_values(ctx, draft_order[:, 0], budgets)  # draft rank 0 is a depth-1 node
         out.update({name: v for name, v in drawn.items() if name.split("/")[-1] in rules})
     return out

@@ -132,8 +132,12 @@ def test_runs_are_found_and_their_tables_read_back(logged, tmp_path):
     )
     both = R.load_runs(runs, uri, dst=tmp_path / "both")
     assert list(both["summary"]["run"].cat.categories) == list(runs["run"])
-    # learned rules line up across model kinds: `rows_lgbm` is shown as `rows`
-    renamed = set(results[0].summary["rule"]) - {"base_lgbm", "rows_lgbm"} | {"base", "rows"}
+    # every fitted feature set lines up across model kinds: `rows_lgbm` is shown as `rows`
+    fitted = RerankConfig().feature_sets
+    assert fitted == ["base", "rows", "rows_extra", "rows_matched"]  # the run fitted all four
+    kinded = {f"{s}_lgbm" for s in fitted}
+    assert kinded <= set(results[0].summary["rule"])
+    renamed = set(results[0].summary["rule"]) - kinded | set(fitted)
     assert set(both["summary"]["rule"]) == renamed
     assert "rows" in set(both["prediction_quality"]["predictor"])
 

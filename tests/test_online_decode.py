@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from decode.baseline import autoregressive_decode
-from decode.config import RUN_RULES
 from decode.loop import decode_prompt
 from decode.settings import OnlineSettings
 from pairs.prompts import encode_prompt
 from rerank.fit.models import fit_reranker
 from rerank.serving import OnlinePredictor
+from selection.rules import online_rules
 from tests.candidate_frames import FAST, make_candidate_frame
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings, tiny_vocab_models
 from tests.test_decode_sampling import ALPHA, PROMPT, TINY_V, _chi_square_p, _exact_two_token_law
@@ -63,7 +63,7 @@ def _check_greedy(pair, s: OnlineSettings, predictor=None) -> list:
 
 
 @pytest.mark.parametrize("score", ["tree", "pool"])
-@pytest.mark.parametrize("rule", RUN_RULES)
+@pytest.mark.parametrize("rule", online_rules())
 def test_greedy_output_equals_the_targets(pair, greedy_predictor, rule, score):
     if rule == "covering" and score == "pool":
         pytest.skip("the covering decoder scores its tree only")
@@ -176,7 +176,7 @@ def test_sampled_outputs_follow_the_target_law(tiny_vocab, rule, verifier, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rule", RUN_RULES)
+@pytest.mark.parametrize("rule", online_rules())
 def test_every_rule_on_cuda(tmp_path, rule):
     """Greedy equality and seeded sampling on the device; the reranker's forest runs there."""
     from pairs.models import load_model_pair

@@ -43,8 +43,7 @@ from tree.attention import forward_chain, forward_tree, tree_visibility
 from tree.pool import Pool
 from tree.verify import row_logprobs
 
-ROOT_PASS_RULES = ("root", "root_draw", "pearl")
-DRAW_RULES = ("root_draw", "pearl")
+DRAW_TREES = ("descendants", "draft_tree")  # selection.rules.Rule.draw_tree
 
 
 @torch.inference_mode()
@@ -92,7 +91,7 @@ def rank_of(score: Tensor) -> Tensor:
 
 def draw_tree(
     pool: Pool,
-    rule: str,
+    kind: str,
     draw: Tensor,
     draft_score: Tensor,
     draft_rank: Tensor,
@@ -104,20 +103,21 @@ def draw_tree(
     Empty when X1 is off the first level: the tree is then X1 alone, outside the pool
     (`decode.tree_pass`).
 
-    root_draw: g and its budget-1 best draft-ranked descendants (ties as SPEC §2).
-    pearl    : draft selection's B-tree restricted to g's subtree (g alone if absent).
+    kind (a rule's `draw_tree`, `selection.rules`):
+    descendants: g and its budget-1 best draft-ranked descendants (ties as SPEC §2; root-draw).
+    draft_tree : draft selection's B-tree restricted to g's subtree (g alone if absent; PEARL).
     """
     is_g = torch.zeros_like(pool.expanded)
     is_g[: pool.n_first] = pool.token[: pool.n_first] == draw  # at most one (distinct siblings)
     anc = first_level_ancestor(pool.parent[None], levels)[0]  # [P] depth-1 ancestor
     under_g = is_g[anc]  # [P] g and its descendants
-    if rule == "root_draw":
+    if kind == "descendants":
         below = under_g & (pool.depth >= 2)
         kept = top_b(draft_score[None], max(budget - 1, 0), below[None])[0]
         return is_g | kept
-    if rule == "pearl":
+    if kind == "draft_tree":
         return is_g | (under_g & (draft_rank < budget))
-    raise ValueError(f"draw_tree: rule must be one of {list(DRAW_RULES)}. Got {rule!r} instead.")
+    raise ValueError(f"draw_tree: kind must be one of {list(DRAW_TREES)}. Got {kind!r} instead.")
 
 
 @torch.inference_mode()

@@ -35,6 +35,7 @@ from torch import Tensor
 from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from selection.pool_batch import PoolBatch
 from selection.ranking import replace_first_factor
+from selection.rules import parse_value_key, value_key
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
 from specrank.laws import law_name
 
@@ -120,9 +121,9 @@ class CoverageRounds:
             for name, (cov, n_extra, n_front) in round_coverage(
                 chunk, b, self.top_ms, self.frontier_ks
             ).items():
-                cols[f"cov/{name}@B{b}"] = cov
-                cols[f"extra/{name}@B{b}"] = n_extra
-                cols[f"frontier/{name}@B{b}"] = n_front
+                cols[value_key(f"cov/{name}", b)] = cov
+                cols[value_key(f"extra/{name}", b)] = n_extra
+                cols[value_key(f"frontier/{name}", b)] = n_front
         head = chunk.keys[["prompt_id", "task", "temperature"]].reset_index(drop=True)
         return pd.concat([head, pd.DataFrame(cols)], axis=1)
 
@@ -146,7 +147,7 @@ class CoverageRounds:
                 stats = PromptSums.from_rounds(part, cov_cols)
                 _, draws = bootstrap_means(stats, "round", n_resamples, seed)
             for j, col in enumerate(cov_cols):
-                name, b = col.removeprefix("cov/").split("@B")
+                name, b = parse_value_key(col.removeprefix("cov/"))
                 iv = percentile_interval(
                     means[col], draws[:, j] if draws is not None else np.empty(0)
                 )
@@ -156,8 +157,8 @@ class CoverageRounds:
                         "budget": int(b),
                         "scored_set": name,
                         **iv.columns("coverage"),
-                        "extra_scored": means[f"extra/{name}@B{b}"],
-                        "frontier_scored": means[f"frontier/{name}@B{b}"],
+                        "extra_scored": means[value_key(f"extra/{name}", b)],
+                        "frontier_scored": means[value_key(f"frontier/{name}", b)],
                         "rounds": len(part),
                         "prompts": part["prompt_id"].nunique(),
                     }

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
 from selection.draws import matched_budget
+from selection.rules import parse_value_key
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
 from specrank.laws import law_name
 
@@ -213,7 +214,7 @@ def size_means(per_round: pd.DataFrame, n_resamples: int = 0, seed: int = 0) -> 
     One row per (law, budget, rule) with a round-weighted 95% prompt-bootstrap
     interval (`size_lo/hi`; NaN when `n_resamples` is 0).
     """
-    cols = [c for c in per_round.columns if c.startswith("size/") and "@B" in c]
+    cols = [c for c in per_round.columns if c.startswith("size/") and parse_value_key(c)]
     if not cols:
         raise KeyError("the per-round table has no 'size/<rule>@B<b>' columns (no draw rules)")
     rows = []
@@ -222,7 +223,7 @@ def size_means(per_round: pd.DataFrame, n_resamples: int = 0, seed: int = 0) -> 
         point = stats.sums.sum(0) / stats.rounds.sum()
         draws = bootstrap_means(stats, "round", n_resamples, seed)[1] if n_resamples else None
         for j, col in enumerate(cols):
-            rule, b = col.removeprefix("size/").split("@B")
+            rule, b = parse_value_key(col.removeprefix("size/"))
             iv = percentile_interval(point[j], draws[:, j] if draws is not None else np.empty(0))
             rows.append({"law": law_name(float(temperature)), "budget": int(b), "rule": rule,
                          **iv.columns("size"),

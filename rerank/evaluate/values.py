@@ -42,6 +42,7 @@ from rerank.evaluate.pool_chunks import (
 )
 from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table, trace_matrix
 from selection.ranking import pool_levels
+from selection.rules import mixture, substitution, value_key
 from selection.values import RULES, evaluate_pools
 from specrank.memory import release_freed_heap
 
@@ -229,10 +230,10 @@ def _factors_for_chunk(
         # row's continuation token, SPEC §5): log 0 = -inf.
         present = ~torch.isnan(r).all(dim=-1, keepdim=True)
         r = torch.where(present & torch.isnan(r), -torch.inf, r)
-        factors[f"sub_{row}"] = r
+        factors[substitution(row).name] = r
         for w in plan.mixture_weights:
             # nan where the row is absent -> draft factor
-            factors[f"mix_{row}_w{w:g}"] = (1 - w) * draft_first + w * r
+            factors[mixture(row, w).name] = (1 - w) * draft_first + w * r
     return factors
 
 
@@ -345,7 +346,7 @@ def evaluate_traces(
         cols = {}
         for name, v in values.items():
             for j, b in enumerate(plan.budgets):
-                cols[f"{name}@B{b}"] = v[:, j].double().numpy()
+                cols[value_key(name, b)] = v[:, j].double().numpy()
         return pd.concat([frame, pd.DataFrame(cols)], axis=1), curve_part, reports
 
     parts = []

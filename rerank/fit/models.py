@@ -45,11 +45,12 @@ from rerank.fit.design import (
 from rerank.fit.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
 from rerank.forest.table import ForestError, forest_of
 from rerank.forest.walk import flat_forest, predict_proba
+from selection.rules import MODEL_KINDS
 from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
-KINDS = ("hgb", "lgbm")
+KINDS = MODEL_KINDS  # the model kinds a learned rule can carry (selection.rules)
 PREDICT_ROUTES = ("library", "forest")
 # The faster exact route for many rows, per library (both give the same phat bit for bit):
 # HGB's own predictor walks tree by tree, the forest 1.9x faster on 0.94M held-out rows;

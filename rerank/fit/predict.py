@@ -29,6 +29,7 @@ from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, promp
 from rerank.fit.models import LABEL_OF_LAW, FittedReranker, crossfit_predict
 from selection.pool_batch import PoolBatch
 from selection.ranking import path_sum, pool_levels
+from selection.rules import learned
 from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 
@@ -145,7 +146,7 @@ def predict_first_factors(
         out = frame[[*ROUND_KEYS, "cand_index"]].copy()
         out["fold"] = fold
         for feature_set in feature_sets:
-            name = f"{feature_set}_{kind}"
+            name = learned(feature_set, kind).name
             res = crossfit_predict(
                 frame,
                 feature_set,

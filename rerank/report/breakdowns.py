@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from rerank.report.summary import budget_rows, value_columns
+from selection.rules import budgets_of
 from specrank.bootstrap import DEFAULT_RESAMPLES, PromptSums, resample_weights, weighted_means
 from specrank.laws import law_name
 
@@ -46,7 +47,7 @@ def breakdown_gains(
 ) -> pd.DataFrame:
     """Long table: law, by, group, rounds, prompts, rule, budget, accepted, gain [95% CI]."""
     cols = value_columns(frame)
-    budgets = sorted({int(c.split("@B")[1]) for c in cols})
+    budgets = budgets_of(cols)
     rows = []
     for temperature, by, group, sub in _grouped(frame):
         stats = PromptSums.from_rounds(sub, cols)

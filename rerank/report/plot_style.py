@@ -1,10 +1,10 @@
 """Rule families and styles shared by every figure (`rerank.report.plots`) and the notebook.
 
-A family is a panel of the gain-vs-budget figure. Rules are mapped to families
-by name prefix, the longest prefix winning, so that a rule added later lands in
-its panel without a code change here (`rows_lgbm_es` is learned, `rank_control`
-sits beside the rerankers, `root_draw_v2` is a draw rule even though it starts
-with `root`), and a rule no prefix claims goes to "other" rather than vanishing.
+A family is a panel of the gain-vs-budget figure. A rule's family is its entry's in
+`selection.rules`; a name the registry does not know (a variant a later run logged,
+`rows_lgbm_es`, `root_draw_v2`, or the notebook's model-kind-free `rows`) takes the family
+of the longest known name it extends (`p` claims `p_<anything>`), and otherwise goes to
+"other" rather than vanishing.
 """
 
 from __future__ import annotations
@@ -15,27 +15,42 @@ from dataclasses import dataclass
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-BASELINE = "draft"  # every gain is relative to it: drawn as the zero line, never as a curve
+from rerank.fit.models import FEATURE_SETS
+from selection.rules import BASELINE, RULES
+from selection.rules import rule as rule_entry
 
 
 @dataclass(frozen=True)
 class Family:
     key: str
     title: str
-    prefixes: tuple[str, ...]  # `p` claims a rule named `p` or `p_<anything>`
 
 
-FAMILIES = (
-    Family("exact", "exact target rows", ("root", "depth_two", "oracle")),
-    # `base`/`rows` alone: the notebook's model-kind-free names (`rerank.report.runs`)
-    Family("learned", "learned rerankers", ("base", "rows", "rank")),
-    Family("calibrators", "calibration controls", ("iso", "per_depth")),
+FAMILIES = (  # panels, in figure order; the baseline (draft) is the zero line, not a panel
+    Family("exact", "exact target rows"),
+    Family("learned", "learned rerankers"),
+    Family("calibrators", "calibration controls"),
     # apart: a substitution at -70% would squash the mixtures near 0 in a shared panel
-    Family("substitutions", "direct substitutions", ("sub",)),
-    Family("mixtures", "geometric mixtures with draft", ("mix",)),
-    Family("draw", "draw rules", ("root_draw", "pearl")),
+    Family("substitutions", "direct substitutions"),
+    Family("mixtures", "geometric mixtures with draft"),
+    Family("draw", "draw rules"),
 )
-OTHER = Family("other", "other rules", ())
+OTHER = Family("other", "other rules")
+_BY_KEY = {f.key: f for f in FAMILIES}
+# names a variant may extend: the fixed rules, the feature sets, the templates' prefixes
+_PREFIXES = {n: r.family for n, r in RULES.items()} | dict.fromkeys(FEATURE_SETS, "learned") | {
+    "sub": "substitutions", "mix": "mixtures"}  # fmt: skip
+
+
+def family_of(rule: str) -> Family:
+    """The panel of `rule`: its registry entry's family, else the longest name it extends."""
+    try:
+        return _BY_KEY.get(rule_entry(rule).family, OTHER)
+    except ValueError:
+        pass
+    claims = [p for p in _PREFIXES if rule == p or rule.startswith(p + "_")]
+    return _BY_KEY.get(_PREFIXES[max(claims, key=len)], OTHER) if claims else OTHER
+
 
 # Colour-blind-safe qualitative colours (Okabe-Ito, then tab10 extras): distinct at a glance.
 COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
@@ -44,20 +59,6 @@ COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#00
 # pairs stay unique for the first 70 rules of a panel.
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 LINESTYLES = ("-", "--", "-.", ":")
-
-
-def _claims(prefix: str, rule: str) -> bool:
-    return rule == prefix or rule.startswith(prefix + "_")
-
-
-def family_of(rule: str) -> Family:
-    """The family whose longest prefix claims `rule`; `OTHER` if none does."""
-    best, length = OTHER, -1
-    for family in FAMILIES:
-        for prefix in family.prefixes:
-            if _claims(prefix, rule) and len(prefix) > length:
-                best, length = family, len(prefix)
-    return best
 
 
 def group_rules(rules: Iterable[str]) -> list[tuple[Family, list[str]]]:

@@ -15,25 +15,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from rerank.report.plot_style import FAMILIES, OTHER, family_of, group_rules, save, styles
+from rerank.report.plot_style import save
 from rerank.report.plots_gain import comparison_forest, gain_figure
-from rerank.report.plots_reliability import reliability_figure, reliability_table
-
-__all__ = [
-    "FAMILIES",
-    "OTHER",
-    "comparison_forest",
-    "comparisons_plot",
-    "family_of",
-    "gain_figure",
-    "gain_vs_budget",
-    "group_rules",
-    "reliability_figure",
-    "reliability_plots",
-    "reliability_table",
-    "styles",
-    "write_plots",
-]
+from rerank.report.plots_reliability import reliability_figure
 
 
 def gain_vs_budget(summary: pd.DataFrame, out: Path, weighting: str = "round") -> list[Path]:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from rerank.config import DEFAULT_BUDGETS
 from rerank.report.runs import ENV_BUDGETS, ENV_RULES
+from selection.rules import parse_value_key
 
 
 def rule_order(summary: pd.DataFrame) -> list[str]:
@@ -108,8 +109,9 @@ def breakdown_gains(breakdowns: pd.DataFrame) -> pd.DataFrame:
     keys = [c for c in ("run", "law", "by", "group", "rounds") if c in breakdowns.columns]
     long = breakdowns.melt(id_vars=keys, var_name="column", value_name="accepted")
     long = long.dropna(subset=["accepted"])
-    split = long["column"].str.rsplit("@B", n=1, expand=True)
-    long = long.assign(rule=split[0], budget=split[1].astype(int)).drop(columns="column")
+    parsed = [parse_value_key(c) for c in long["column"]]
+    long = long.assign(rule=[p[0] for p in parsed], budget=[p[1] for p in parsed])
+    long = long.drop(columns="column")
     draft = long[long["rule"] == "draft"].rename(columns={"accepted": "draft"})
     draft = draft.drop(columns=["rule", "rounds"])
     on = [c for c in ("run", "law", "by", "group", "budget") if c in long.columns]

@@ -27,6 +27,8 @@ from mlflow.entities import Run, RunStatus
 from mlflow.exceptions import MlflowException
 
 from rerank.config import MlflowConfig
+from rerank.fit.models import FEATURE_SETS
+from selection.rules import learned, parse_value_key, value_key
 from specrank.bootstrap import fill_notes
 from specrank.tracking import resolve_tracking_uri
 
@@ -251,7 +253,7 @@ def load_results_text(run_id: str, tracking_uri: str, dst: str | Path | None = N
     return _download(client(tracking_uri), run_id, "tables/results.txt", folder).read_text()
 
 
-LEARNED = ("base", "rows")  # feature sets of the learned rerankers: rules `<set>_<model kind>`
+LEARNED = tuple(FEATURE_SETS)  # feature sets of the learned rerankers: `<set>_<model kind>`
 
 
 def unify_model_rules(name: str, table: pd.DataFrame, kind: str) -> pd.DataFrame:
@@ -262,15 +264,17 @@ def unify_model_rules(name: str, table: pd.DataFrame, kind: str) -> pd.DataFrame
     Applies to rule names in `summary.rule`, `prediction_quality.predictor` and
     the `<rule>@B<b>` / `<rule>` columns of the other tables.
     """
-    names = {f"{s}_{kind}": s for s in LEARNED}
+    names = {learned(s, kind).name: s for s in LEARNED}
     if name == "summary":
         return table.assign(rule=table["rule"].replace(names))
     if name == "prediction_quality":
         return table.assign(predictor=table["predictor"].replace(names))
 
     def column(c: str) -> str:
-        rule, at, budget = c.partition("@B")
-        return names.get(rule, rule) + at + budget
+        parsed = parse_value_key(c)
+        if parsed is None:
+            return names.get(c, c)
+        return value_key(names.get(parsed[0], parsed[0]), parsed[1])
 
     return table.rename(columns=column)
 

@@ -13,13 +13,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from rerank.evaluate.values import PromptCurves
+from selection.rules import (
+    BASELINE,
+    PEARL,
+    PEARL_MATCHED,
+    ROOT_DRAW,
+    SHARE_TOPS,
+    budgets_of,
+    mixture,
+    parse_value_key,
+    value_key,
+)
+from selection.rules import rule as rule_entry
 from specrank.bootstrap import (
     DEFAULT_RESAMPLES,
     WEIGHTINGS,
@@ -35,11 +46,19 @@ from specrank.bootstrap import (
 )
 from specrank.laws import law_name
 
-_MIX = re.compile(r"^mix_(?P<row>[a-z]+)_w(?P<w>[0-9.]+)@B(?P<b>\d+)$")
-
 
 def value_columns(frame: pd.DataFrame) -> list[str]:
-    return [c for c in frame.columns if "@B" in c and not c.startswith("size/")]
+    """The per-round table's rule-value columns (`selection.rules.value_key`)."""
+    return [c for c in frame.columns if parse_value_key(c) and not c.startswith("size/")]
+
+
+def _weighted_mixture(col: str) -> tuple[str, float, int] | None:
+    """(row, weight, budget) of a per-weight mixture column `mix_<row>_w<w>@B<b>`, else None."""
+    parsed = parse_value_key(col)
+    if parsed is None or not parsed[0].startswith("mix_"):
+        return None
+    params = rule_entry(parsed[0]).params
+    return (params["row"], float(params["weight"]), parsed[1]) if "weight" in params else None
 
 
 def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -55,9 +74,8 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
         )
     groups: dict[tuple[str, int], dict[float, str]] = {}
     for col in frame.columns:
-        m = _MIX.match(col)
-        if m:
-            groups.setdefault((m["row"], int(m["b"])), {})[float(m["w"])] = col
+        if (m := _weighted_mixture(col)) is not None:
+            groups.setdefault((m[0], m[2]), {})[m[1]] = col
     new_cols: dict[str, np.ndarray] = {}
     chosen = []
     for (row, b), by_w in groups.items():
@@ -81,7 +99,7 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
                         "w": best_w,
                     }
                 )
-        new_cols[f"mix_{row}@B{b}"] = values
+        new_cols[value_key(mixture(row).name, b)] = values
     dropped = [c for by_w in groups.values() for c in by_w.values()]
     # one concat instead of column-by-column inserts (pandas warns about fragmentation)
     out = pd.concat(
@@ -101,17 +119,17 @@ def budget_rows(
     index = {c: i for i, c in enumerate(cols)}
 
     def col(rule: str) -> tuple[np.ndarray, np.ndarray] | None:
-        i = index.get(f"{rule}@B{budget}")
+        i = index.get(value_key(rule, budget))
         return None if i is None else (np.asarray(point[i]), draws[:, i])
 
-    base = col("draft")
+    base = col(BASELINE)
     if base is None:
         raise KeyError(f"no draft values at B={budget}: gains are relative to draft selection")
-    tops = {"share_root": col("root"), "share_oracle": col("oracle")}
+    tops = {key: col(top) for key, top in SHARE_TOPS.items()}
     rows = []
     for c in cols:
-        rule, b = c.split("@B")
-        if int(b) != budget:
+        rule, b = parse_value_key(c)
+        if b != budget:
             continue
         v, v_d = col(rule)
         rec: dict[str, float | str] = {
@@ -199,7 +217,7 @@ class LawDraws:
 
     temperature: float
     weighting: str
-    names: list[str]  # "<rule>@B<b>"
+    names: list[str]  # value keys (`selection.rules.value_key`)
     point: np.ndarray  # [n_names]
     draws: np.ndarray  # [n_resamples, n_names]
     rounds: int
@@ -208,10 +226,10 @@ class LawDraws:
 
     @property
     def budgets(self) -> list[int]:
-        return sorted({int(n.split("@B")[1]) for n in self.names})
+        return budgets_of(self.names)
 
     def column(self, rule: str, budget: int) -> tuple[float, np.ndarray] | None:
-        name = f"{rule}@B{budget}"
+        name = value_key(rule, budget)
         if name not in self.names:
             return None
         i = self.names.index(name)
@@ -253,9 +271,9 @@ def law_draws(
     out = []
     for temperature, part in frame.groupby("temperature"):
         cols = value_columns(part)
-        budgets = sorted({int(c.split("@B")[1]) for c in cols})
-        sizes = [f"size/root_draw@B{b}" for b in budgets]
-        match = curves is not None and "pearl" in curves.sums and all(c in part for c in sizes)
+        budgets = budgets_of(cols)
+        sizes = [value_key(f"size/{ROOT_DRAW}", b) for b in budgets]
+        match = curves is not None and PEARL in curves.sums and all(c in part for c in sizes)
         stats = PromptSums.from_rounds(part, cols + (sizes if match else []))
         for weighting in weightings:
             weights = bootstrap_weights(stats, weighting, n_resamples, seed)
@@ -267,29 +285,33 @@ def law_draws(
                 weighting=weighting, weights=weights,
             )  # fmt: skip
             if match:
-                (value_p, value_d), (size_p, size_d) = mean_curve("pearl"), mean_curve("size/pearl")
+                (value_p, value_d), (size_p, size_d) = (
+                    mean_curve(PEARL),
+                    mean_curve(f"size/{PEARL}"),
+                )
                 extra_p, extra_d = [], []
                 for b in budgets:
-                    i = stats.columns.index(f"size/root_draw@B{b}")
+                    i = stats.columns.index(value_key(f"size/{ROOT_DRAW}", b))
                     vp, bp = matched_pearl(value_p, size_p, point[i : i + 1])
                     vd, _ = matched_pearl(value_d, size_d, draws[:, i])
                     extra_p.append(vp[0])
                     extra_d.append(vd)
-                    names.append(f"pearl_matched@B{b}")
-                    extra[f"pearl_matched@B{b}"] = {"matched_budget": float(bp[0])}
+                    names.append(value_key(PEARL_MATCHED, b))
+                    extra[value_key(PEARL_MATCHED, b)] = {"matched_budget": float(bp[0])}
                 point = np.concatenate([point[: len(cols)], extra_p])
                 draws = np.concatenate([draws[:, : len(cols)], np.stack(extra_d, axis=1)], axis=1)
-            if curves is not None and "draft" in curves.sums:
-                draft_p, draft_d = mean_curve("draft")
+            if curves is not None and BASELINE in curves.sums:
+                draft_p, draft_d = mean_curve(BASELINE)
                 for i, name in enumerate(names):
                     extra.setdefault(name, {}).update(
                         _node_budgets(draft_p, draft_d, point[i], draws[:, i], "node_budget")
                     )
-                for rule in (r for r in curves.sums if r not in ("draft", "pearl", "size/pearl")):
-                    rule_p, rule_d = mean_curve(rule)
+                own = (r for r in curves.sums if r not in (BASELINE, PEARL, f"size/{PEARL}"))
+                for curve_rule in own:
+                    rule_p, rule_d = mean_curve(curve_rule)
                     for b in budgets:
-                        i = names.index(f"draft@B{b}")
-                        extra.setdefault(f"{rule}@B{b}", {}).update(
+                        i = names.index(value_key(BASELINE, b))
+                        extra.setdefault(value_key(curve_rule, b), {}).update(
                             _node_budgets(rule_p, rule_d, point[i], draws[:, i], "rule_budget")
                         )
             out.append(LawDraws(float(temperature), weighting, names, point, draws,
@@ -303,7 +325,7 @@ def summarise_draws(draws: list[LawDraws]) -> pd.DataFrame:
     for d in draws:
         for b in d.budgets:
             for rec in budget_rows(d.point, d.draws, d.names, b):
-                rec |= d.extra.get(f"{rec['rule']}@B{b}", {})
+                rec |= d.extra.get(value_key(rec["rule"], b), {})
                 head = {"law": law_name(d.temperature), "budget": b, "weighting": d.weighting,
                         "rounds": d.rounds, "prompts": d.prompts}  # fmt: skip
                 out.append(head | rec)

@@ -1,0 +1,223 @@
+"""The selection rules (SPEC §6), one entry each, and the one place rule and value names are
+built and parsed.
+
+Every consumer reads this table instead of comparing names: the offline evaluator
+(`selection.values`, `rerank.evaluate`) by an entry's `offline` route, the online decoder
+(`decode.round`, `decode.tree_pass`, `tree.root_pass`) by its `online` route and
+`root_pass`, the settings checks, the plots (`family`) and the default comparisons
+(`compare`). A new rule is one entry here plus its test; a rule that exists on one side
+only has `None` for the other route.
+
+Parametrized rules are templates: a learned reranker `<feature set>_<model kind>`, a direct
+substitution `sub_<row>`, a geometric mixture `mix_<row>` (with the per-weight columns
+`mix_<row>_w<w>` it is chosen from). `rule(name)` resolves any name, fixed or templated.
+
+Values travel as `<rule>@B<budget>` column names of the per-round table (one float column
+per rule and budget, for the vectorised bootstrap); `value_key` / `parse_value_key` are
+the only code that builds or reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+# -- the entries ------------------------------------------------------------------------------
+
+# offline value routes (selection.values.evaluate_pools, rerank.evaluate.values):
+#   draft         the draft order itself
+#   oracle        ranked by the exact path probability
+#   lead          leading factors replaced by the exact root row (lead_depth, lead_softmax)
+#   draw          root-draw / PEARL-commit: X1 drawn from the root row (draw_values)
+#   pearl         PEARL: draft selection's tree below the draw (pearl_curves)
+#   first_factor  a first-level log factor given per round (learned, calibrated, substituted)
+#   scores        whole candidate scores given per round (per-depth calibration)
+#   derived       computed from other rules' curves in the summary (matched-size PEARL)
+OFFLINE_ROUTES = ("draft", "oracle", "lead", "draw", "pearl", "first_factor", "scores", "derived")
+# online tree routes (decode.tree_pass.rank_and_tree):
+#   draft         draft selection's top-B tree
+#   first_factor  top-B under a first-level factor computed before verification
+#   draw          X1 drawn from the root row, then the rule's tree below it (draw_tree)
+#   covering      App. D.10's decoder: draft trees, a draw tree after a covered round
+ONLINE_ROUTES = ("draft", "first_factor", "draw", "covering")
+KINDS = ("factor", "draw", "control", "learned", "derived")
+MODEL_KINDS = ("hgb", "lgbm")  # the model kinds a learned rule's name carries
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    family: str  # plot panel (rerank.report.plot_style.FAMILIES)
+    kind: str  # factor | draw | control | learned | derived
+    offline: str | None  # OFFLINE_ROUTES; None: online only
+    online: str | None = None  # ONLINE_ROUTES; None: offline only
+    root_pass: bool = False  # online: one target pass over the root before selection
+    rows: tuple[str, ...] = ()  # target rows it reads before verification
+    lead_depth: int = 0  # lead: the factors at depths <= this come from the root row
+    lead_softmax: bool = False  # lead: the unit-temperature softmax, not the law
+    # draw rules: the tree kept below the first-level candidate g labelled by the draw X1:
+    # "descendants" = g and its B-1 best draft-ranked descendants; "draft_tree" = draft
+    # selection's B-tree restricted to g's subtree (SPEC §6)
+    draw_tree: str = ""
+    compare: tuple[str, ...] = ()  # rules it is compared with by default (paired, as `a`)
+    predictor: bool = False  # online: its first factor comes from a fitted reranker
+    records: bool = False  # decode.record may record its trees (the paper records draft's)
+    traces: bool = True  # decode.run can write its rounds as trace rows
+    params: dict[str, str] = field(default_factory=dict, compare=False)  # a template's values
+
+    @property
+    def has_offline_value(self) -> bool:
+        """Its expected value on a recorded round can be computed (a fitted reranker's from
+        the log phat the round used)."""
+        return self.offline is not None or self.predictor
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"rule {self.name}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.offline not in (*OFFLINE_ROUTES, None) or self.online not in (*ONLINE_ROUTES, None):
+            raise ValueError(f"rule {self.name}: unknown route {self.offline!r} / {self.online!r}")
+
+
+_FIXED = (
+    Rule("draft", "draft", "factor", "draft", "draft", records=True),
+    # the online decoder's fitted reranker; offline each is `<feature set>_<model kind>`
+    Rule("reranker", "learned", "learned", None, "first_factor", predictor=True),
+    Rule(
+        "root",
+        "exact",
+        "factor",
+        "lead",
+        "first_factor",
+        root_pass=True,
+        rows=("root",),
+        lead_depth=1,
+        compare=("draft",),
+    ),
+    # greedy rounds ranked by the unit-temperature softmax of the root row (SPEC §6)
+    Rule(
+        "root_softmax", "exact", "factor", "lead", rows=("root",), lead_depth=1, lead_softmax=True
+    ),
+    Rule("depth_two", "exact", "factor", "lead", rows=("root", "depth 1"), lead_depth=2),
+    Rule("oracle", "exact", "factor", "oracle", rows=("every scored row",)),
+    Rule(
+        "root_draw",
+        "draw",
+        "draw",
+        "draw",
+        "draw",
+        root_pass=True,
+        rows=("root",),
+        draw_tree="descendants",
+        compare=("pearl", "pearl_matched"),
+    ),
+    Rule(
+        "pearl",
+        "draw",
+        "draw",
+        "pearl",
+        "draw",
+        root_pass=True,
+        rows=("root",),
+        draw_tree="draft_tree",
+        compare=("pearl_commit",),
+    ),
+    # commits to the drafter's top first token instead of drawing it
+    Rule("pearl_commit", "draw", "draw", "draw", rows=("root",), draw_tree="descendants"),
+    # PEARL with its pre-draw budget raised until its mean tree size is root-draw's
+    Rule("pearl_matched", "draw", "derived", "derived", rows=("root",)),
+    # root selection after a covered round, draft otherwise: a decoder without a root pass
+    Rule("root_if_covered", "exact", "control", "first_factor", rows=("matched",)),
+    # App. D.10's covering decoder: its rounds emit a tree leaf as the continuation
+    Rule("covering", "draw", "control", None, "covering", draw_tree="descendants", traces=False),
+    Rule("iso_q1", "calibrators", "control", "first_factor", compare=("rank_control",)),
+    Rule("per_depth", "calibrators", "control", "scores", compare=("rank_control",)),
+    Rule("rank_control", "learned", "control", "first_factor"),
+)
+RULES: dict[str, Rule] = {r.name: r for r in _FIXED}
+BASELINE = "draft"  # every gain is relative to it
+# the rules whose advantage over the baseline a share is of (SPEC §6): root gain, oracle advantage
+SHARE_TOPS = {"share_root": "root", "share_oracle": "oracle"}
+PEARL = next(r.name for r in _FIXED if r.offline == "pearl")  # its curves give the matched size
+ROOT_DRAW = next(r.name for r in _FIXED if r.offline == "draw" and r.root_pass)
+PEARL_MATCHED = next(r.name for r in _FIXED if r.offline == "derived")  # PEARL at ROOT_DRAW's size
+# The rules selection.values.evaluate_pools computes from the pool alone, in its order.
+POOL_RULES = tuple(
+    r.name for r in _FIXED if r.offline in ("draft", "oracle", "lead", "draw", "pearl")
+)
+
+
+def learned(feature_set: str, model_kind: str, compare: tuple[str, ...] = ()) -> Rule:
+    """The learned reranker of a feature set and model kind (`rows_lgbm`)."""
+    if model_kind not in MODEL_KINDS:
+        raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {model_kind!r}")
+    return Rule(f"{feature_set}_{model_kind}", "learned", "learned", "first_factor",
+                compare=compare, params={"feature_set": feature_set, "model_kind": model_kind})  # fmt: skip
+
+
+def substitution(row: str) -> Rule:
+    """Direct substitution of a retained row's first factor (`sub_cache`)."""
+    return Rule(f"sub_{row}", "substitutions", "control", "first_factor", rows=(row,),
+                params={"row": row})  # fmt: skip
+
+
+def mixture(row: str, weight: float | None = None) -> Rule:
+    """Geometric mixture with draft (`mix_cache`; `mix_cache_w0.5` at one weight)."""
+    name = f"mix_{row}" if weight is None else f"mix_{row}_w{weight:g}"
+    params = {"row": row} | ({} if weight is None else {"weight": f"{weight:g}"})
+    return Rule(name, "mixtures", "control", "first_factor", rows=(row,), params=params)
+
+
+_LEARNED = re.compile(
+    rf"^(?P<feature_set>[a-z][a-z0-9_]*)_(?P<model_kind>{'|'.join(MODEL_KINDS)})$"
+)
+_MIX = re.compile(r"^mix_(?P<row>[a-z]+)(?:_w(?P<weight>[0-9.]+))?$")
+
+
+def rule(name: str) -> Rule:
+    """The entry of any rule name, fixed or templated; an unknown name is refused by name."""
+    if name in RULES:
+        return RULES[name]
+    if m := _MIX.match(name):
+        return mixture(m["row"], None if m["weight"] is None else float(m["weight"]))
+    if name.startswith("sub_") and len(name) > 4:
+        return substitution(name[4:])
+    if m := _LEARNED.match(name):
+        return learned(m["feature_set"], m["model_kind"])
+    raise ValueError(
+        f"unknown rule {name!r}: expected one of {sorted(RULES)}, a learned reranker "
+        f"'<feature set>_<{'|'.join(MODEL_KINDS)}>', 'sub_<row>' or 'mix_<row>'"
+    )
+
+
+def with_compare(r: Rule, compare: tuple[str, ...]) -> Rule:
+    return replace(r, compare=compare)
+
+
+def online_rules() -> tuple[str, ...]:
+    """`run.rule` values: the rules with an online tree route."""
+    return tuple(r.name for r in _FIXED if r.online is not None)
+
+
+def root_pass_rules() -> tuple[str, ...]:
+    return tuple(r.name for r in _FIXED if r.root_pass)
+
+
+# -- value names: `<rule>@B<budget>` ---------------------------------------------------------
+
+_VALUE = re.compile(r"^(?P<rule>[^@]+)@B(?P<budget>\d+)$")
+
+
+def value_key(name: str, budget: int) -> str:
+    """The per-round column of a rule's value at a budget (`rows_lgbm@B8`)."""
+    return f"{name}@B{int(budget)}"
+
+
+def parse_value_key(key: str) -> tuple[str, int] | None:
+    """(rule, budget) of a `value_key`; None for any other column."""
+    m = _VALUE.match(key)
+    return None if m is None else (m["rule"], int(m["budget"]))
+
+
+def budgets_of(keys) -> list[int]:
+    """The budgets among value keys, ascending."""
+    return sorted({p[1] for k in keys if (p := parse_value_key(k)) is not None})
