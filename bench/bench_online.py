@@ -70,8 +70,9 @@ from rerank.config import RerankConfig, RerankModelConfig
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.models import fit_reranker
 from rerank.fit.persist import save_reranker
+from rerank.forest.table import forest_of
 from rerank.forest.walk import compile_forest, link, prepare, walk_numpy
-from rerank.serving import PREDICTORS, OnlinePredictor, forest_of, load_online_reranker
+from rerank.serving import PREDICTORS, OnlinePredictor, load_online_reranker
 from rerank.settings import model_capacity
 from specrank.paths import project_path
 from tests.tiny_models import build_tiny_pair
@@ -202,7 +203,7 @@ def predictor_latency(model, device: torch.device, rows: int, n: int = 300) -> d
                 continue
             p = OnlinePredictor(model, dev, route)
             out[f"{route}_{dev.type}_us"] = median_us(lambda p=p: p.first_logprob(X).cpu())
-    c = compile_forest(forest_of(model))
+    c = compile_forest(forest_of(model.estimator, model.kind))
     out["numpy_walk_cpu_us"] = median_us(lambda: link(c, walk_numpy(c, prepare(c, X))))
     base = out["library_cpu_us"]
     out |= {

@@ -48,8 +48,9 @@ from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.boosting import Capacity, fit_estimator
 from rerank.fit.crossfit import prompt_halves
 from rerank.fit.design import design_matrix, task_categories
-from rerank.fit.models import KINDS, LABEL_OF_LAW, feature_list
+from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.token_prior import token_prior_features
+from selection.rules import MODEL_KINDS
 from specrank.trace_schema import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +114,7 @@ def bench_law(frame: pd.DataFrame, law: str, capacity: Capacity) -> dict:
     X = design_matrix(frame, features, cats, prior)
     Xtr, ytr, Xte, yte = X[~test], y[~test], X[test], y[test]
     res = {"rows": (len(ytr), len(yte))}
-    for kind in KINDS:
+    for kind in MODEL_KINDS:
         times = []
         for n_iter in (1, capacity.n_iter):
             cap = Capacity(n_iter, capacity.learning_rate, capacity.max_leaves)
@@ -125,8 +126,8 @@ def bench_law(frame: pd.DataFrame, law: str, capacity: Capacity) -> dict:
             "t": times[1],
             "curve": held_out_curve(est, kind, law, Xte, yte, capacity.n_iter),
         }
-    target = max(res[k]["curve"][capacity.n_iter] for k in KINDS)
-    for kind in KINDS:
+    target = max(res[k]["curve"][capacity.n_iter] for k in MODEL_KINDS)
+    for kind in MODEL_KINDS:
         r = res[kind]
         r["iters"] = iterations_to(r["curve"], target)
         r["t_equal"] = r["t1"] + (r["t"] - r["t1"]) * (r["iters"] - 1) / (capacity.n_iter - 1)
@@ -288,7 +289,7 @@ def main() -> None:
             f"\n== T={temperature:g} ({law}, {FEATURE_SET} features): "
             f"{res['rows'][0]:,} training rows, {res['rows'][1]:,} held out =="
         )
-        for kind in KINDS:
+        for kind in MODEL_KINDS:
             r = res[kind]
             print(
                 f"  {kind:5s} fit {r['t']:6.1f} s (1 iteration: {r['t1']:4.1f} s), "

@@ -16,9 +16,9 @@ from transformers import PreTrainedModel
 from decode.round import STAGES, OnlineStream, RoundRecord, decode_round
 from decode.settings import OnlineSettings, levels_of
 from decode.stream import check_positions, output_is_done, prefill, prompt_seed
-from features.decoding import RoundContext
 from pairs.models import Drafter
 from rerank.serving import OnlinePredictor
+from tree.round_record import RoundContext
 
 
 @dataclass

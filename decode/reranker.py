@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from torch import Tensor
 
 from decode.stream import Stream
-from features.decoding import RoundContext, first_level_rows, no_rows, pool_to_host, round_features
+from features.decoding import first_level_rows, no_rows, pool_to_host, round_features
 from rerank.serving import OnlinePredictor
 from tree import retained as R
 from tree.pool import Pool
+from tree.round_record import RoundContext
 
 
 def reranker_first_factor(

@@ -30,7 +30,6 @@ from decode.reranker import reranker_first_factor
 from decode.settings import OnlineSettings
 from decode.stream import StageClock, Stream
 from decode.tree_pass import Planned, Verified, select_step, verify_step
-from features.decoding import RoundContext
 from pairs.eagle3.pool import grow_pool_eagle3
 from pairs.models import Drafter
 from rerank.serving import OnlinePredictor
@@ -40,7 +39,7 @@ from tree import retained as R
 from tree import root_pass as RP
 from tree.attention import cache_length, compact_cache
 from tree.pool import Pool, grow_pool
-from tree.round_record import HostPool, retain_rows, round_rows, round_trace_fields
+from tree.round_record import HostPool, RoundContext, retain_rows, round_rows, round_trace_fields
 from tree.verify import law_temperature
 
 STAGES = ("draft", "root_pass", "features", "select", "verify", "bookkeeping")

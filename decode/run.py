@@ -51,7 +51,6 @@ from decode.stream import DecodeSettings
 from pairs.config import DataConfig, ModelConfig
 from pairs.models import load_model_pair
 from pairs.positions import check_prompt_lengths
-from rerank.config import MlflowConfig
 from rerank.serving import (
     PREDICTORS,
     SEEN_PROMPTS,
@@ -61,8 +60,8 @@ from rerank.serving import (
 )
 from selection.rules import RULES
 from specrank.checks import check_choice, check_int
-from specrank.cli import expand_short_overrides as _expand
-from specrank.cli import run_entry_point
+from specrank.cli import expand_short_overrides, run_entry_point
+from specrank.config import MlflowConfig
 from specrank.parallel import ParallelConfig, check_parallel
 from specrank.paths import CONF_DIR, project_path
 from specrank.run_record import TrackingError
@@ -184,8 +183,8 @@ def keep_finished(out_dir: Path, finished: list[PromptTiming], n_prompts: int,
 _SHORT_OVERRIDES = {"rule": "run.rule", "reranker": "run.reranker"}
 
 
-def expand_short_overrides(argv: list[str]) -> list[str]:
-    return _expand(argv, _SHORT_OVERRIDES)
+def expand_run_overrides(argv: list[str]) -> list[str]:
+    return expand_short_overrides(argv, _SHORT_OVERRIDES)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="run")

@@ -42,10 +42,10 @@ from decode.round import STAGES
 from decode.settings import OnlineSettings
 from pairs.models import ModelPair
 from pairs.prompts import Prompt, encode_prompt
-from rerank.config import MlflowConfig
 from rerank.serving import OnlinePredictor
 from selection.rules import learned
 from selection.rules import rule as rule_entry
+from specrank.config import MlflowConfig
 from specrank.files import atomic_write
 from specrank.laws import law_name
 from specrank.run_record import RunRecord, log_or_explain, write_record

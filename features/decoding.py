@@ -9,8 +9,6 @@ recorded trace).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -18,6 +16,7 @@ from features.first_level import FirstLevelFeatures, features_of_blocks
 from features.rounds import RoundBlocks
 from tree import retained as R
 from tree.pool import Pool
+from tree.round_record import RoundContext
 
 
 def first_level_rows(rows: R.RetainedRows | None, first_tokens: np.ndarray, root: int) -> dict:
@@ -33,17 +32,6 @@ def first_level_rows(rows: R.RetainedRows | None, first_tokens: np.ndarray, root
 def no_rows(n_first: int) -> dict:
     """The row inputs when the model reads no rows: every row absent."""
     return R.row_inputs(None, np.zeros(n_first, dtype=np.int64), -1)
-
-
-@dataclass
-class RoundContext:
-    """What a round's features read besides the pool and the rows."""
-
-    root: int
-    prompt_length: int
-    round_index: int
-    tokens_before: int
-    prev_accepted: int | None
 
 
 def round_features(

@@ -33,8 +33,10 @@ import numpy as np
 from numba import njit
 
 from features.kernels import draft_mass, fill
+from features.registry import FEATURES, FILL_STEPS, PER_KIND_STEPS, SUBTREE_STEPS
 from features.rounds import FL_ROWS, INT_FIELDS, SCALAR_FIELDS, RoundArrays, RoundBlocks
-from features.subtree import STATS, pool_error, pool_pass, subtree_stats
+from features.subtree import pool_error, pool_pass, subtree_stats
+from tree.retained import ROW_KINDS
 
 # features.kernels.fill reads the input blocks' rows by position: this order (features.rounds)
 assert FL_ROWS[:4] == tuple(f"fl_{k}_logprob" for k in ("cache", "same", "prev", "matched"))
@@ -44,61 +46,8 @@ assert (
 ) == SCALAR_FIELDS, "features.rounds.SCALAR_FIELDS changed: update features.kernels.fill"  # fmt: skip
 assert INT_FIELDS[:4] == ("root_token", "prompt_length", "round_index", "tokens_before")
 
-# name -> numpy dtype of every feature `first_level_features` returns (the order is the table's).
-FEATURE_DTYPES: dict[str, type] = {
-    # the candidate's draft probability among its siblings
-    "draft_logprob": np.float32,  # log q(x1)
-    "draft_prob": np.float32,  # q(x1)
-    "draft_rank": np.int32,  # 0 = the drafter's top first token (ties: pool index)
-    "draft_prob_share": np.float32,  # q(x1) / sum of q over the first level
-    "top_sibling_prob": np.float32,  # largest q among the other first-level candidates; NaN if none
-    "margin_top_sibling": np.float32,  # log q(x1) - log top_sibling_prob; NaN if no sibling
-    "gap_above": np.float32,  # log q of the next-higher-ranked sibling - log q(x1); NaN at rank 0
-    "gap_below": np.float32,  # log q(x1) - log q of the next-lower-ranked sibling; NaN at the last
-    "sibling_mass": np.float32,  # sum of q over the other first-level candidates
-    # the draft distribution at the root (round-level)
-    "n_first_level": np.int32,
-    "fl_draft_mass": np.float32,  # sum of q over the first level
-    "root_draft_entropy": np.float32,  # nats, over the renormalised first-level q
-    "root_draft_top1": np.float32,  # max q
-    # the pool subtree below the candidate
-    "expanded": np.bool_,
-    **STATS,
-    # context
-    "prompt_length": np.int32,
-    "round_index": np.int32,
-    "tokens_before": np.int32,
-    "prev_accepted": np.float32,  # NaN at round 0 (integer-valued)
-    "repeats_root": np.bool_,  # token == root token
-    # retained rows (the "Rows" reranker): log p under the row, minus the row's best first-level log p
-    "cache_logprob": np.float32,
-    "cache_gap": np.float32,
-    "same_logprob": np.float32,
-    "same_gap": np.float32,
-    "prev_logprob": np.float32,  # NaN for the candidate repeating the root token, always
-    "prev_gap": np.float32,
-    "cache_age": np.float32,  # NaN without a cache row (integer-valued)
-    "prev_tree_root_count": np.float32,  # NaN where the trace has none (integer-valued)
-    # retained rows beyond the paper: the candidate's rank under each row, each row's shape
-    # (entropy, top-1 mass) and whether its argmax is the drafter's top first token
-    **{
-        f"{kind}_{stat}": np.float32
-        for kind in ("cache", "same", "prev")
-        for stat in ("rank", "entropy", "top1", "top_is_draft_top")
-    },
-    # the matched row (after a covered round: the next root row up to rounding) ...
-    "matched_logprob": np.float32,
-    "matched_gap": np.float32,
-    "matched_rank": np.float32,
-    "matched_entropy": np.float32,
-    "matched_top1": np.float32,
-    "matched_top_is_draft_top": np.float32,
-    # ... and the token-only rows, aggregated
-    "token_only_count": np.int32,
-    "token_only_mean_logprob": np.float32,
-    "token_only_max_logprob": np.float32,
-    "token_only_top_agree": np.float32,  # share whose argmax is the drafter's top; NaN if none
-}
+# name -> numpy dtype of every feature `first_level_features` returns (the order is the table's)
+FEATURE_DTYPES: dict[str, type] = {f.name: f.dtype for f in FEATURES}
 
 LABEL_DTYPES: dict[str, type] = {
     "label_target_prob": np.float32,  # p(x1 | c) at T (the unit-temperature softmax at T = 0)
@@ -107,41 +56,31 @@ LABEL_DTYPES: dict[str, type] = {
 
 
 # The kernel writes each feature as one row of the output block of its dtype.
-F32 = tuple(n for n, d in FEATURE_DTYPES.items() if d is np.float32)
-I32 = tuple(n for n, d in FEATURE_DTYPES.items() if d is np.int32)
-B8 = tuple(n for n, d in FEATURE_DTYPES.items() if d is np.bool_)
-assert len(F32) + len(I32) + len(B8) == len(FEATURE_DTYPES), "a feature dtype without a block"
+F32 = tuple(f.name for f in FEATURES if f.dtype is np.float32)
+I32 = tuple(f.name for f in FEATURES if f.dtype is np.int32)
+B8 = tuple(f.name for f in FEATURES if f.dtype is np.bool_)
+assert len(F32) + len(I32) + len(B8) == len(FEATURES), "a feature dtype without a block"
+_BLOCK = {np.float32: F32, np.int32: I32, np.bool_: B8}
 
 
-def _rows(block: tuple[str, ...], *names: str) -> tuple[int, ...]:
-    return tuple(block.index(n) for n in names)
+def _step_rows(step: str) -> tuple:
+    """The block rows a kernel step writes, in the order of its entries' slots (per row
+    kind for the per-kind steps: features.registry)."""
+    entries = [f for f in FEATURES if f.slot[0] == step]
+    if step not in PER_KIND_STEPS:
+        return tuple(_BLOCK[f.dtype].index(f.name) for f in sorted(entries, key=lambda f: f.slot))
+    return tuple(
+        tuple(
+            _BLOCK[f.dtype].index(f.name)
+            for f in sorted((f for f in entries if f.slot[1] == k), key=lambda f: f.slot)
+        )
+        for k in range(len(ROW_KINDS))
+    )
 
 
-# rows of the output blocks, by the kernel step that writes them (order as in the tuples)
-_DRAFT32 = _rows(
-    F32, "draft_logprob", "draft_prob", "draft_prob_share", "top_sibling_prob",
-    "margin_top_sibling", "gap_above", "gap_below", "sibling_mass", "fl_draft_mass",
-    "root_draft_entropy", "root_draft_top1",
-)  # fmt: skip
-_DRAFTI32 = _rows(I32, "draft_rank", "n_first_level")
-_SUB32 = _rows(
-    F32, "subtree_best_d2", "subtree_best_deepest", "subtree_draft_mass", "subtree_draft_mass_rel"
-)
-_SUBI32 = _rows(I32, "subtree_size", "subtree_depth")
-_ROW32 = tuple(  # per kind: logprob, gap, rank
-    _rows(F32, f"{k}_logprob", f"{k}_gap", f"{k}_rank")
-    for k in ("cache", "same", "prev", "matched")
-)
-_SHAPE32 = tuple(  # per kind: entropy, top1, top_is_draft_top
-    _rows(F32, f"{k}_entropy", f"{k}_top1", f"{k}_top_is_draft_top")
-    for k in ("cache", "same", "prev", "matched")
-)
-_ONLY32 = _rows(F32, "token_only_mean_logprob", "token_only_max_logprob", "token_only_top_agree")
-_CONTEXT32 = _rows(F32, "prev_accepted", "cache_age", "prev_tree_root_count")
-_CONTEXTI32 = _rows(I32, "prompt_length", "round_index", "tokens_before", "token_only_count")
-_B8 = _rows(B8, "expanded", "repeats_root")
-# what features.kernels.fill writes where (its `out`)
-OUT_ROWS = (_DRAFT32, _DRAFTI32, _ROW32, _SHAPE32, _ONLY32, _CONTEXT32, _CONTEXTI32, _B8)
+# what features.kernels.fill writes where (its `out`), and features.subtree.subtree_stats
+OUT_ROWS = tuple(_step_rows(step) for step in FILL_STEPS)
+_SUB32, _SUBI32 = (_step_rows(step) for step in SUBTREE_STEPS)
 # name -> (block, row) of every feature; blocks: 0 float32, 1 int32, 2 bool
 FEATURE_LAYOUT = {
     n: (b, names.index(n))

@@ -26,11 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tree.retained import TOKEN_ONLY_MAX
+from tree.retained import ROW_KINDS, TOKEN_ONLY_MAX
 
 PAD_DEPTH = 0  # depth of padding entries (real candidates have depth >= 1)
 TOKEN_ONLY_WIDTH = TOKEN_ONLY_MAX + 1  # up to 24 token-only rows, plus the root's row
-ROW_KINDS = ("cache", "same", "prev", "matched")
 FL_ROWS = (
     "fl_cache_logprob",
     "fl_same_logprob",

@@ -19,15 +19,6 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-STATS = {  # name -> dtype of the statistics below
-    "subtree_size": np.int32,
-    "subtree_depth": np.int32,
-    "subtree_best_d2": np.float32,
-    "subtree_best_deepest": np.float32,
-    "subtree_draft_mass": np.float32,
-    "subtree_draft_mass_rel": np.float32,
-}
-
 # pool_pass error codes, in the order they are reported
 NAN_LOGPROB, FIRST_NOT_LEADING, NOT_POOL_ORDER, BAD_PARENT = range(4)
 
@@ -113,8 +104,8 @@ def subtree_stats(depth, parent, cum, e, n1, o32, oi32, f32, i32):
 
     depth, parent [R, P]; cum [R, P] cumulative scores (`pool_pass`), e = np.exp(cum);
     n1 [R]. Round r's candidates are output columns sum(n1[:r]) + 0..n1[r]-1 of o32 /
-    oi32 (float32 / int32 blocks); f32 / i32: the rows of STATS there (best_d2,
-    best_deepest, mass, mass_rel | size, depth).
+    oi32 (float32 / int32 blocks); f32 / i32: the rows of the `subtree` / `subtreei` slots there
+    (features.registry: best_d2, best_deepest, mass, mass_rel | size, depth).
 
     subtree_size          descendants in the pool
     subtree_depth         deepest depth in the subtree (1 = no descendants)

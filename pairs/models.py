@@ -9,6 +9,7 @@ forward helper rather than letting a batch of 2 silently mix two caches.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -24,12 +26,13 @@ from transformers import (
 from pairs.config import ModelConfig
 from pairs.eagle3.capture import CONVENTIONS
 from pairs.eagle3.drafter import Eagle3Drafter, attach_head, head_ids, read_head
+from pairs.eagle3.layout import read_head_config
 from specrank.checks import check_choice
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
-DRAFTER_KINDS = ("standalone", "eagle3")
-# A standalone causal LM, or an EAGLE-3 head drafting from the target's hidden states.
+# A standalone causal LM, or an EAGLE-3 head drafting from the target's hidden states
+# (the kinds: DRAFTERS, below).
 Drafter = PreTrainedModel | Eagle3Drafter
 
 
@@ -155,16 +158,13 @@ def _check_embeddings(name: str, model, n_tokens: int) -> None:
 
 def load_model_pair(cfg: ModelConfig) -> ModelPair:
     """Target, drafter and their shared tokenizer; refuses a drafter with another tokenizer."""
-    check_choice("model.drafter_kind", cfg.drafter_kind, DRAFTER_KINDS)
-    check_choice("model.aux_layer_convention", cfg.aux_layer_convention, CONVENTIONS)
-    if cfg.aux_layers is not None and cfg.drafter_kind != "eagle3":
-        raise ValueError(
-            f"The 'model.aux_layers' applies to model.drafter_kind=eagle3 only. Got "
-            f"{list(cfg.aux_layers)} with model.drafter_kind={cfg.drafter_kind!r}."
-        )
+    kind = drafter_kind(cfg)
     _torch_dtype(cfg.dtype)  # every model setting refused before anything is read
-    if cfg.drafter_kind == "eagle3":
-        return load_eagle3_pair(cfg)
+    return kind.load(cfg)
+
+
+def load_standalone_pair(cfg: ModelConfig) -> ModelPair:
+    """Target and a standalone drafter LM; refuses a drafter with another tokenizer."""
     target_dir = checkpoint_dir(cfg.target, "model.target")
     drafter_dir = checkpoint_dir(cfg.drafter, "model.drafter")
     tok_t = AutoTokenizer.from_pretrained(
@@ -188,3 +188,65 @@ def load_model_pair(cfg: ModelConfig) -> ModelPair:
         _check_embeddings(name, m, len(tok_t))
     ids = _pair_ids(cfg, target_dir, drafter_dir)
     return ModelPair(target, drafter, tok_t, eos_token_ids(target, tok_t), ids)
+
+
+def _standalone_config(folder: Path, cfg: ModelConfig) -> PretrainedConfig:
+    return AutoConfig.from_pretrained(
+        folder, local_files_only=True, trust_remote_code=cfg.trust_remote_code
+    )
+
+
+def _eagle3_config(folder: Path, cfg: ModelConfig) -> PretrainedConfig:
+    return read_head_config(folder).layer
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """A kind of drafter (`model.drafter_kind`): how its pair loads, what it drafts from,
+    and what a run records of it. A new kind: its package, an entry here, one config."""
+
+    name: str
+    load: Callable[[ModelConfig], ModelPair]  # the pair, every setting checked first
+    read_config: Callable[[Path, ModelConfig], PretrainedConfig]  # config.json alone: positions
+    # drafts from the target's hidden states: its position table is its own, a soft limit
+    # (pairs.positions) unless model.strict_head_positions
+    head: bool
+    pool: str  # what grows the pool (tree.pool.grow_pool calls the drafter object's passes)
+    target_states: tuple[str, ...]  # target states each draft step reads
+    settings: tuple[str, ...]  # model.* settings only this kind reads (refused for the others)
+    manifest_fields: tuple[str, ...]  # ModelPair.ids: the trace manifest's model section
+    verifiers: tuple[str, ...] = ("greedy", "sampling")  # laws it is verified under
+
+
+_PAIR_FIELDS = ("target", "drafter", "target_config_sha256", "drafter_config_sha256")
+DRAFTERS = {
+    k.name: k
+    for k in (
+        DrafterKind("standalone", load_standalone_pair, _standalone_config, head=False,
+                    pool="its own KV cache, one forward per pool level", target_states=(),
+                    settings=(), manifest_fields=_PAIR_FIELDS),
+        DrafterKind("eagle3", load_eagle3_pair, _eagle3_config, head=True,
+                    pool="pairs.eagle3.pool: the head's cache over the target's aux states",
+                    target_states=("aux hidden states (model.aux_layers)",),
+                    settings=("aux_layers",),
+                    manifest_fields=(*_PAIR_FIELDS, "drafter_kind", "aux_layers",
+                                     "draft_vocab_size")),
+    )
+}  # fmt: skip
+
+
+def drafter_kind(cfg: ModelConfig) -> DrafterKind:
+    """The entry of `model.drafter_kind`, its settings checked (before anything is read)."""
+    check_choice("model.drafter_kind", cfg.drafter_kind, list(DRAFTERS))
+    check_choice("model.aux_layer_convention", cfg.aux_layer_convention, CONVENTIONS)
+    kind = DRAFTERS[cfg.drafter_kind]
+    for name, entry in DRAFTERS.items():
+        for setting in entry.settings:
+            value = getattr(cfg, setting)
+            if name != kind.name and setting not in kind.settings and value is not None:
+                shown = list(value) if isinstance(value, (list, tuple)) else repr(value)
+                raise ValueError(
+                    f"The 'model.{setting}' applies to model.drafter_kind={name} only. Got "
+                    f"{shown} with model.drafter_kind={cfg.drafter_kind!r}."
+                )
+    return kind

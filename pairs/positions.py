@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from transformers import AutoConfig, AutoTokenizer
 
 from pairs.config import ModelConfig
-from pairs.eagle3.layout import read_head_config
-from pairs.models import DRAFTER_KINDS, checkpoint_dir
+from pairs.models import checkpoint_dir, drafter_kind
 from pairs.prompts import Prompt, encode_prompt
 from specrank.checks import check_choice
 from tree.config import PoolConfig
@@ -89,15 +88,11 @@ def limits_of(target_config, drafter_config, eagle3: bool, strict_head: bool) ->
 
 def read_limits(model: ModelConfig) -> PositionLimits:
     """The pair's limits from its config.json files alone (no weights are read)."""
-    check_choice("model.drafter_kind", model.drafter_kind, DRAFTER_KINDS)
+    kind = drafter_kind(model)
     local = {"local_files_only": True, "trust_remote_code": model.trust_remote_code}
     target = AutoConfig.from_pretrained(checkpoint_dir(model.target, "model.target"), **local)
-    folder = checkpoint_dir(model.drafter, "model.drafter")
-    if model.drafter_kind == "eagle3":
-        drafter = read_head_config(folder).layer
-    else:
-        drafter = AutoConfig.from_pretrained(folder, **local)
-    return limits_of(target, drafter, model.drafter_kind == "eagle3", model.strict_head_positions)
+    drafter = kind.read_config(checkpoint_dir(model.drafter, "model.drafter"), model)
+    return limits_of(target, drafter, kind.head, model.strict_head_positions)
 
 
 def check_prompt_lengths(

@@ -37,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 from pairs.config import DataConfig, PromptSource
 from specrank.checks import check_choice
 
-KINDS = ("spec_bench", "humaneval", "jsonl")
+PROMPT_KINDS = ("spec_bench", "humaneval", "jsonl")
 HUMANEVAL_CATEGORY = "humaneval"  # HumanEval has no categories; its own name keeps it apart
 
 
@@ -106,9 +106,9 @@ def task_of(source: PromptSource, category: str, where: str, default: str | None
 
 def load_source(source: PromptSource) -> list[Prompt]:
     """The prompts of one source, in file order (first `limit` if set)."""
-    if source.kind not in KINDS:
+    if source.kind not in PROMPT_KINDS:
         raise ValueError(
-            f"The data source 'kind' must be one of {list(KINDS)}. Got {source.kind!r} instead."
+            f"The data source 'kind' must be one of {list(PROMPT_KINDS)}. Got {source.kind!r} instead."
         )
     check_tasks(source)
     path = _source_path(source)

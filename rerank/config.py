@@ -1,4 +1,4 @@
-"""Typed settings of `python -m rerank.train` (the `rerank:` and `mlflow:` sections)."""
+"""Typed settings of `python -m rerank.train` (the `rerank:` section; `mlflow:` is specrank.config's)."""
 
 from __future__ import annotations
 
@@ -11,23 +11,6 @@ DEFAULT_BUDGETS = [8, 59]
 SWEEP_BUDGETS = [2, 4, 8, 12, 16, 24, 32, 48, 59, 80, 100, 150, 200]
 # SPEC §8 calibration controls, and the draft-rank control (calibrate.rank_control)
 CALIBRATORS = ("iso_q1", "per_depth", "rank_control")
-# The paper's claims between two rules (rule_a:rule_b; a feature set names the run's
-# reranker of that set), then ours: what each richer feature set adds, and every learned
-# rule against the draft-rank control (what it adds beyond re-calibrating the draft order).
-DEFAULT_COMPARISONS = [
-    "rows:base",
-    "rows:draft",
-    "base:draft",
-    "root:draft",
-    "root_draw:pearl",
-    "root_draw:pearl_matched",
-    "pearl:pearl_commit",
-    "rows_extra:rows",
-    "rows_matched:rows",
-    "rows_matched:rows_extra",
-    *(f"{r}:rank_control" for r in ("base", "rows", "rows_extra", "rows_matched", "iso_q1")),
-    "per_depth:rank_control",
-]
 
 
 @dataclass
@@ -80,8 +63,8 @@ class RerankConfig:
     halves: str = "seeded"
     budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
     # Paired gains of rule_a over rule_b with their own intervals (rerank.report.comparisons), as
-    # "rule_a:rule_b". None: the paper's claims (DEFAULT_COMPARISONS) among this run's rules;
-    # a list given is checked strictly (every rule must be evaluated by the run).
+    # "rule_a:rule_b". None: the defaults among this run's rules (the paper's claims and ours,
+    # from the registries: rerank.report.comparisons.DEFAULT_COMPARISONS); a list given is checked strictly (every rule must be evaluated by the run).
     comparisons: list[str] | None = None
     sweep: bool = False  # evaluate the SPEC budget sweep too
     top_m: int = 0  # restrict every rule to the M highest-ranked candidates (0: whole pool)
@@ -96,13 +79,4 @@ class RerankConfig:
     workers: int | None = None  # batches evaluated at once, one thread each (None: one per core)
 
 
-@dataclass
-class MlflowConfig:
-    tracking_uri: str = (
-        "sqlite:///mlflow.db"  # relative sqlite paths resolve against the project root
-    )
-    experiment: str = "specrank"
-    run_name: str | None = None
-
-
-SECTIONS = {"rerank": RerankConfig, "mlflow": MlflowConfig}  # see specrank.config
+SECTIONS = {"rerank": RerankConfig}  # see specrank.config

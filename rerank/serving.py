@@ -21,12 +21,12 @@ from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
 from features.first_level import FEATURE_DTYPES, DesignLayout, FirstLevelFeatures
-from features.schema import EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES
+from features.registry import FEATURE_SET_TREE, first_in
 from pairs.prompts import Prompt
 from rerank.fit.models import FEATURE_SETS, TOKEN_PRIOR, FittedReranker, feature_list
 from rerank.fit.persist import RerankerLoadError, load_reranker, read_sidecar
 from rerank.forest.jit import JitForest, jit_forest, log_phat
-from rerank.forest.table import ForestError, forest_from_hgb, forest_from_lightgbm
+from rerank.forest.table import ForestError, forest_of
 from rerank.forest.walk import CompiledForest, TorchForest, compile_forest, link, prepare
 from specrank.laws import law_kind
 from specrank.paths import project_path
@@ -37,6 +37,10 @@ SEEN_PROMPTS = ("refuse", "skip", "allow")  # run.seen_prompts
 MLFLOW_SCHEMES = ("runs:/", "models:/", "mlflow-artifacts:/")
 # Inputs the online decoder can compute: every first-level feature, the task, the prior.
 ONLINE_FEATURES = frozenset(FEATURE_DTYPES) | {"task", TOKEN_PRIOR}
+# the features of every set beyond the first (base): each reads a retained target row
+ROW_READING = frozenset(
+    n for s in FEATURE_SET_TREE if s.parent is not None for n in first_in(s.name)
+)
 
 
 def reranker_folder(source: str, tracking_uri: str) -> Path:
@@ -124,17 +128,9 @@ def unseen_prompts(model: FittedReranker, prompts: list[Prompt], seen: str) -> l
     return kept
 
 
-def forest_of(model: FittedReranker):
-    """The model's trees as a `rerank.forest.table.Forest` (raises ForestError if not exact)."""
-    if model.kind == "lgbm":
-        return forest_from_lightgbm(model.estimator)
-    return forest_from_hgb(model.estimator)
-
-
 def uses_rows(model: FittedReranker) -> bool:
     """Whether the model reads retained-row features (then the decoder keeps the rows)."""
-    reads = set(ROW_FEATURES) | set(EXTRA_ROW_FEATURES) | set(MATCHED_FEATURES)
-    return any(f in reads for f in model.features)
+    return any(f in ROW_READING for f in model.features)
 
 
 class OnlinePredictor:
@@ -181,7 +177,7 @@ class OnlinePredictor:
         if predictor == "library":
             return
         try:
-            self.compiled = compile_forest(forest_of(model))
+            self.compiled = compile_forest(forest_of(model.estimator, model.kind))
             on_device = device.type != "cpu" and predictor in ("auto", "forest")
             if on_device:
                 self.torch_forest = TorchForest(self.compiled, device)

@@ -15,7 +15,6 @@ from typing import Any
 
 from rerank.config import (
     CALIBRATORS,
-    DEFAULT_COMPARISONS,
     SWEEP_BUDGETS,
     RerankConfig,
     RerankModelConfig,
@@ -23,9 +22,9 @@ from rerank.config import (
 from rerank.evaluate.values import RETAINED_ROWS
 from rerank.fit.boosting import Capacity
 from rerank.fit.crossfit import SCHEMES
-from rerank.fit.models import FEATURE_SETS, KINDS
-from rerank.report.comparisons import check_comparisons, parse_comparisons
-from selection.rules import RULES, learned, mixture, substitution
+from rerank.fit.models import FEATURE_SETS
+from rerank.report.comparisons import DEFAULT_COMPARISONS, check_comparisons, parse_comparisons
+from selection.rules import MODEL_KINDS, RULES, learned, mixture, substitution
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
 from specrank.paths import project_path
 from specrank.tables import SchemaError
@@ -47,7 +46,7 @@ def model_capacity(model: RerankModelConfig) -> Capacity:
 
 def check_settings(rerank: RerankConfig) -> None:
     """Every `rerank` setting, before anything is read or fitted (specrank.checks messages)."""
-    check_choice("rerank.model.kind", rerank.model.kind, KINDS)
+    check_choice("rerank.model.kind", rerank.model.kind, MODEL_KINDS)
     if rerank.model.n_threads is not None:
         check_int("rerank.model.n_threads", rerank.model.n_threads, 1)
     check_int("rerank.model.n_iter", rerank.model.n_iter, 1)

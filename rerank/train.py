@@ -31,7 +31,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from features.schema import candidate_store
-from rerank.config import MlflowConfig, RerankConfig
+from rerank.config import RerankConfig
 from rerank.evaluate.coverage import RootIfCovered
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.evaluate.reports import ReportAccumulators
@@ -68,6 +68,7 @@ from selection.rules import learned
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank import faults
 from specrank.cli import run_entry_point
+from specrank.config import MlflowConfig
 from specrank.files import atomic_write
 from specrank.laws import law_kind, law_name
 from specrank.memory import release_freed_heap, retain_freed_heap
@@ -220,7 +221,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     )
     groups = breakdown_gains(per_round, rerank.n_resamples, seed)
     reports = acc.tables(per_round, rerank.n_resamples, seed) if acc else {}
-    reports["halves"] = halves_table(fitted.candidates, folds)
+    reports["halves"] = halves_table(fitted.candidates, folds).reset_index()  # keeps `task`
     reports["variants"] = variants
     return Evaluation(
         per_round, summary, comparisons, breakdowns(per_round), groups, mix_weights, table, reports

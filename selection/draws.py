@@ -16,18 +16,15 @@ float32 rounding (`tests/test_select_kernels.py`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from numba import njit, prange
 from torch import Tensor
 
-from selection.kernels import _index, _key, _pop, _push
+from selection.context import PoolContext
+from selection.kernels import heap_key, heap_pop, heap_push, key_index
 from selection.ranking import compiled_route, kernel_valid
-
-if TYPE_CHECKING:  # values imports this module for evaluate_pools
-    from selection.values import PoolContext
 
 
 def subtree_ranks(ctx: PoolContext) -> tuple[Tensor, Tensor, Tensor]:
@@ -204,7 +201,7 @@ def draw_curves(
         n_children = np.zeros(width + 1, dtype=np.int64)
         for i in range(width):
             ok = valid[r, i] if has_valid else True
-            keys[i] = _key(np.float32(draft[r, i]), i, width, ok)
+            keys[i] = heap_key(np.float32(draft[r, i]), i, width, ok)
             p = parent[r, i]
             if p >= i:
                 bad[r] = True
@@ -229,16 +226,16 @@ def draw_curves(
             for c in range(n_children[g], n_children[g + 1]):
                 child = keys[child_list[c]]
                 bad[r] |= child > keys[g]
-                _push(heap, n, ~child)  # ~key: best first
+                heap_push(heap, n, ~child)  # ~key: best first
                 n += 1
             first = law[r, g]
             commit = g == top_first[r]
             for j in range(n_ranks):
                 if n == 0:
                     break
-                key = ~_pop(heap, n)
+                key = ~heap_pop(heap, n)
                 n -= 1
-                u = _index(key, width)
+                u = key_index(key, width)
                 out[r, 0, j] += path_prob[r, u]
                 out[r, 1, j] += first
                 if commit:
@@ -247,7 +244,7 @@ def draw_curves(
                 for c in range(n_children[u], n_children[u + 1]):
                     child = keys[child_list[c]]
                     bad[r] |= child > key
-                    _push(heap, n, ~child)
+                    heap_push(heap, n, ~child)
                     n += 1
         for c in range(4):
             for j in range(1, n_ranks):

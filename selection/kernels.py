@@ -31,7 +31,7 @@ def use_threads(n_threads: int) -> None:
 
 
 @njit(inline="always", cache=True)
-def _key(score: np.float32, index: int, width: int, valid: bool) -> np.int64:
+def heap_key(score: np.float32, index: int, width: int, valid: bool) -> np.int64:
     """`selection.ranking.ranking_keys` of one candidate (larger = ranked first)."""
     # + 0.0 turns -0.0 into +0.0
     bits = np.int64(np.float32(score + np.float32(0.0)).view(np.int32))
@@ -86,7 +86,7 @@ def path_reduce(edge: np.ndarray, parent: np.ndarray, product: bool) -> tuple[np
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def first_level_ancestor(parent: np.ndarray) -> tuple[np.ndarray, bool]:
+def first_level_ancestor_kernel(parent: np.ndarray) -> tuple[np.ndarray, bool]:
     """Pool index of each candidate's depth-1 ancestor; ok=False outside pool order."""
     n_rounds, width = parent.shape
     out = np.empty((n_rounds, width), dtype=np.int64)
@@ -105,7 +105,7 @@ def first_level_ancestor(parent: np.ndarray) -> tuple[np.ndarray, bool]:
 
 
 @njit(inline="always", cache=True)
-def _index(key: np.int64, width: int) -> int:
+def key_index(key: np.int64, width: int) -> int:
     """The pool index a ranking key encodes in its low 32 bits."""
     return width - 1 - (key & 0xFFFFFFFF)
 
@@ -131,7 +131,7 @@ def _sift_down(heap: np.ndarray, n: int, start: int) -> None:
 
 
 @njit(inline="always", cache=True)
-def _push(heap: np.ndarray, n: int, key: np.int64) -> None:
+def heap_push(heap: np.ndarray, n: int, key: np.int64) -> None:
     """Push onto a heap of n entries."""
     j = n
     while j > 0:
@@ -144,7 +144,7 @@ def _push(heap: np.ndarray, n: int, key: np.int64) -> None:
 
 
 @njit(inline="always", cache=True)
-def _pop(heap: np.ndarray, n: int) -> np.int64:
+def heap_pop(heap: np.ndarray, n: int) -> np.int64:
     """Pop the smallest of a heap of n entries."""
     top = heap[0]
     if n > 1:
@@ -169,16 +169,16 @@ def _rank_row(
         for i in range(width):
             s = np.float32(score[i])
             nan |= not (s < np.inf)  # NaN or +inf
-            keys[i] = _key(s, i, width, valid[i] if has_valid else True)
+            keys[i] = heap_key(s, i, width, valid[i] if has_valid else True)
         keys = np.sort(keys)
         for j in range(k):
-            out[j] = _index(keys[width - 1 - j], width)
+            out[j] = key_index(keys[width - 1 - j], width)
         return not nan
     heap = np.empty(k, dtype=np.int64)
     for i in range(width):
         s = np.float32(score[i])
         nan |= not (s < np.inf)  # NaN or +inf
-        key = _key(s, i, width, valid[i] if has_valid else True)
+        key = heap_key(s, i, width, valid[i] if has_valid else True)
         if i < k:
             heap[i] = key
             if i == k - 1:
@@ -189,12 +189,12 @@ def _rank_row(
             _sift_down(heap, k, 0)
     # pop the heap from its smallest key: best-first order fills from the back
     for j in range(k - 1, -1, -1):
-        out[j] = _index(_pop(heap, j + 1), width)
+        out[j] = key_index(heap_pop(heap, j + 1), width)
     return not nan
 
 
 @njit(parallel=True, cache=True, nogil=True)
-def rank_order(
+def rank_order_kernel(
     score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int
 ) -> tuple[np.ndarray, bool]:
     """The first k pool indices best-first by the SPEC tie-break. [R, k] int64.
@@ -237,7 +237,7 @@ def _merge_rank_row(
     for i in range(width):
         s = np.float32(score[i])
         nan |= not (s < np.inf)  # NaN or +inf
-        keys[i] = _key(s, i, width, valid[i] if has_valid else True)
+        keys[i] = heap_key(s, i, width, valid[i] if has_valid else True)
     start = np.zeros(n_groups + 1, dtype=np.int64)
     for i in range(width):
         start[first[i] + 1] += 1
@@ -263,17 +263,17 @@ def _merge_rank_row(
     n = 0
     for g in range(n_groups):
         if head[g] < start[g + 1]:
-            _push(heap, n, ~lists[head[g]])
+            heap_push(heap, n, ~lists[head[g]])
             n += 1
     for j in range(k):
-        key = ~_pop(heap, n)
+        key = ~heap_pop(heap, n)
         n -= 1
-        u = _index(key, width)
+        u = key_index(key, width)
         out[j] = u
         g = first[u]
         head[g] += 1
         if head[g] < start[g + 1]:
-            _push(heap, n, ~lists[head[g]])
+            heap_push(heap, n, ~lists[head[g]])
             n += 1
     return not nan
 

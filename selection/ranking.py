@@ -185,7 +185,7 @@ def first_level_ancestor(parent: Tensor, levels: Levels | None = None) -> Tensor
     """Pool index of each candidate's depth-1 ancestor (itself at depth 1). [R, P] int64."""
     _check_parent(parent)
     if compiled_route(parent) and parent.dim() == 2:
-        out, in_pool_order = select_kernels.first_level_ancestor(parent.contiguous().numpy())
+        out, in_pool_order = select_kernels.first_level_ancestor_kernel(parent.contiguous().numpy())
         if in_pool_order:
             return torch.from_numpy(out)
     self_idx = torch.arange(parent.shape[-1], device=parent.device).expand_as(parent)
@@ -203,7 +203,7 @@ def first_level_ancestor(parent: Tensor, levels: Levels | None = None) -> Tensor
 
 
 _INT32_MIN = -(2**31)
-_NAN_SCORES = (
+NAN_SCORES_MESSAGE = (
     "candidate scores contain NaN or +inf; a score must be a finite number or -inf "
     "(+inf ties would break the ancestor-closed top-B tree)"
 )
@@ -222,7 +222,7 @@ def ranking_keys(score: Tensor, valid: Tensor | None = None) -> Tensor:
     keys let us use fast unstable sorts and top-k with a deterministic result.
     """
     if not bool((score < math.inf).all()):  # NaN and +inf both fail `< inf`
-        raise ValueError(_NAN_SCORES)
+        raise ValueError(NAN_SCORES_MESSAGE)
     bits = (score.float() + 0.0).view(torch.int32)  # + 0.0 turns -0.0 into +0.0
     key32 = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # monotone float -> int map (IEEE-754)
     if valid is not None:
@@ -246,14 +246,14 @@ def rank_order(
     if keys is None and compiled_route(score) and score.dim() == 2:
         width = score.shape[-1]
         valid_np, has_valid = kernel_valid(valid, score)
-        order, no_nan = select_kernels.rank_order(
+        order, no_nan = select_kernels.rank_order_kernel(
             score.float().contiguous().numpy(),
             valid_np,
             has_valid,
             width if k is None else min(k, width),
         )
         if not no_nan:
-            raise ValueError(_NAN_SCORES)
+            raise ValueError(NAN_SCORES_MESSAGE)
         return torch.from_numpy(order)
     keys = ranking_keys(score, valid) if keys is None else keys
     width = keys.shape[-1]

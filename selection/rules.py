@@ -40,7 +40,7 @@ OFFLINE_ROUTES = ("draft", "oracle", "lead", "draw", "pearl", "first_factor", "s
 #   draw          X1 drawn from the root row, then the rule's tree below it (draw_tree)
 #   covering      App. D.10's decoder: draft trees, a draw tree after a covered round
 ONLINE_ROUTES = ("draft", "first_factor", "draw", "covering")
-KINDS = ("factor", "draw", "control", "learned", "derived")
+RULE_KINDS = ("factor", "draw", "control", "learned", "derived")
 MODEL_KINDS = ("hgb", "lgbm")  # the model kinds a learned rule's name carries
 
 
@@ -72,8 +72,10 @@ class Rule:
         return self.offline is not None or self.predictor
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"rule {self.name}: kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind not in RULE_KINDS:
+            raise ValueError(
+                f"rule {self.name}: kind must be one of {RULE_KINDS}, got {self.kind!r}"
+            )
         if self.offline not in (*OFFLINE_ROUTES, None) or self.online not in (*ONLINE_ROUTES, None):
             raise ValueError(f"rule {self.name}: unknown route {self.offline!r} / {self.online!r}")
 
@@ -144,6 +146,9 @@ PEARL_MATCHED = next(r.name for r in _FIXED if r.offline == "derived")  # PEARL 
 POOL_RULES = tuple(
     r.name for r in _FIXED if r.offline in ("draft", "oracle", "lead", "draw", "pearl")
 )
+# ... scored by per-edge log factors (SPEC §6 table), or drawing the first token first
+FACTOR_RULES = tuple(n for n in POOL_RULES if RULES[n].offline in ("draft", "oracle", "lead"))
+DRAW_RULES = tuple(n for n in POOL_RULES if RULES[n].offline in ("draw", "pearl"))
 
 
 def learned(feature_set: str, model_kind: str, compare: tuple[str, ...] = ()) -> Rule:

@@ -23,77 +23,25 @@ that token alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from selection import kernels as select_kernels
+from selection.context import PoolContext, pool_context
 from selection.draws import draw_values, pearl_curves
 from selection.pool_batch import PoolBatch
 from selection.ranking import (
-    _NAN_SCORES,
-    Levels,
+    NAN_SCORES_MESSAGE,
     compiled_route,
-    draft_scores,
-    first_level_ancestor,
     kernel_valid,
     leading_factor_edges,
-    path_product,
     path_sum,
-    pool_levels,
     rank_order,
-    ranking_keys,
-    restrict_to_top_m,
 )
-from selection.rules import PEARL, POOL_RULES
+from selection.rules import FACTOR_RULES, PEARL, POOL_RULES
 from selection.rules import rule as rule_entry
-
-# The rules computed from the pool alone (selection.rules): scored by per-edge log factors
-# (SPEC §6 table), or drawing the first token from the root row before selecting.
-RULES = POOL_RULES
-FACTOR_RULES = tuple(n for n in RULES if rule_entry(n).offline in ("draft", "oracle", "lead"))
-DRAW_RULES = tuple(n for n in RULES if rule_entry(n).offline in ("draw", "pearl"))
-
-
-@dataclass
-class PoolContext:
-    """Per-batch quantities every rule shares, computed once. [R, P] unless noted."""
-
-    pool: PoolBatch
-    levels: Levels | None  # fast path-reduction layout, None for ragged pools
-    law: Tensor  # per-edge target probability under each round's law
-    first_ancestor: Tensor  # int64 pool index of the depth-1 ancestor
-    draft: Tensor  # cumulative draft log-probability (the draft rule's score)
-    valid: Tensor  # bool: in the pool and inside the top-M restriction
-    restrict: Tensor | None  # `valid`, or None when every entry is valid (cheaper ranking)
-    path_prob: Tensor  # P(u) under the law, 0 outside `valid`
-
-    @cached_property
-    def draft_keys(self) -> Tensor:
-        """int64 ranking keys of the draft scores (torch route only; see select.ranking_keys)."""
-        return ranking_keys(self.draft, self.restrict)
-
-
-def pool_context(pool: PoolBatch, top_m: int = 0) -> PoolContext:
-    levels = pool_levels(pool.parent, pool.depth)
-    law = pool.law_edge_prob()
-    draft = draft_scores(pool.draft_logprob, pool.parent, levels)
-    valid = restrict_to_top_m(draft, top_m, pool.valid)
-    restrict = None if bool(valid.all()) else valid
-    path_prob = path_product(law, pool.parent, levels)
-    return PoolContext(
-        pool=pool,
-        levels=levels,
-        law=law,
-        first_ancestor=first_level_ancestor(pool.parent, levels),
-        draft=draft,
-        valid=valid,
-        restrict=restrict,
-        path_prob=path_prob if restrict is None else path_prob * restrict,
-    )
 
 
 def rule_scores(ctx: PoolContext, name: str) -> Tensor:
@@ -133,7 +81,7 @@ def _law_twin(name: str) -> str | None:
     entry = rule_entry(name)
     if not entry.lead_softmax:
         return None
-    return next(n for n in RULES if rule_entry(n).offline == "lead" and not rule_entry(n)
+    return next(n for n in POOL_RULES if rule_entry(n).offline == "lead" and not rule_entry(n)
                 .lead_softmax and rule_entry(n).lead_depth == entry.lead_depth)  # fmt: skip
 
 
@@ -201,7 +149,7 @@ def _fused_values(
         n_groups,
     )
     if status == 2:
-        raise ValueError(_NAN_SCORES)
+        raise ValueError(NAN_SCORES_MESSAGE)
     if status:  # levels guarantee pool order; a failure here is a bug upstream
         raise ValueError("pool layout changed between pool_levels and scoring")
     return torch.from_numpy(values), torch.from_numpy(cum) if curve else None
@@ -223,7 +171,7 @@ def values_at_budgets(order: Tensor, path_prob: Tensor, budgets: Sequence[int]) 
 def evaluate_pools(
     pool: PoolBatch,
     budgets: Sequence[int],
-    rules: Sequence[str] = RULES,
+    rules: Sequence[str] = POOL_RULES,
     top_m: int = 0,
     extra_scores: dict[str, Tensor] | None = None,
     curves: bool = False,
@@ -257,9 +205,9 @@ def evaluate_pools(
     reaches a rule's value); with `curve_rules`, `curve/<rule>` for each of those
     rules too (the budget at which the rule reaches draft's value, paper Table 13).
     """
-    unknown = [r for r in rules if r not in RULES]
+    unknown = [r for r in rules if r not in POOL_RULES]
     if unknown:
-        raise ValueError(f"Unknown rule(s) {unknown}; known rules are {list(RULES)}")
+        raise ValueError(f"Unknown rule(s) {unknown}; known rules are {list(POOL_RULES)}")
     if not budgets or min(budgets) < 0:
         raise ValueError(f"The 'budgets' must be a non-empty list of ints >= 0. Got {budgets}.")
     ctx = pool_context(pool, top_m) if ctx is None else ctx
@@ -280,14 +228,14 @@ def evaluate_pools(
         draft_curve = torch.cumsum(torch.gather(ctx.path_prob, -1, draft_order), dim=-1)
     for name in names:  # the order of the output: factor rules, first factors, scores
         full = curves and name in curve_rules  # its whole order: a value at every budget
-        if name in RULES and rule_entry(name).offline == "draft":
+        if name in POOL_RULES and rule_entry(name).offline == "draft":
             out[name] = draft_values
             continue
         if fused and name in firsts:  # a round without any factor ranks like draft selection
             out[name], cum = _fused_values(ctx, firsts[name], 1, budgets, k, full,
                                            (draft_values, draft_curve), nan_copies=True,
                                            draft_order=draft_order)  # fmt: skip
-        elif fused and name in RULES and rule_entry(name).offline == "lead":
+        elif fused and name in POOL_RULES and rule_entry(name).offline == "lead":
             src, copy, twin = (draft_values, None), None, _law_twin(name)
             if twin in out:  # sampling: the row at T is the law
                 src, copy = (out[twin], out.get(f"curve/{twin}")), ~ctx.pool.greedy[:, 0]

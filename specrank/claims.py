@@ -34,14 +34,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from specrank import faults
 
-if TYPE_CHECKING:  # annotations only: shard_store imports this module
+if TYPE_CHECKING:  # annotations only
     import pyarrow as pa
-
-    from specrank.shard_store import ShardStore
 
 _GEN = re.compile(r"\.claim-(\d+)$")
 
@@ -248,7 +246,22 @@ class heartbeat:  # lower-case: reads as a context manager
         self._thread.join()
 
 
-def claim_shard(store: ShardStore, shard_id: str) -> Claim | None:
+class ClaimableStore(Protocol):
+    """What the claim loop needs of a store (`specrank.shard_store.ShardStore`, which
+    imports this module: a protocol keeps the two from importing each other)."""
+
+    root: Path
+    owner: str
+    claim_stale_s: float
+    claim_poll_s: float
+
+    def is_done(self, shard_id: str) -> bool: ...
+    def pending(self, shard_ids: Sequence[str]) -> list[str]: ...
+    def claim(self, shard_id: str) -> Claim | None: ...
+    def write_shard(self, shard_id: str, table: pa.Table, claim: Claim | None = None) -> bool: ...
+
+
+def claim_shard(store: ClaimableStore, shard_id: str) -> Claim | None:
     """`ShardStore.claim`: take the claim, unless the shard got finished meanwhile.
 
     Temp files a killed writer left for this shard are removed (the shard is ours now).
@@ -264,7 +277,7 @@ def claim_shard(store: ShardStore, shard_id: str) -> Claim | None:
 
 
 def write_claimed(
-    store: ShardStore,
+    store: ClaimableStore,
     shard_ids: Sequence[str],
     build: Callable[[str], pa.Table],
     after: Callable[[str, pa.Table], None] | None = None,
@@ -284,19 +297,17 @@ def write_claimed(
                 else:
                     busy.append(sid)
                 continue
-            store._held[sid] = claim
             try:
                 with heartbeat(claim, interval):
                     faults.phase(f"building shard {sid}")
                     table = build(sid)
                     t0 = time.perf_counter()
-                    store.write_shard(sid, table)
+                    store.write_shard(sid, table, claim)
                     run.write_seconds += time.perf_counter() - t0
             except ClaimLost:
                 busy.append(sid)  # the writer that took it over finishes it
                 continue
             finally:
-                del store._held[sid]
                 release(claim)
             run.written += 1
             run.rows += table.num_rows

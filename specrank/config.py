@@ -35,7 +35,18 @@ class PathsConfig:
     features: str = "data_out/features"  # candidate table written by features.extract
 
 
-KERNEL_SECTIONS = {"paths": PathsConfig}
+@dataclass
+class MlflowConfig:
+    """Where runs are logged (`rerank.train`, `decode.run`): shared by the stages that log."""
+
+    tracking_uri: str = (
+        "sqlite:///mlflow.db"  # relative sqlite paths resolve against the project root
+    )
+    experiment: str = "specrank"
+    run_name: str | None = None
+
+
+KERNEL_SECTIONS = {"paths": PathsConfig, "mlflow": MlflowConfig}
 
 
 def stage_sections() -> dict[str, type]:

@@ -24,3 +24,9 @@ def law_name(temperature: float) -> str:
     if kind == "greedy" or float(temperature) == 1.0:
         return kind
     return f"{kind}_T{float(temperature):g}"
+
+
+def law_columns(temperature: float) -> dict[str, str | float]:
+    """The law as the columns of a report row: its name and its temperatures (the target's;
+    a drafter temperature joins here once the drafter has its own)."""
+    return {"law": law_name(temperature), "target_temperature": float(temperature)}

@@ -78,7 +78,6 @@ class ShardStore:
     claim_stale_s: float = 300.0  # a claim not refreshed for this long is taken over
     claim_poll_s: float = 1.0  # how often to look again at shards another writer holds
     _checked: bool = field(default=False, init=False, repr=False)
-    _held: dict[str, Claim] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
@@ -171,17 +170,16 @@ class ShardStore:
     def is_done(self, shard_id: str) -> bool:
         return self._paths(shard_id)[1].exists()
 
-    def write_shard(self, shard_id: str, table: pa.Table) -> bool:
+    def write_shard(self, shard_id: str, table: pa.Table, claim: Claim | None = None) -> bool:
         """Write one shard atomically; return False (and write nothing) if it is done.
 
-        Under a claim of `write_pending` the claim is checked just before the rename:
+        Under a `claim` (`write_pending` passes its own) it is checked just before the rename:
         a writer whose claim was taken over raises `ClaimLost` and commits nothing.
         """
         data_path, done_path = self._paths(shard_id)
         if done_path.exists():
             return False
         table = self.spec.conform(table)
-        claim = self._held.get(shard_id)
         tmp = data_path.with_name(f".{data_path.name}.tmp-{self.owner.replace(':', '-')}")
         faults.phase(f"writing shard {shard_id} of {self.root}")
         try:

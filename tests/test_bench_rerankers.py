@@ -7,7 +7,8 @@ import math
 import pytest
 
 from bench.bench_rerankers import bench_law, iterations_to
-from rerank.fit.models import KINDS, Capacity
+from rerank.fit.models import Capacity
+from selection.rules import MODEL_KINDS
 from tests.candidate_frames import make_candidate_frame
 
 
@@ -24,9 +25,9 @@ def test_equal_loss_times_lie_within_the_full_fits(temperature):
     frame = make_candidate_frame(n_prompts=24, rounds=6, temperature=temperature)
     law = "greedy" if temperature == 0 else "sampling"
     res = bench_law(frame, law, Capacity(n_iter=30, learning_rate=0.1, max_leaves=7))
-    finals = [res[k]["curve"][30] for k in KINDS]
+    finals = [res[k]["curve"][30] for k in MODEL_KINDS]
     assert res["target"] == max(finals)
-    for kind in KINDS:
+    for kind in MODEL_KINDS:
         r = res[kind]
         assert sorted(r["curve"]) == [10, 20, 30]
         assert r["curve"][math.ceil(r["iters"] / 10) * 10] <= res["target"]

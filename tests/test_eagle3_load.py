@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from pairs.eagle3.capture import resolve_aux_layers
 from pairs.eagle3.layout import LAYOUTS, read_head_config
 from pairs.eagle3.save import save_head
-from pairs.models import load_model_pair
+from pairs.models import DRAFTERS, load_model_pair
 from tests.eagle3_heads import eagle3_config, head_spec, random_head, tiny_target, write_head
 from tests.tiny_models import one_thread
 
@@ -70,6 +70,7 @@ def test_every_layout_loads_back_with_identical_logits(
     assert (got_ids is None) == (not small) and (not small or torch.equal(got_ids, want_ids))
     assert pair.drafter.aux_layers == (1, 3, 5)
     assert pair.ids["drafter_kind"] == "eagle3" and pair.ids["aux_layers"] == "1,3,5"
+    assert set(pair.ids) == set(DRAFTERS["eagle3"].manifest_fields)  # the registry's
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert ("transformer_layer_config" in cfg) == (layout == "speculators")
     assert layout in LAYOUTS

@@ -17,15 +17,12 @@ from features import from_trace
 from features.extract import _expand_short_overrides, extract
 from features.first_level import FEATURE_DTYPES, LABEL_DTYPES
 from features.from_trace import TRACE_COLUMNS, candidate_table
+from features.registry import FEATURE_SET_TREE, first_in, set_features
 from features.schema import (
-    BASE_FEATURES,
     CANDIDATE_SCHEMA,
     CANDIDATE_SPEC,
-    EXTRA_ROW_FEATURES,
     KEY_COLUMNS,
     LABEL_COLUMNS,
-    MATCHED_FEATURES,
-    ROW_FEATURES,
     candidate_store,
 )
 from recipes.synth.config import SynthConfig, SynthJobConfig
@@ -56,9 +53,10 @@ def test_schema_columns_are_keys_features_labels() -> None:
     features = [n for n in names if n not in KEY_COLUMNS + LABEL_COLUMNS]
     assert features == [n for n in FEATURE_DTYPES if n != "round_index"]  # round_index is a key
     assert LABEL_COLUMNS == list(LABEL_DTYPES) == names[-2:]
-    rows = ROW_FEATURES + EXTRA_ROW_FEATURES + MATCHED_FEATURES
-    assert set(BASE_FEATURES) | set(rows) == set(features) | {"task", "round_index"}
-    assert not set(BASE_FEATURES) & set(rows) and len(set(rows)) == len(rows)
+    base = set_features("base")
+    rows = [n for s in FEATURE_SET_TREE if s.parent is not None for n in first_in(s.name)]
+    assert set(base) | set(rows) == set(features) | {"task", "round_index"}
+    assert not set(base) & set(rows) and len(set(rows)) == len(rows)
     assert "token_prior" not in names  # fold-dependent: computed by the reranker (SPEC §7)
 
 

@@ -28,9 +28,10 @@ from features.extract import extract
 from pairs.config import DataConfig, PromptSource
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
+from rerank.config import RerankConfig, RerankModelConfig
 from rerank.train import train_and_evaluate
 from specrank import faults
+from specrank.config import MlflowConfig
 from specrank.files import DiskSpaceError
 from specrank.run_record import LOGGED, RECORD, RunRecord, log_record, write_record
 from specrank.trace_schema import trace_store

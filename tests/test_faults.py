@@ -19,8 +19,9 @@ from features.extract import extract
 from pairs.config import DataConfig, PromptSource
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import MlflowConfig, RerankConfig
+from rerank.config import RerankConfig
 from rerank.train import train_and_evaluate
+from specrank.config import MlflowConfig
 from specrank.shard_store import ShardStore
 from specrank.tables import SchemaError, sha256_file
 from specrank.trace_schema import SCHEMA_VERSION, TRACE_SPEC, trace_store

@@ -23,11 +23,12 @@ from features.extract import extract
 from pairs.eagle3.layout import pickle_protocol, read_head_weights
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
+from rerank.config import RerankConfig, RerankModelConfig
 from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.report.summary import _node_budgets, results_table, summarise_draws
 from selection.pool_batch import check_draft_logprobs, list_matrix, pool_batch_from_table
 from specrank.bootstrap import MAX_NONFINITE_SHARE, ci_text, percentile_interval
+from specrank.config import MlflowConfig
 from specrank.tables import SchemaError, sha256_file
 from specrank.trace_schema import TRACE_SPEC, trace_store
 from tree.config import PoolConfig, SelectConfig

@@ -29,11 +29,12 @@ from features.extract import extract
 from features.schema import candidate_store
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
+from rerank.config import RerankConfig, RerankModelConfig
 from rerank.evaluate.values import ROUND_KEYS
 from rerank.fit.persist import load_reranker
 from rerank.train import train_and_evaluate
 from specrank.bootstrap import fill_notes
+from specrank.config import MlflowConfig
 from specrank.trace_schema import trace_store
 from tree.config import PoolConfig, SelectConfig
 

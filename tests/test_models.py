@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from pairs.models import load_model_pair
+from pairs.models import DRAFTERS, load_model_pair
 from tests.tiny_models import build_tiny_pair, tiny_model_config, tiny_tokenizer
 from tree.attention import check_batch_one
 
@@ -22,6 +22,7 @@ def test_tiny_pair_loads_through_from_pretrained(tmp_path, arch):
     assert pair.target.config._attn_implementation == "sdpa"
     assert pair.eos_ids == frozenset({pair.tokenizer.eos_token_id})
     assert set(pair.ids) == {"target", "drafter", "target_config_sha256", "drafter_config_sha256"}
+    assert set(pair.ids) == set(DRAFTERS["standalone"].manifest_fields)  # the registry's
     # The drafter is a noisy copy: same shapes, different weights.
     t, d = pair.target.lm_head.weight, pair.drafter.lm_head.weight
     assert t.shape == d.shape and not torch.equal(t, d)

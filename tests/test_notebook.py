@@ -23,10 +23,11 @@ from traitlets.config import Config
 from features.extract import extract
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
+from rerank.config import RerankConfig, RerankModelConfig
 from rerank.report import run_tables as T
 from rerank.report import runs as R
 from rerank.train import TrainResult, train_and_evaluate
+from specrank.config import MlflowConfig
 from tree.config import PoolConfig, SelectConfig
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "compare_runs.ipynb"
@@ -151,7 +152,7 @@ def test_runs_are_found_and_their_tables_read_back(logged, tmp_path):
     assert cell == T.format_interval(r["gain"], r["gain_lo"], r["gain_hi"])
     assert table.loc[("greedy", "iso_q1"), (8, "run1 (lgbm)")] == ""  # not logged by run 1
 
-    gains = T.breakdown_gains(both["breakdowns"])
+    gains = T.group_gains(both["breakdowns"])
     assert (gains.loc[gains["rule"] == "draft", "gain"] == 0).all()
     bd = results[0].breakdowns
     task = bd[(bd["law"] == "sampling") & (bd["by"] == "task")].iloc[0]

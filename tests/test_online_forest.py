@@ -74,7 +74,7 @@ def test_unrepresentable_models_fall_back_to_the_library(model, monkeypatch, cap
     with pytest.raises(ForestError, match=r"category codes \[63\] exceed the fast path's range"):
         _mask([63], "split")
 
-    def refuse(_model):
+    def refuse(_estimator, _kind):
         raise ForestError("too many categories")
 
     monkeypatch.setattr(online_rerank, "forest_of", refuse)

@@ -16,11 +16,11 @@ from omegaconf import OmegaConf
 
 import specrank.config  # noqa: F401  (registers the schema)
 from decode.config import RunConfig
-from decode.run import expand_short_overrides, run_online
+from decode.run import expand_run_overrides, run_online
 from decode.settings import OnlineSettings
 from features.extract import extract
 from pairs.config import DataConfig, PromptSource
-from rerank.config import MlflowConfig
+from specrank.config import MlflowConfig
 from specrank.tables import SchemaError
 from specrank.trace_schema import trace_store
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
@@ -46,14 +46,12 @@ def test_short_overrides_and_config(tmp_path):
         "select.budget=8",
         "run.score=pool",
     ]
-    assert expand_short_overrides(argv) == [
+    assert expand_run_overrides(argv) == [
         "run.rule=reranker", "run.reranker=runs:/abc/rerankers/x=y", "select.budget=8", "run.score=pool",
     ]  # fmt: skip
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(
-            "run", overrides=[*expand_short_overrides(["rule=root_draw"]), "debug=default"]
-        )
+        cfg = compose("run", overrides=[*expand_run_overrides(["rule=root_draw"]), "debug=default"])
     GlobalHydra.instance().clear()
     run = OmegaConf.to_object(cfg.run)
     assert isinstance(run, RunConfig) and run.rule == "root_draw" and run.warmup_prompts == 0

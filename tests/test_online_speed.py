@@ -33,8 +33,9 @@ from features.from_trace import candidate_table, round_arrays
 from features.kernels import pairwise_sum
 from features.rounds import FL_ROWS, ROW_ARGMAX, ROW_SCALARS, RoundArrays, RoundBlocks
 from rerank.fit.models import Capacity, fit_reranker
+from rerank.forest.table import forest_of
 from rerank.forest.walk import compile_forest, link, prepare, walk_numpy
-from rerank.serving import OnlinePredictor, forest_of
+from rerank.serving import OnlinePredictor
 from specrank.trace_schema import TRACE_SCHEMA
 from tests.candidate_frames import TASKS, make_candidate_frame
 from tests.fake_traces import random_trace
@@ -73,7 +74,7 @@ def model(request):
 
 def test_compiled_walk_predicts_the_library(model):
     m, temperature = model
-    c = compile_forest(forest_of(m))
+    c = compile_forest(forest_of(m.estimator, m.kind))
     assert c.forest.n_trees % 8 != 0  # the tail loop runs too
     j = forest_jit.jit_forest(c)
     X = forest_inputs(m, temperature)
@@ -92,7 +93,7 @@ def test_log_phat_is_prepare_then_the_walk_then_the_log(model):
     reference walk of `prepare`'s Xv bit for bit, on every input rule (NaN, codes, tiny),
     whatever the layout of X: the decoder's transposed block or a C-ordered matrix."""
     m, temperature = model
-    j = forest_jit.jit_forest(compile_forest(forest_of(m)))
+    j = forest_jit.jit_forest(compile_forest(forest_of(m.estimator, m.kind)))
     X = forest_inputs(m, temperature)
     p = forest_jit.phat(j, X)
     want = np.array([math.log(min(max(v, PROB_FLOOR), 1.0)) for v in p], dtype=np.float32)
@@ -111,7 +112,7 @@ def test_log_phat_is_prepare_then_the_walk_then_the_log(model):
 
 def test_compiled_layout_is_preorder_with_every_leaf_once(model):
     m, _ = model
-    c = compile_forest(forest_of(m))
+    c = compile_forest(forest_of(m.estimator, m.kind))
     j = forest_jit.jit_forest(c)
     word = j.node[:, 1]
     leaf = word == 0
@@ -125,7 +126,7 @@ def test_route_falls_back_when_the_layout_cannot_hold_a_tree(model, monkeypatch,
     m, temperature = model
     monkeypatch.setattr(forest_jit, "MAX_OFFSET", 1)  # no tree has its right child next
     with pytest.raises(forest_jit.ForestError, match="more than 1 nodes"):
-        forest_jit.jit_forest(compile_forest(forest_of(m)))
+        forest_jit.jit_forest(compile_forest(forest_of(m.estimator, m.kind)))
     with caplog.at_level(logging.WARNING, logger="rerank.serving"):
         p = OnlinePredictor(m, torch.device("cpu"), "auto")
     assert p.route == "library" and "more than 1 nodes" in caplog.text

@@ -201,12 +201,11 @@ def test_a_live_claim_is_waited_for_a_stale_one_taken_over_and_the_loser_never_c
     assert taken is not None and taken.path.name == "shard-a.claim-1"
     assert second.claim("b") is not None and not other.exists()
     assert not held.held() and not held.refresh() and held.lost
-    first._held["a"] = held  # the superseded writer tries to commit: refused, nothing written
+    # the superseded writer tries to commit under its claim: refused, nothing written
     with pytest.raises(ClaimLost, match="taken over"):
-        first.write_shard("a", toy_table("a"))
+        first.write_shard("a", toy_table("a"), held)
     assert not first.is_done("a") and not list(tmp_path.glob(".shard-a.parquet.tmp-*"))
-    second._held["a"] = taken
-    assert second.write_shard("a", toy_table("a"))
+    assert second.write_shard("a", toy_table("a"), taken)
     assert [g for g, _ in claim_files(tmp_path, "a")] == [1]
 
 
@@ -220,9 +219,7 @@ def test_a_waiting_writer_skips_the_shard_another_finishes(tmp_path):
     waiter.start()
     time.sleep(0.2)
     assert waiter.is_alive()  # waiting on the live claim
-    first._held["a"] = held
-    first.write_shard("a", toy_table("a"))
-    del first._held["a"]
+    first.write_shard("a", toy_table("a"), held)
     release(held)
     waiter.join(10)
     assert (out["run"].written, out["run"].skipped, out["run"].waited) == (0, 1, 1)

@@ -14,11 +14,12 @@ import pytest
 from features.extract import extract
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
+from rerank.config import RerankConfig, RerankModelConfig
 from rerank.report.plot_style import COLORS, MARKERS, family_of, group_rules, styles
 from rerank.report.plots_gain import comparison_forest, gain_figure
 from rerank.report.plots_reliability import EDGES, reliability_figure
 from rerank.train import train_and_evaluate
+from specrank.config import MlflowConfig
 from tree.config import PoolConfig, SelectConfig
 
 BUDGETS = [2, 8, 16]

@@ -13,8 +13,9 @@ from rerank.evaluate.draw_sizes import draw_size_table, size_means
 from rerank.evaluate.reports import report_tables
 from rerank.evaluate.row_agreement import row_agreement
 from rerank.evaluate.values import EvalPlan, evaluate_traces
+from selection.context import pool_context
 from selection.pool_batch import pool_batch_from_table
-from selection.values import pool_context, rule_scores
+from selection.values import rule_scores
 from specrank.trace_schema import TRACE_SCHEMA
 from tests.fake_traces import random_trace
 

@@ -17,10 +17,11 @@ from features.extract import extract
 from features.schema import candidate_store
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import MlflowConfig, RerankConfig, RerankModelConfig
+from rerank.config import RerankConfig, RerankModelConfig
 from rerank.evaluate.values import ROUND_KEYS, EvalPlan, evaluate_traces
 from rerank.report.summary import choose_mixture_weights
 from rerank.train import train_and_evaluate
+from specrank.config import MlflowConfig
 from specrank.trace_schema import trace_store
 from tree.config import PoolConfig, SelectConfig
 
@@ -86,6 +87,12 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
     assert "paired comparisons" in result.table
     # the variant table: every learned rule at both laws and budgets, with its quality
     variants = pd.read_csv(tmp_path / "out" / "variants.csv")
+    halves = pd.read_csv(tmp_path / "out" / "halves.csv")  # the split, one row per task
+    assert halves["task"].iloc[-1] == "all" and len(halves) > 1
+    assert (
+        halves.iloc[:-1][["prompts_0", "prompts_1"]].sum().tolist()
+        == halves.iloc[-1][["prompts_0", "prompts_1"]].tolist()
+    )
     assert set(variants["rule"]) == {*learned, "rank_control", "iso_q1"}
     assert len(variants) == 6 * 2 * 2 and variants["squared_error"].notna().all()
     control = variants[variants["rule"] == "rank_control"]

@@ -23,7 +23,8 @@ from selection.ranking import (
     top_b,
     torch_route,
 )
-from selection.values import FACTOR_RULES, RULES, evaluate_pools
+from selection.rules import FACTOR_RULES, POOL_RULES
+from selection.values import evaluate_pools
 from tests.random_pools import random_pool_batch, random_tree
 
 
@@ -199,8 +200,8 @@ def test_greedy_root_row_is_a_point_mass():
 def test_top_m_restriction_bounds_values():
     rng = np.random.default_rng(5)
     pool = random_pool_batch(rng, 40, [5, 10, 10, 10])
-    full = evaluate_pools(pool, [8, 20], rules=RULES)
-    small = evaluate_pools(pool, [8, 20], rules=RULES, top_m=10)
+    full = evaluate_pools(pool, [8, 20], rules=POOL_RULES)
+    small = evaluate_pools(pool, [8, 20], rules=POOL_RULES, top_m=10)
     assert (small["oracle"] <= full["oracle"] + 1e-6).all()
     assert torch.allclose(small["draft"][:, 0], full["draft"][:, 0])  # B=8 lies inside top-10
     assert (small["root"][:, 1] <= small["oracle"][:, 1] + 1e-6).all()

@@ -19,6 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from selection.context import pool_context
 from selection.ranking import (
     draft_scores,
     first_level_ancestor,
@@ -30,7 +31,8 @@ from selection.ranking import (
     top_b,
     torch_route,
 )
-from selection.values import DRAW_RULES, RULES, evaluate_pools, lead_factor_scores, pool_context
+from selection.rules import DRAW_RULES, POOL_RULES
+from selection.values import evaluate_pools, lead_factor_scores
 from specrank.paths import PROJECT_ROOT
 from tests.random_pools import random_pool_batch, random_tree
 
@@ -110,7 +112,9 @@ def test_rule_values_match_the_torch_route(temperature, top_m):
     noise = torch.rand(pool.shape, generator=torch.Generator().manual_seed(0))
     extra = {"noisy": path_sum(pool.draft_logprob - noise, pool.parent)}  # still path-monotone
     got, ref = _both_routes(
-        lambda: evaluate_pools(pool, budgets, RULES, top_m=top_m, extra_scores=extra, curves=True)
+        lambda: evaluate_pools(
+            pool, budgets, POOL_RULES, top_m=top_m, extra_scores=extra, curves=True
+        )
     )
     assert got.keys() == ref.keys()
     for name in ref:
@@ -196,7 +200,7 @@ def test_fused_first_factor_values_equal_the_scores_route(top_m):
     curve_rules = ["root", "learned"]
 
     def run():
-        return evaluate_pools(pool, budgets, RULES, top_m=top_m, first_factors=firsts,
+        return evaluate_pools(pool, budgets, POOL_RULES, top_m=top_m, first_factors=firsts,
                               curves=True, curve_rules=curve_rules)  # fmt: skip
 
     fused = run()
@@ -205,7 +209,7 @@ def test_fused_first_factor_values_equal_the_scores_route(top_m):
     # ... and the same first factors given as whole scores on the compiled route
     ctx = pool_context(pool, top_m)
     scores = {k: lead_factor_scores(ctx, v) for k, v in firsts.items()}
-    as_scores = evaluate_pools(pool, budgets, RULES, top_m=top_m, extra_scores=scores,
+    as_scores = evaluate_pools(pool, budgets, POOL_RULES, top_m=top_m, extra_scores=scores,
                                curves=True, curve_rules=curve_rules)  # fmt: skip
     assert list(fused) == list(ref) == list(as_scores)  # the same rules in the same order
     exact = [n for n in ref if n.split("/")[-1] not in DRAW_RULES]

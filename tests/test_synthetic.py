@@ -301,11 +301,11 @@ def test_resume_after_interruption(tmp_path, monkeypatch):
     real_write = ShardStore.write_shard
     calls = {"n": 0}
 
-    def crashing_write(self, shard_id, table):
+    def crashing_write(self, shard_id, table, claim=None):
         calls["n"] += 1
         if calls["n"] == 2:
             raise KeyboardInterrupt("simulated kill during shard 2")
-        return real_write(self, shard_id, table)
+        return real_write(self, shard_id, table, claim)
 
     monkeypatch.setattr(ShardStore, "write_shard", crashing_write)
     with pytest.raises(KeyboardInterrupt):

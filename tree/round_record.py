@@ -18,6 +18,17 @@ from tree.verify import Selection, edge_logprob
 
 
 @dataclass
+class RoundContext:
+    """What a round's features read besides the pool and the rows (every round builds one)."""
+
+    root: int
+    prompt_length: int
+    round_index: int
+    tokens_before: int
+    prev_accepted: int | None
+
+
+@dataclass
 class HostPool:
     """The pool and selection as host arrays (pool order)."""
 

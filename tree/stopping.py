@@ -30,12 +30,12 @@ from torch import Tensor
 
 from selection.ranking import path_product
 
-RULES = ("exhaustive", "cap", "sampled_leaf")
+STOP_RULES = ("exhaustive", "cap", "sampled_leaf")
 
 
 def _check_rule(rule: str, cap: int | None) -> None:
-    if rule not in RULES:
-        raise ValueError(f"The 'rule' parameter must be one of {RULES}. Got {rule!r} instead.")
+    if rule not in STOP_RULES:
+        raise ValueError(f"The 'rule' parameter must be one of {STOP_RULES}. Got {rule!r} instead.")
     if rule == "cap" and (not isinstance(cap, int) or cap < 0):
         raise ValueError(
             f"The 'cap' parameter of rule 'cap' must be an int >= 0. Got {cap!r} instead."

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-STAGES = ("corpus", "tokenizer", "target", "drafter", "export", "evaluate")
+RECIPE_STAGES = ("corpus", "tokenizer", "target", "drafter", "export", "evaluate")
 DRAFTER_INITS = ("target_layers", "random")
 
 
@@ -76,7 +76,7 @@ class PocketConfig:
     out_dir: str = "models/pocket"  # shipped folders: target/, drafter/, MODEL_CARD.md
     work_dir: str = "outputs/pocket_work"  # token streams and float32 checkpoints (git-ignored)
     prompts_out: str = "data/prompts/sharegpt_heldout.jsonl"  # held-out first user turns
-    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    stages: list[str] = field(default_factory=lambda: list(RECIPE_STAGES))
     seed: int = 0
     threads: int = 1  # torch intra-op threads
     export_dtype: str = "float16"  # float16 | bfloat16

@@ -169,7 +169,7 @@ _WRITE_HINT = re.compile(
 _QA_START = re.compile(r"(what|who|why|how|when|where|which|is|are|can|could|do|does|should)\b")
 
 
-def task_of(prompt: str) -> str:
+def sharegpt_task(prompt: str) -> str:
     """Coarse task label of a ShareGPT first turn (keyword rules, first match wins)."""
     t = prompt.lower()
     if _CODE_HINT.search(t):
@@ -244,7 +244,9 @@ def split_sharegpt(convs: list[dict], cfg: CorpusConfig) -> ChatSplit:
         candidates.append((hashlib.sha256(conv_id.encode()).hexdigest(), conv_id, first))
     candidates.sort()  # a fixed pseudo-random order, independent of file order
     for _, conv_id, first in candidates[: cfg.heldout_prompts]:
-        out.prompts.append({"id": f"sharegpt/{conv_id}", "task": task_of(first), "prompt": first})
+        out.prompts.append(
+            {"id": f"sharegpt/{conv_id}", "task": sharegpt_task(first), "prompt": first}
+        )
     return out
 
 

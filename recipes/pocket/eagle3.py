@@ -27,7 +27,6 @@ import platform
 import random
 import re
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,10 +46,10 @@ from pairs.prompts import encode_prompt
 from recipes.pocket import corpus, tokenizer, train
 from recipes.pocket.config import CorpusConfig, PocketEagle3Config
 from recipes.pocket.eagle3_card import write_card
+from recipes.pocket.train import Log
 from specrank.paths import CONF_DIR
 from tree.attention import to_attention_mask
 
-Log = Callable[[str], None]
 log = logging.getLogger("recipes.pocket.eagle3")
 
 

@@ -10,7 +10,7 @@ from transformers import GenerationConfig, LlamaForCausalLM, PreTrainedTokenizer
 
 from recipes.pocket.corpus import DOC_SEP, END
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+EXPORT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 MAX_FILE_BYTES = 25 * 2**20  # each shipped file, and both folders together
 
 
@@ -40,10 +40,12 @@ def export_model(
     model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, folder: Path, dtype: str
 ) -> None:
     """Write config.json, model.safetensors (in `dtype`), generation_config.json and the tokenizer."""
-    if dtype not in DTYPES:
-        raise ValueError(f"pocket.export_dtype: expected one of {sorted(DTYPES)}, found {dtype!r}")
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(
+            f"pocket.export_dtype: expected one of {sorted(EXPORT_DTYPES)}, found {dtype!r}"
+        )
     folder.mkdir(parents=True, exist_ok=True)
-    model = model.to(DTYPES[dtype])
+    model = model.to(EXPORT_DTYPES[dtype])
     eos = [tok.convert_tokens_to_ids(END), tok.convert_tokens_to_ids(DOC_SEP)]
     model.generation_config = GenerationConfig(
         eos_token_id=eos, pad_token_id=tok.pad_token_id, do_sample=False

@@ -6,7 +6,6 @@ import dataclasses
 import json
 import platform
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -14,9 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from recipes.pocket import corpus, evaluate, export, tokenizer, train
 from recipes.pocket.card import write_card
-from recipes.pocket.config import DRAFTER_INITS, STAGES, PocketConfig
-
-Log = Callable[[str], None]
+from recipes.pocket.config import DRAFTER_INITS, RECIPE_STAGES, PocketConfig
+from recipes.pocket.train import Log
 
 
 def _paths(pc: PocketConfig) -> dict[str, Path]:
@@ -150,9 +148,9 @@ _RUN = {
 def run(pc: PocketConfig, log: Log = print) -> dict:
     """Run `pc.stages` in order; facts accumulate in `work_dir/facts.json`; the last stage
     that has every fact writes `recipe.json` and `MODEL_CARD.md` beside the shipped folders."""
-    bad = [s for s in pc.stages if s not in STAGES]
+    bad = [s for s in pc.stages if s not in RECIPE_STAGES]
     if bad:
-        raise ValueError(f"pocket.stages: expected names from {list(STAGES)}, found {bad}")
+        raise ValueError(f"pocket.stages: expected names from {list(RECIPE_STAGES)}, found {bad}")
     if pc.drafter_init not in DRAFTER_INITS:
         raise ValueError(
             f"pocket.drafter_init: expected one of {list(DRAFTER_INITS)}, found {pc.drafter_init!r}"
@@ -160,7 +158,7 @@ def run(pc: PocketConfig, log: Log = print) -> dict:
     torch.set_num_threads(pc.threads)
     p = _paths(pc)
     facts = _facts(p["facts"])
-    for stage in [s for s in STAGES if s in pc.stages]:
+    for stage in [s for s in RECIPE_STAGES if s in pc.stages]:
         t0 = time.time()
         log(f"stage {stage} ...")
         facts.update(_RUN[stage](pc, p, log))

@@ -37,7 +37,7 @@ from selection.pool_batch import PoolBatch
 from selection.ranking import replace_first_factor
 from selection.rules import parse_value_key, value_key
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
-from specrank.laws import law_name
+from specrank.laws import law_columns
 
 COVERAGE_COLUMNS = ["task", "cand_scored"]
 
@@ -153,7 +153,7 @@ class CoverageRounds:
                 )
                 rows.append(
                     {
-                        "law": law_name(float(temperature)),
+                        **law_columns(float(temperature)),
                         "budget": int(b),
                         "scored_set": name,
                         **iv.columns("coverage"),

@@ -39,7 +39,7 @@ from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
 from selection.draws import matched_budget
 from selection.rules import parse_value_key
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
-from specrank.laws import law_name
+from specrank.laws import law_columns
 
 
 @njit(parallel=True, cache=True, nogil=True)
@@ -155,7 +155,7 @@ class DrawSizeSums:
                     return float(c[name][j])
 
                 rec = {
-                    "law": law_name(t),
+                    **law_columns(t),
                     "budget": b,
                     "rounds": round(n),
                     "top_draw_share": p_top / n,
@@ -225,7 +225,7 @@ def size_means(per_round: pd.DataFrame, n_resamples: int = 0, seed: int = 0) -> 
         for j, col in enumerate(cols):
             rule, b = parse_value_key(col.removeprefix("size/"))
             iv = percentile_interval(point[j], draws[:, j] if draws is not None else np.empty(0))
-            rows.append({"law": law_name(float(temperature)), "budget": int(b), "rule": rule,
+            rows.append({**law_columns(float(temperature)), "budget": int(b), "rule": rule,
                          **iv.columns("size"),
                          "rounds": int(stats.rounds.sum()), "prompts": len(stats.prompts)})  # fmt: skip
     return pd.DataFrame(rows)

@@ -21,10 +21,10 @@ import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
+from selection.context import PoolContext, pool_context
 from selection.draws import pearl_curves
 from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table, trace_matrix
 from selection.ranking import rank_order, ranks_of_order
-from selection.values import PoolContext, pool_context
 
 ROUND_KEYS = ["prompt_id", "temperature", "rule", "budget", "round_index"]
 _SERIES = ROUND_KEYS[:-1]  # a prompt's rounds under one recording configuration

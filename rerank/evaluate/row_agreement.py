@@ -42,7 +42,7 @@ from specrank.laws import law_name
 from tree.retained import TOKEN_ONLY_MAX
 
 SCALAR_ROWS = {"matched": "matched", "cache": "cache", "same": "same", "preceding": "prev"}
-ROW_KINDS = ("matched", "token_only", "token_only_path", "token_only_other", "cache", "same",
+AGREEMENT_ROWS = ("matched", "token_only", "token_only_path", "token_only_other", "cache", "same",
              "preceding")  # fmt: skip
 ROW_COLUMNS = [
     "task", "cand_scored", "cand_in_tree", "accepted_path", "continuation_token", "covered",
@@ -173,7 +173,7 @@ def agreement_tables(rows: RowRounds) -> tuple[pd.DataFrame, pd.DataFrame]:
             "token_only_path": listed & on_path[m] & split[m, None],
             "token_only_other": listed & ~on_path[m] & split[m, None],
         }
-        for kind in ROW_KINDS:
+        for kind in AGREEMENT_ROWS:
             if kind in kinds:
                 rec = _kind_row(kinds[kind], tv[m], agree[m], n)
             else:

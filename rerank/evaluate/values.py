@@ -42,13 +42,13 @@ from rerank.evaluate.pool_chunks import (
 )
 from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table, trace_matrix
 from selection.ranking import pool_levels
-from selection.rules import mixture, substitution, value_key
-from selection.values import RULES, evaluate_pools
+from selection.rules import POOL_RULES, mixture, substitution, value_key
+from selection.values import evaluate_pools
 from specrank.memory import release_freed_heap
 
 _TRIM_EVERY = 4  # chunks between returns of the heap's free pages
 RETAINED_ROWS = {"cache": "fl_cache_logprob", "same": "fl_same_logprob", "prev": "fl_prev_logprob"}
-TRACE_COLUMNS = sorted(
+VALUE_INPUTS = sorted(
     set(POOL_COLUMNS) | set(ROUND_KEYS) | set(RETAINED_ROWS.values()) | {"category"}
 )
 
@@ -131,7 +131,7 @@ class EvalPlan:
     """What to evaluate on each chunk of rounds."""
 
     budgets: list[int]
-    rules: list[str] = field(default_factory=lambda: list(RULES))
+    rules: list[str] = field(default_factory=lambda: list(POOL_RULES))
     substitutions: list[str] = field(default_factory=lambda: list(RETAINED_ROWS))
     mixture_weights: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75])
     top_m: int = 0
@@ -302,7 +302,7 @@ def evaluate_traces(
     if learned and predictions is None:
         raise ValueError(f"learned rules {list(learned)} need a predictions table")
     factors = LearnedFactors.from_predictions(predictions, learned) if learned else None
-    columns = sorted(set(TRACE_COLUMNS).union(*(c.columns for c in consumers)))
+    columns = sorted(set(VALUE_INPUTS).union(*(c.columns for c in consumers)))
     want_pearl = "pearl" in plan.rules or curves is not None
 
     def one_chunk(table: pa.Table) -> tuple:

@@ -26,7 +26,7 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from calibrate.isotonic import PROB_FLOOR
-from features.schema import BASE_FEATURES, EXTRA_ROW_FEATURES, MATCHED_FEATURES, ROW_FEATURES
+from features.registry import FEATURE_SET_TREE, set_features
 from rerank.fit.boosting import (
     PAPER_CAPACITY,
     Capacity,
@@ -50,7 +50,6 @@ from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
-KINDS = MODEL_KINDS  # the model kinds a learned rule can carry (selection.rules)
 PREDICT_ROUTES = ("library", "forest")
 # The faster exact route for many rows, per library (both give the same phat bit for bit):
 # HGB's own predictor walks tree by tree, the forest 1.9x faster on 0.94M held-out rows;
@@ -58,19 +57,9 @@ PREDICT_ROUTES = ("library", "forest")
 # rows, 2 threads; notes of issue 19).
 BATCH_ROUTE = {"hgb": "forest", "lgbm": "library"}
 LAWS = ("greedy", "sampling")
+# the rerankers' inputs: each set's features (features.registry), then the fold's token prior
 FEATURE_SETS: dict[str, list[str]] = {
-    "base": [*BASE_FEATURES, TOKEN_PRIOR],  # the paper's Base
-    "rows": [*BASE_FEATURES, *ROW_FEATURES, TOKEN_PRIOR],  # the paper's Rows
-    # beyond the paper: rank under each row, row shapes, argmax vs the drafter's top
-    "rows_extra": [*BASE_FEATURES, *ROW_FEATURES, *EXTRA_ROW_FEATURES, TOKEN_PRIOR],
-    # ... plus the matched row and the token-only rows ("Rows+matched")
-    "rows_matched": [
-        *BASE_FEATURES,
-        *ROW_FEATURES,
-        *EXTRA_ROW_FEATURES,
-        *MATCHED_FEATURES,
-        TOKEN_PRIOR,
-    ],
+    s.name: [*set_features(s.name), TOKEN_PRIOR] for s in FEATURE_SET_TREE
 }
 LABEL_OF_LAW = {"greedy": "label_is_argmax", "sampling": "label_target_prob"}
 
@@ -169,8 +158,8 @@ def _labels(frame: pd.DataFrame, law: str) -> np.ndarray:
 
 
 def _check_args(frame: pd.DataFrame, kind: str, law: str) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"kind must be one of {MODEL_KINDS}; got {kind!r}")
     if law not in LAWS:
         raise ValueError(f"law must be one of {LAWS}; got {law!r}")
     found = law_of(frame)

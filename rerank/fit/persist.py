@@ -34,8 +34,9 @@ import skops
 import skops.io as sio
 
 from features.schema import CANDIDATE_VERSION
-from rerank.fit.models import KINDS, LAWS, Capacity, FittedReranker
+from rerank.fit.models import LAWS, Capacity, FittedReranker
 from rerank.fit.token_prior import TokenPrior
+from selection.rules import MODEL_KINDS
 from specrank.tables import sha256_file
 
 FORMAT = "specrank.reranker"
@@ -80,8 +81,8 @@ def save_reranker(
     ``extra`` (JSON-able, e.g. fold, source store fingerprint) is stored as is.
     An existing non-empty folder is refused unless ``overwrite``.
     """
-    if model.kind not in KINDS:
-        raise ValueError(f"model.kind must be one of {KINDS}; got {model.kind!r}")
+    if model.kind not in MODEL_KINDS:
+        raise ValueError(f"model.kind must be one of {MODEL_KINDS}; got {model.kind!r}")
     path = Path(path)
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise FileExistsError(f"{path} exists and is not empty; pass overwrite=True to replace")
@@ -177,12 +178,12 @@ def load_reranker(
     if meta.get("sidecar_sha256") != _content_sha(meta):
         diffs.append(f"{SIDECAR} was modified after saving (content sha256 does not match)")
     kind = meta.get("kind")
-    if kind not in KINDS or meta.get("law") not in LAWS:
+    if kind not in MODEL_KINDS or meta.get("law") not in LAWS:
         diffs.append(
-            f"kind/law: expected one of {KINDS} / {LAWS}, found {kind!r} / {meta.get('law')!r}"
+            f"kind/law: expected one of {MODEL_KINDS} / {LAWS}, found {kind!r} / {meta.get('law')!r}"
         )
     model_file = path / str(meta.get("model_file"))
-    if kind in KINDS and meta.get("model_file") != MODEL_FILES[kind]:
+    if kind in MODEL_KINDS and meta.get("model_file") != MODEL_FILES[kind]:
         diffs.append(
             f"model file: expected {MODEL_FILES[kind]!r}, found {meta.get('model_file')!r}"
         )

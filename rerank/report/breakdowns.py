@@ -14,7 +14,7 @@ import pandas as pd
 from rerank.report.summary import budget_rows, value_columns
 from selection.rules import budgets_of
 from specrank.bootstrap import DEFAULT_RESAMPLES, PromptSums, resample_weights, weighted_means
-from specrank.laws import law_name
+from specrank.laws import law_columns
 
 GROUPINGS = ("task", "category", "entropy_quintile", "draft_top_is_argmax")
 
@@ -35,7 +35,7 @@ def breakdowns(frame: pd.DataFrame) -> pd.DataFrame:
     """Mean values per group (one wide row per law, grouping and group)."""
     cols = value_columns(frame)
     rows = [
-        {"law": law_name(temperature), "by": by, "group": str(group), "rounds": len(sub)}
+        {**law_columns(temperature), "by": by, "group": str(group), "rounds": len(sub)}
         | sub[cols].mean().to_dict()
         for temperature, by, group, sub in _grouped(frame)
     ]
@@ -54,7 +54,7 @@ def breakdown_gains(
         weights = resample_weights(len(stats.prompts), n_resamples, seed)
         point = weighted_means(stats, "round", None)[0]
         draws = weighted_means(stats, "round", weights)
-        head = {"law": law_name(temperature), "by": by, "group": str(group),
+        head = {**law_columns(temperature), "by": by, "group": str(group),
                 "rounds": int(stats.rounds.sum()), "prompts": len(stats.prompts)}  # fmt: skip
         for b in budgets:
             # a small group can hold resamples where draft accepts nothing: gain undefined (NaN)

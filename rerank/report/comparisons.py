@@ -12,10 +12,20 @@ from __future__ import annotations
 
 import pandas as pd
 
+from features.registry import FEATURE_SET_TREE
 from rerank.fit.models import FEATURE_SETS
 from rerank.report.summary import LawDraws
+from selection.rules import RULES
 from specrank.bootstrap import ci_text, emitted_gain, percentile_interval, relative_gain
-from specrank.laws import law_name
+from specrank.laws import law_columns
+
+# The default comparisons (rule_a:rule_b), from the registries' `compare` entries: the
+# paper's claims, what each richer feature set adds over its parent, and every learned rule
+# and calibrator against the draft-rank control (what it adds beyond re-calibrating the
+# draft order). A feature set names the run's reranker of that set.
+DEFAULT_COMPARISONS = [f"{s.name}:{b}" for s in FEATURE_SET_TREE for b in s.compare] + [
+    f"{r.name}:{b}" for r in RULES.values() for b in r.compare
+]
 
 
 def parse_comparisons(pairs: list[str], learned_kind: str) -> list[tuple[str, str]]:
@@ -54,7 +64,7 @@ def compare(draws: list[LawDraws], pairs: list[tuple[str, str]]) -> pd.DataFrame
                 va, vb = d.column(a, budget), d.column(b, budget)
                 if va is None or vb is None:
                     continue  # e.g. pearl_matched without curves: nothing to compare
-                rec = {"law": law_name(d.temperature), "budget": budget, "weighting": d.weighting,
+                rec = {**law_columns(d.temperature), "budget": budget, "weighting": d.weighting,
                        "a": a, "b": b, "rounds": d.rounds, "prompts": d.prompts,
                        "accepted_a": va[0], "accepted_b": vb[0]}  # fmt: skip
                 for key, fn in (("gain", relative_gain), ("emitted_gain", emitted_gain)):
@@ -62,8 +72,8 @@ def compare(draws: list[LawDraws], pairs: list[tuple[str, str]]) -> pd.DataFrame
                         key
                     )
                 rows.append(rec)
-    columns = ["law", "budget", "weighting", "a", "b", "rounds", "prompts", "accepted_a",
-               "accepted_b"] + [f"{k}{x}" for k in ("gain", "emitted_gain")
+    columns = ["law", "target_temperature", "budget", "weighting", "a", "b", "rounds", "prompts",
+               "accepted_a", "accepted_b"] + [f"{k}{x}" for k in ("gain", "emitted_gain")
                                 for x in ("", "_lo", "_hi", "_nonfinite", "_note")]  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
 

@@ -19,7 +19,15 @@ from rerank.report.plot_style import new_figure, styles
 
 EDGES = (0.0, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 TICKS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0)
-COLUMNS = ["law", "predictor", "bin_low", "bin_high", "count", "mean_prediction", "mean_label"]
+RELIABILITY_COLUMNS = [
+    "law",
+    "predictor",
+    "bin_low",
+    "bin_high",
+    "count",
+    "mean_prediction",
+    "mean_label",
+]
 
 
 def reliability_table(
@@ -40,7 +48,7 @@ def reliability_table(
         for k in range(len(edges) - 1):
             rows.append((law, name, edges[k], edges[k + 1], int(count[k]), mean_pred[k],
                          mean_label[k]))  # fmt: skip
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=RELIABILITY_COLUMNS)
 
 
 def _sqrt_axis(ax, axis: str) -> None:

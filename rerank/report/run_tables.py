@@ -100,13 +100,15 @@ def side_by_side(
     return table.fillna("")
 
 
-def breakdown_gains(breakdowns: pd.DataFrame) -> pd.DataFrame:
+def group_gains(breakdowns: pd.DataFrame) -> pd.DataFrame:
     """Long table of logged breakdown means with the gain over draft selection in each group.
 
-    Columns: [run,] law, by, group, rounds, rule, budget, accepted, gain
+    Columns: [run,] law, [target_temperature (runs logged since it is a column),] by, group,
+    rounds, rule, budget, accepted, gain
     (gain = rule / draft - 1 within the group, as in the summary's point estimate).
     """
-    keys = [c for c in ("run", "law", "by", "group", "rounds") if c in breakdowns.columns]
+    keys = [c for c in ("run", "law", "target_temperature", "by", "group", "rounds")
+            if c in breakdowns.columns]  # fmt: skip
     long = breakdowns.melt(id_vars=keys, var_name="column", value_name="accepted")
     long = long.dropna(subset=["accepted"])
     parsed = [parse_value_key(c) for c in long["column"]]
@@ -114,7 +116,7 @@ def breakdown_gains(breakdowns: pd.DataFrame) -> pd.DataFrame:
     long = long.drop(columns="column")
     draft = long[long["rule"] == "draft"].rename(columns={"accepted": "draft"})
     draft = draft.drop(columns=["rule", "rounds"])
-    on = [c for c in ("run", "law", "by", "group", "budget") if c in long.columns]
+    on = [c for c in (*keys, "budget") if c != "rounds"]
     if draft.empty:
         raise KeyError(
             "breakdowns have no `draft@B<b>` columns: gains are relative to draft selection"

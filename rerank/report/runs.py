@@ -26,10 +26,10 @@ import pandas as pd
 from mlflow.entities import Run, RunStatus
 from mlflow.exceptions import MlflowException
 
-from rerank.config import MlflowConfig
 from rerank.fit.models import FEATURE_SETS
 from selection.rules import learned, parse_value_key, value_key
-from specrank.bootstrap import fill_notes
+from specrank.bootstrap import WEIGHTINGS, fill_notes
+from specrank.config import MlflowConfig
 from specrank.tracking import resolve_tracking_uri
 
 # Tables every `rerank.train` run logs under `tables/` (CSV), and the larger
@@ -46,11 +46,10 @@ ENV_LAST = "SPECRANK_LAST"
 ENV_WEIGHTING = "SPECRANK_WEIGHTING"
 ENV_RULES = "SPECRANK_RULES"
 ENV_BUDGETS = "SPECRANK_BUDGETS"
-WEIGHTINGS = ("round", "prompt", "task")
 
 
 @dataclass(frozen=True)
-class Selection:
+class RunSelection:
     """Which runs to compare: explicit run ids, else the `last` finished runs of `experiment`."""
 
     tracking_uri: str
@@ -62,7 +61,7 @@ class Selection:
     budgets: tuple[int, ...] = ()  # headline budgets of tables and panels (empty: see below)
 
 
-def selection_from_env(environ: Mapping[str, str] | None = None) -> Selection:
+def selection_from_env(environ: Mapping[str, str] | None = None) -> RunSelection:
     """The notebook's parameters from `SPECRANK_*` environment variables, checked.
 
     SPECRANK_TRACKING_URI  default: the project's store (`MlflowConfig().tracking_uri`)
@@ -92,7 +91,7 @@ def selection_from_env(environ: Mapping[str, str] | None = None) -> Selection:
     weighting = env.get(ENV_WEIGHTING, "round")
     if weighting not in WEIGHTINGS:
         raise ValueError(f"{ENV_WEIGHTING}: expected one of {WEIGHTINGS}, found {weighting!r}")
-    return Selection(
+    return RunSelection(
         tracking_uri=resolve_tracking_uri(env.get(ENV_TRACKING_URI) or defaults.tracking_uri),
         experiment=env.get(ENV_EXPERIMENT) or defaults.experiment,
         run_ids=items(ENV_RUN_IDS),

@@ -44,7 +44,7 @@ from specrank.bootstrap import (
     share_recovered,
     weighted_means,
 )
-from specrank.laws import law_name
+from specrank.laws import law_columns
 
 
 def value_columns(frame: pd.DataFrame) -> list[str]:
@@ -92,7 +92,7 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
                 values[target] = frame[by_w[best_w]].to_numpy()[target]
                 chosen.append(
                     {
-                        "law": law_name(temperature),
+                        **law_columns(temperature),
                         "budget": b,
                         "row": row,
                         "fold": fold,
@@ -326,7 +326,7 @@ def summarise_draws(draws: list[LawDraws]) -> pd.DataFrame:
         for b in d.budgets:
             for rec in budget_rows(d.point, d.draws, d.names, b):
                 rec |= d.extra.get(value_key(rec["rule"], b), {})
-                head = {"law": law_name(d.temperature), "budget": b, "weighting": d.weighting,
+                head = {**law_columns(d.temperature), "budget": b, "weighting": d.weighting,
                         "rounds": d.rounds, "prompts": d.prompts}  # fmt: skip
                 out.append(head | rec)
     return fill_notes(pd.DataFrame(out))  # a rule without a curve has no rule_budget note

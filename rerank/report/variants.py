@@ -18,7 +18,7 @@ from specrank.bootstrap import ci_text
 from specrank.laws import law_name
 
 CONTROL = "rank_control"
-COLUMNS = [
+VARIANT_COLUMNS = [
     "law", "budget", "rule", "squared_error", "top1_agreement", "accepted",
     "gain", "gain_lo", "gain_hi", "gain_over_control", "gain_over_control_lo",
     "gain_over_control_hi", "share_root", "share_root_lo", "share_root_hi",
@@ -62,7 +62,7 @@ def variant_table(
         for key in ("share_root", "share_root_lo", "share_root_hi"):
             rec[key] = float(getattr(r, key, nan))
         rows.append(rec)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=VARIANT_COLUMNS)
 
 
 def variants_text(table: pd.DataFrame) -> str:
