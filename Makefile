@@ -34,10 +34,10 @@ $(STAMP): pyproject.toml
 # Extra Hydra overrides for every stage of `make run`, e.g. RUN_ARGS="debug=default".
 RUN_ARGS ?=
 
-run: $(STAMP)  ## the main job: record traces (pocket pair; skipped when done) -> extract -> train
-	$(PY) -m decode.record -m $(RUN_ARGS)
-	$(PY) -m features.extract $(RUN_ARGS)
-	$(PY) -m rerank.train $(RUN_ARGS)
+run: $(STAMP)  ## the main job: record traces (pocket pair; skipped when done) -> extract -> train; RUN_ARGS go to the stages that read them
+	SPECRANK_ROUTED=1 $(PY) -m decode.record -m $(RUN_ARGS)
+	SPECRANK_ROUTED=1 $(PY) -m features.extract $(RUN_ARGS)
+	SPECRANK_ROUTED=1 $(PY) -m rerank.train $(RUN_ARGS)
 
 test: $(STAMP)  ## run the default test suite (no slow, no gpu)
 	$(PY) -m pytest -q

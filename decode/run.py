@@ -219,4 +219,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_entry_point(main, _SHORT_OVERRIDES)
+    run_entry_point(main, _SHORT_OVERRIDES, stage="decode.run")

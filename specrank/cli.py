@@ -7,7 +7,7 @@ parsing (and its errors) for everything else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 
 def expand_short_overrides(argv: list[str], aliases: Mapping[str, str]) -> list[str]:
@@ -19,13 +19,15 @@ def expand_short_overrides(argv: list[str], aliases: Mapping[str, str]) -> list[
     return out
 
 
-def unknown_key_message(argv: list[str], schema: type) -> str | None:
+def unknown_key_message(
+    argv: list[str], schema: type, top: Collection[str] | None = None
+) -> str | None:
     """A "Did you mean" message for the first `a.b=v` override whose key the schema lacks.
 
     Hydra's own error names the key but not the valid ones; difflib over the
     fields of the section the key points into supplies the closest. Group choices
     (`model=pocket`), appends (`+a.b=v`), deletions (`~a`) and `hydra.*` are left
-    to Hydra.
+    to Hydra. `top`: the sections a command reads (the suggestions for a first key).
     """
     import difflib
 
@@ -41,6 +43,8 @@ def unknown_key_message(argv: list[str], schema: type) -> str | None:
             if not isinstance(node, DictConfig) or node._is_missing() or node._is_none():
                 break  # a value (or an open dict): nothing more to check
             keys = list(node.keys())  # not `part in node`: that is False for MISSING values
+            if not seen and top is not None:
+                keys = [k for k in keys if k in top]
             if part not in keys:
                 where = ".".join(seen) or "the config"
                 close = difflib.get_close_matches(part, keys, n=3)
@@ -55,14 +59,112 @@ def unknown_key_message(argv: list[str], schema: type) -> str | None:
     return None
 
 
-def run_entry_point(main: Callable[[], None], aliases: Mapping[str, str] | None = None) -> None:
-    """`python -m <stage>`: expand short aliases, refuse unknown keys with suggestions, run."""
+# -- which command reads which section ------------------------------------------------------------
+
+# The sections each command reads. Every command also takes `paths` (the folders every stage
+# resolves), `seed` and `hydra`, and the global packages `debug=` and `experiment=`, which set
+# every stage's sections: each command keeps the ones it reads.
+READS: dict[str, tuple[str, ...]] = {
+    "decode.record": ("model", "data", "pool", "select", "decode", "trace", "parallel"),
+    "decode.run": ("model", "data", "pool", "select", "decode", "trace", "parallel", "run",
+                   "mlflow"),
+    "decode.synth": ("synth", "synth_job", "pool", "select"),
+    "features.extract": ("features",),
+    "rerank.train": ("rerank", "mlflow"),
+    "decode.pocket": ("pocket",),
+    "decode.pocket.eagle3": ("pocket_eagle3",),
+}  # fmt: skip
+EVERY_COMMAND = ("paths", "seed", "hydra")
+GLOBAL_PACKAGES = ("debug", "experiment")
+# settings of a section a command reads that the command itself does not: what to set instead
+NOT_READ = {"decode.run": {"select.rule": "run.rule"}}
+# config groups and the section each fills
+GROUP_SECTIONS = {"model": "model", "data": "data", "rerank_model": "rerank", "launcher": "hydra"}
+# `make run` passes one RUN_ARGS to every stage: each drops (and logs) what others read
+ROUTED_ENV = "SPECRANK_ROUTED"
+
+
+def _section(arg: str) -> tuple[str, str] | None:
+    """(section, key) an override sets, or None for flags, `hydra.*` and global packages."""
+    key, sep, _ = arg.partition("=")
+    key = key.lstrip("+~")
+    if not sep and not arg.startswith("~"):
+        return None  # a flag (-m, --cfg ...)
+    head = key.split(".")[0].split("@")[0]
+    if head in GLOBAL_PACKAGES or head == "hydra":
+        return None
+    return (GROUP_SECTIONS.get(head, head) if "." not in key else head), key
+
+
+def stage_override_message(stage: str, argv: list[str], known: set[str]) -> str | None:
+    """Why `python -m <stage>` refuses an override of `argv`, or None.
+
+    A section the command does not read (of `known`, the root schema's) is refused naming
+    the commands that read it; a setting the command ignores names the one it reads instead.
+    Unknown sections are left to `unknown_key_message`.
+    """
+    reads = {*READS[stage], *EVERY_COMMAND}
+    for arg in argv:
+        found = _section(arg)
+        if found is None:
+            continue
+        section, key = found
+        if key in NOT_READ.get(stage, {}):
+            return (
+                f"python -m {stage} does not read '{key}' (override {arg!r}). "
+                f"Did you mean '{NOT_READ[stage][key]}'?"
+            )
+        if section in reads or section not in known:
+            continue
+        readers = [s for s, r in READS.items() if section in r]
+        return (
+            f"python -m {stage} does not read the '{section}' section (override {arg!r}): "
+            f"it reads {', '.join(sorted(reads))}. '{section}' is read by "
+            f"{', '.join(f'python -m {s}' for s in readers) or 'no command'}."
+        )
+    return None
+
+
+def route(stage: str, argv: list[str], known: set[str]) -> tuple[list[str], list[str]]:
+    """(kept, dropped): the overrides of `argv` for `stage`, and those for other commands."""
+    reads = {*READS[stage], *EVERY_COMMAND}
+    kept, dropped = [], []
+    for arg in argv:
+        found = _section(arg)
+        other = found is not None and found[0] in known and found[0] not in reads
+        ignored = found is not None and found[1] in NOT_READ.get(stage, {})
+        (dropped if other or ignored else kept).append(arg)
+    return kept, dropped
+
+
+def run_entry_point(
+    main: Callable[[], None], aliases: Mapping[str, str] | None = None, stage: str | None = None
+) -> None:
+    """`python -m <stage>`: expand short aliases, refuse overrides of sections the stage does
+    not read (`READS`; under `make run`'s SPECRANK_ROUTED=1 they are left to the other
+    stages) and unknown keys with suggestions, run."""
+    import dataclasses
+    import os
     import sys
 
     from specrank.config import schema
 
     argv = expand_short_overrides(sys.argv[1:], aliases or {})
-    message = unknown_key_message(argv, schema())
+    root = schema()
+    top = None
+    if stage is not None:
+        known = {f.name for f in dataclasses.fields(root)}
+        if os.environ.get(ROUTED_ENV):
+            argv, dropped = route(stage, argv, known)
+            if dropped:
+                print(
+                    f"python -m {stage}: for the other stages: {' '.join(dropped)}", file=sys.stderr
+                )
+        message = stage_override_message(stage, argv, known)
+        if message:
+            sys.exit(f"error: {message}")
+        top = {*READS[stage], *EVERY_COMMAND}
+    message = unknown_key_message(argv, root, top)
     if message:
         sys.exit(f"error: {message}")
     sys.argv = [sys.argv[0], *argv]

@@ -28,4 +28,4 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    run_entry_point(main)
+    run_entry_point(main, stage="decode.pocket")

@@ -4,4 +4,4 @@ from recipes.pocket.eagle3 import main
 from specrank.cli import run_entry_point
 
 if __name__ == "__main__":
-    run_entry_point(main)
+    run_entry_point(main, stage="decode.pocket.eagle3")

@@ -3,4 +3,4 @@
 from recipes.synth.job import main
 from specrank.cli import run_entry_point
 
-run_entry_point(main)
+run_entry_point(main, stage="decode.synth")
