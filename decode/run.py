@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -51,6 +52,8 @@ from decode.stream import DecodeSettings
 from pairs.config import DataConfig, ModelConfig
 from pairs.models import load_model_pair
 from pairs.positions import check_prompt_lengths
+from pairs.prompts import Prompt
+from rerank.fit.models import FittedReranker
 from rerank.serving import (
     PREDICTORS,
     SEEN_PROMPTS,
@@ -97,22 +100,13 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
     at a time (`decode.shard_workers.run_on_ray`); the report is made here from all of them.
     """
     parallel = parallel or ParallelConfig()
-    check_run(s, run, prompts_per_shard)  # every setting, before anything loads
-    check_parallel(parallel, model.device)
-    if parallel.parts > 1:
-        raise ValueError(
-            f"parallel.parts={parallel.parts}: an online run's report needs every prompt in one "
-            f"process; spread decode.run over Ray workers (launcher=ray parallel.workers=N)"
-        )
+    _check_online(s, run, prompts_per_shard, parallel, model.device)
     if run.torch_threads is not None:
         torch.set_num_threads(run.torch_threads)
-    model, prompts = resolve_inputs(model, data)
-    check_prompts(prompts, data)
-    dec = s.base
-    prompts = check_prompt_lengths(model, prompts, dec.decode.max_new_tokens, dec.pool,
-                                   data.long_prompts)  # fmt: skip
+    model, prompts = _checked_prompts(model, data, s)
     # An MLflow URI resolves against the run's tracking store; a folder needs none.
     uri = (tracking or MlflowConfig()).tracking_uri
+    fitted = None
     if s.entry.predictor:
         fitted = load_online_reranker(run.reranker, s.base.decode.temperature, uri)
         prompts = unseen_prompts(fitted, prompts, run.seen_prompts)
@@ -131,27 +125,8 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
         for i, timing in enumerate(timings[s.base.select.budget] if traces else ()):
             traces.add(i, timing)
     else:
-        pair = load_model_pair(model)
-        predictor = None
-        if s.entry.predictor:
-            predictor = OnlinePredictor(fitted, pair.device, run.predictor)
-        traces = trace_shards(pair.ids)
-        finished: list[PromptTiming] = []
-
-        def on_prompt(i: int, by_budget: dict[int, PromptTiming]) -> None:
-            finished.append(by_budget[s.base.select.budget])
-            if traces is not None:
-                traces.add(i, finished[-1])
-
-        try:
-            with torch.inference_mode():
-                timings = decode_all(pair, prompts, s, run, predictor, on_prompt)
-        except BaseException:
-            keep_finished(out_dir, finished, len(prompts), traces)
-            raise
-        route = None if predictor is None else predictor.route
-        info = PairInfo(pair.eos_ids, pair.ids, str(pair.device), rule_label(s.rule, predictor),
-                        route)  # fmt: skip
+        timings, info, traces = _decode_here(model, prompts, s, run, fitted, trace_shards,
+                                             out_dir)  # fmt: skip
     # summarize reads only the pair's eos ids, which PairInfo carries without weights.
     report = summarize(timings, s, run, info, info.label, seed)
     if traces is not None:
@@ -163,6 +138,63 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
             tags |= {"reranker": str(run.reranker), "predictor": info.route}
         report.run_id = log_to_mlflow(report, tracking, config, tags, out_dir)
     return report
+
+
+def _check_online(s: OnlineSettings, run: RunConfig, prompts_per_shard: int,
+                  parallel: ParallelConfig, device: str) -> None:  # fmt: skip
+    """Every setting, before anything loads; an online run cannot be split into job ranges."""
+    check_run(s, run, prompts_per_shard)
+    check_parallel(parallel, device)
+    if parallel.parts > 1:
+        raise ValueError(
+            f"parallel.parts={parallel.parts}: an online run's report needs every prompt in one "
+            f"process; spread decode.run over Ray workers (launcher=ray parallel.workers=N)"
+        )
+
+
+def _checked_prompts(model: ModelConfig, data: DataConfig,
+                     s: OnlineSettings) -> tuple[ModelConfig, list[Prompt]]:  # fmt: skip
+    """The resolved model config and the prompts, checked (lengths against the pool)."""
+    model, prompts = resolve_inputs(model, data)
+    check_prompts(prompts, data)
+    dec = s.base
+    prompts = check_prompt_lengths(model, prompts, dec.decode.max_new_tokens, dec.pool,
+                                   data.long_prompts)  # fmt: skip
+    return model, prompts
+
+
+def _decode_here(
+    model: ModelConfig,
+    prompts: list[Prompt],
+    s: OnlineSettings,
+    run: RunConfig,
+    fitted: FittedReranker | None,
+    trace_shards: Callable[[dict], TraceShards | None],
+    out_dir: Path,
+) -> tuple[dict[int, list[PromptTiming]], PairInfo, TraceShards | None]:
+    """Decode every prompt in this process; after a failure the finished ones are kept."""
+    pair = load_model_pair(model)
+    predictor = None
+    if s.entry.predictor:
+        predictor = OnlinePredictor(fitted, pair.device, run.predictor)
+    traces = trace_shards(pair.ids)
+    finished: list[PromptTiming] = []
+
+    def on_prompt(i: int, by_budget: dict[int, PromptTiming]) -> None:
+        finished.append(by_budget[s.base.select.budget])
+        if traces is not None:
+            traces.add(i, finished[-1])
+
+    try:
+        with torch.inference_mode():
+            timings = decode_all(pair, prompts, s, run, predictor, on_prompt)
+    except BaseException:
+        keep_finished(out_dir, finished, len(prompts), traces)
+        raise
+    route = None if predictor is None else predictor.route
+    info = PairInfo(pair.eos_ids, pair.ids, str(pair.device), rule_label(s.rule, predictor),
+                    route)  # fmt: skip
+    return timings, info, traces
 
 
 def keep_finished(out_dir: Path, finished: list[PromptTiming], n_prompts: int,

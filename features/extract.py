@@ -27,10 +27,12 @@ from omegaconf import DictConfig, OmegaConf
 from features.config import FeaturesConfig
 from features.from_trace import TRACE_COLUMNS, candidate_table
 from features.schema import candidate_store
+from specrank.claims import ShardRun
 from specrank.cli import expand_short_overrides, run_entry_point
 from specrank.config import register_configs
 from specrank.files import check_free_space
 from specrank.paths import CONF_DIR, project_path
+from specrank.shard_store import ShardStore
 from specrank.tables import SchemaError
 from specrank.trace_schema import SCHEMA_VERSION, trace_store
 
@@ -55,6 +57,29 @@ CANDIDATE_BYTES_PER_TRACE_BYTE = 0.5
 
 def extract(traces: Path, out: Path, log: Callable[[str], None] = print) -> ExtractReport:
     """Write the candidate table of the trace store `traces` into the store `out`."""
+    source, files = _finished_trace_shards(traces)
+    target = _open_candidate_store(source, out)
+    start = time.perf_counter()
+    shard_files = {
+        Path(path).name.removeprefix("shard-").removesuffix(".parquet"): path for path in files
+    }
+    todo = target.pending(list(shard_files))
+    need = CANDIDATE_BYTES_PER_TRACE_BYTE * sum(Path(shard_files[s]).stat().st_size for s in todo)
+    check_free_space(out, need, "features.extract", "features.out (paths.features)")
+    report = ExtractReport(0, len(shard_files) - len(todo), 0, 0, 0.0)
+    run = _write_shards(target, todo, shard_files, traces, report, log, start)
+    report.shards_skipped += run.skipped  # finished meanwhile by another extract process
+    report.seconds = time.perf_counter() - start
+    log(
+        f"features.extract: {report.rounds:,} rounds -> {report.candidates:,} candidates in "
+        f"{report.seconds:.1f} s ({report.rows_per_s:,.0f} rows/s); {report.shards_written} shard(s) "
+        f"written, {report.shards_skipped} already done; table at {out}"
+    )
+    return report
+
+
+def _finished_trace_shards(traces: Path) -> tuple[ShardStore, list[str]]:
+    """The trace store at `traces` and its finished shard files; refuse an unreadable or empty one."""
     source = trace_store(traces)
     try:
         files = source.dataset().files  # checks the trace table name and schema version
@@ -65,6 +90,11 @@ def extract(traces: Path, out: Path, log: Callable[[str], None] = print) -> Extr
             f"features.extract: the trace store {traces} holds no finished shards; "
             f"record traces first (python -m decode.record)"
         )
+    return source, files
+
+
+def _open_candidate_store(source: ShardStore, out: Path) -> ShardStore:
+    """The candidate store at `out`, opened with the source trace store's identity."""
     manifest = source.manifest()
     target = candidate_store(out)
     target.open_for_writing(
@@ -76,14 +106,20 @@ def extract(traces: Path, out: Path, log: Callable[[str], None] = print) -> Extr
         },
         models=manifest.get("models", {}),
     )
-    start = last_log = time.perf_counter()
-    shard_files = {
-        Path(path).name.removeprefix("shard-").removesuffix(".parquet"): path for path in files
-    }
-    todo = target.pending(list(shard_files))
-    need = CANDIDATE_BYTES_PER_TRACE_BYTE * sum(Path(shard_files[s]).stat().st_size for s in todo)
-    check_free_space(out, need, "features.extract", "features.out (paths.features)")
-    report = ExtractReport(0, len(shard_files) - len(todo), 0, 0, 0.0)
+    return target
+
+
+def _write_shards(
+    target: ShardStore,
+    todo: list[str],
+    shard_files: dict[str, str],
+    traces: Path,
+    report: ExtractReport,
+    log: Callable[[str], None],
+    start: float,
+) -> ShardRun:
+    """Build and write the candidate shards of `todo`, counting them into `report`."""
+    last_log = start
     # Read the next pending shard on a thread while this one is processed (Parquet
     # decoding and numpy both release the GIL); at most two shards are in memory at
     # once. Several extract processes may share the stores (claims split the shards
@@ -123,15 +159,7 @@ def extract(traces: Path, out: Path, log: Callable[[str], None] = print) -> Extr
                     f"{report.candidates / (last_log - start):,.0f} rows/s"
                 )
 
-        run = target.write_pending(todo, build, after=progress)
-    report.shards_skipped += run.skipped  # finished meanwhile by another extract process
-    report.seconds = time.perf_counter() - start
-    log(
-        f"features.extract: {report.rounds:,} rounds -> {report.candidates:,} candidates in "
-        f"{report.seconds:.1f} s ({report.rows_per_s:,.0f} rows/s); {report.shards_written} shard(s) "
-        f"written, {report.shards_skipped} already done; table at {out}"
-    )
-    return report
+        return target.write_pending(todo, build, after=progress)
 
 
 def _read_trace_shard(path: str) -> pa.Table:

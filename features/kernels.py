@@ -175,6 +175,20 @@ def _row_round(lp, n, first, rows, o32, token, drop, v, rank):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _token_only_agreement(only_argmax, draft_top):
+    """(count, share): the round's token-only rows, and the share whose argmax is the
+    drafter's top first token (NaN without a row)."""
+    count = 0
+    agree = 0
+    for j in range(only_argmax.shape[0]):
+        a = only_argmax[j]
+        if a >= 0:
+            count += 1
+            agree += a == draft_top
+    return count, (agree / count if count > 0 else np.nan)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def fill(n1, token, expanded, cum, e, qn, log_qn, mass, rows, scalars, ints, only_argmax,
          o32, oi32, ob, out):  # fmt: skip
     """Write every feature but the subtree statistics into the output blocks o32, oi32, ob.
@@ -216,14 +230,7 @@ def fill(n1, token, expanded, cum, e, qn, log_qn, mass, rows, scalars, ints, onl
             # continuation is this round's root token, so that candidate's entry is missing.
             drop = root if k == 2 else -2  # -2: no token
             _row_round(rows[k, r], n, first, row32[k], o32, token[r], drop, v, rank)
-        count = 0
-        agree = 0
-        for j in range(only_argmax.shape[1]):
-            a = only_argmax[r, j]
-            if a >= 0:
-                count += 1
-                agree += a == draft_top
-        only_agree = agree / count if count > 0 else np.nan
+        count, only_agree = _token_only_agreement(only_argmax[r], draft_top)
         for i in range(n):
             o = first + i
             for k in range(4):

@@ -209,24 +209,12 @@ class RoundBlocks:
         arrays [n1] (NaN or None where a row is absent), scalars (None when absent) and
         the token-only rows' argmaxes. The pool arrays keep their integer dtypes.
         """
-        if rows.keys() != _ROW_INPUT_SET:
-            raise ValueError(
-                f"RoundArrays.one_round: rows must hold {sorted(ROW_INPUTS)}; "
-                f"missing {sorted(set(ROW_INPUTS) - set(rows))}, extra {sorted(set(rows) - set(ROW_INPUTS))}"
-            )
+        _check_row_keys(rows)
         depth = np.asarray(cand_depth)
         n1 = int(np.count_nonzero(depth == 1))
         # Few array calls: each costs several microseconds once a model pass has evicted
         # the interpreter's caches, which is the state the decoder calls this in.
-        block = np.full((len(FL_ROWS), 1, n1), np.nan, dtype=np.float32)
-        for i, name in enumerate(FL_ROWS):  # an absent row stays NaN
-            x = rows[name]
-            if x is not None:
-                if len(x) != n1:
-                    raise ValueError(
-                        f"RoundArrays.{name}: expected shape (1, {n1}), found (1, {len(x)})"
-                    )
-                block[i, 0] = x
+        block = _row_block(rows, n1)
         nan = float("nan")
         scalars = np.array(
             [nan if prev_accepted is None else prev_accepted]
@@ -238,10 +226,7 @@ class RoundBlocks:
             + [-1 if rows[k] is None else rows[k] for k in ROW_ARGMAX],
             dtype=np.int32,
         )[:, None]
-        only = np.full((1, TOKEN_ONLY_WIDTH), -1, dtype=np.int32)
-        argmax = rows["token_only_argmax"]
-        if len(argmax):
-            only[0, : len(argmax)] = argmax
+        only = _token_only_block(rows["token_only_argmax"])
         logprob = cand_draft_logprob
         if not (isinstance(logprob, np.ndarray) and logprob.dtype == np.float32):
             logprob = np.asarray(logprob, dtype=np.float32)
@@ -259,6 +244,37 @@ class RoundBlocks:
             ints=ints,
             token_only_argmax=only,
         )
+
+
+def _check_row_keys(rows: dict) -> None:
+    """Refuse retained-row inputs that are not exactly ROW_INPUTS, naming the difference."""
+    if rows.keys() != _ROW_INPUT_SET:
+        raise ValueError(
+            f"RoundArrays.one_round: rows must hold {sorted(ROW_INPUTS)}; "
+            f"missing {sorted(set(ROW_INPUTS) - set(rows))}, extra {sorted(set(rows) - set(ROW_INPUTS))}"
+        )
+
+
+def _row_block(rows: dict, n1: int) -> np.ndarray:
+    """The FL_ROWS of one round as a [6, 1, n1] float32 block; an absent row stays NaN."""
+    block = np.full((len(FL_ROWS), 1, n1), np.nan, dtype=np.float32)
+    for i, name in enumerate(FL_ROWS):
+        x = rows[name]
+        if x is not None:
+            if len(x) != n1:
+                raise ValueError(
+                    f"RoundArrays.{name}: expected shape (1, {n1}), found (1, {len(x)})"
+                )
+            block[i, 0] = x
+    return block
+
+
+def _token_only_block(argmax) -> np.ndarray:
+    """The token-only rows' argmaxes of one round, -1 padded to [1, TOKEN_ONLY_WIDTH]."""
+    only = np.full((1, TOKEN_ONLY_WIDTH), -1, dtype=np.int32)
+    if len(argmax):
+        only[0, : len(argmax)] = argmax
+    return only
 
 
 def _expect_shape(name: str, x: np.ndarray, shape: tuple[int, ...]) -> None:

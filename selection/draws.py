@@ -168,6 +168,33 @@ def matched_budget(mean_size_curve: Tensor, target_size: float) -> tuple[int, in
     return lo + 1, hi + 1, w
 
 
+@njit(cache=True, nogil=True)
+def _child_lists(draft_row, valid_row, has_valid, parent_row):
+    """(keys, n_children, child_list, in pool order) of one round: the ranking key of each
+    candidate, and the valid children of u at child_list[n_children[u]:n_children[u + 1]]."""
+    width = draft_row.shape[0]
+    keys = np.empty(width, dtype=np.int64)
+    n_children = np.zeros(width + 1, dtype=np.int64)
+    for i in range(width):
+        ok = valid_row[i] if has_valid else True
+        keys[i] = heap_key(np.float32(draft_row[i]), i, width, ok)
+        p = parent_row[i]
+        if p >= i:
+            return keys, n_children, keys[:1], False
+        if p >= 0 and ok:
+            n_children[p + 1] += 1
+    for i in range(width):
+        n_children[i + 1] += n_children[i]
+    child_list = np.empty(max(n_children[width], 1), dtype=np.int64)
+    fill = n_children[:width].copy()
+    for i in range(width):
+        p = parent_row[i]
+        if p >= 0 and (valid_row[i] if has_valid else True):
+            child_list[fill[p]] = i
+            fill[p] += 1
+    return keys, n_children, child_list, True
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def draw_curves(
     draft: np.ndarray,
@@ -191,33 +218,19 @@ def draw_curves(
     Returns ok=False when a draft score rises along an edge (the precondition
     fails) or a parent does not precede its child.
     """
-    # One piece: the best-first search keeps its heap in the body of one prange loop; a
-    # call per step from the compiled loop would cost more than the step itself.
+    # The best-first search keeps its heap in the body of the prange loop: a call per step
+    # from the compiled loop would cost more than the step itself (the set-up, once per
+    # round, is `_child_lists`).
     n_rounds, width = draft.shape
     out = np.zeros((n_rounds, 4, n_ranks), dtype=path_prob.dtype)
     bad = np.zeros(n_rounds, dtype=np.bool_)
     for r in prange(n_rounds):
-        keys = np.empty(width, dtype=np.int64)
-        n_children = np.zeros(width + 1, dtype=np.int64)
-        for i in range(width):
-            ok = valid[r, i] if has_valid else True
-            keys[i] = heap_key(np.float32(draft[r, i]), i, width, ok)
-            p = parent[r, i]
-            if p >= i:
-                bad[r] = True
-            elif p >= 0 and ok:
-                n_children[p + 1] += 1
-        if bad[r]:
+        row_valid = valid[r] if has_valid else valid[0]
+        keys, n_children, child_list, in_order = _child_lists(draft[r], row_valid, has_valid,
+                                                              parent[r])  # fmt: skip
+        if not in_order:
+            bad[r] = True
             continue
-        for i in range(width):  # children of u: child_list[n_children[u]:n_children[u + 1]]
-            n_children[i + 1] += n_children[i]
-        child_list = np.empty(max(n_children[width], 1), dtype=np.int64)
-        fill = n_children[:width].copy()
-        for i in range(width):
-            p = parent[r, i]
-            if p >= 0 and (valid[r, i] if has_valid else True):
-                child_list[fill[p]] = i
-                fill[p] += 1
         heap = np.empty(width, dtype=np.int64)
         for g in range(width):
             if parent[r, g] >= 0 or depth[r, g] != 1 or not (valid[r, g] if has_valid else True):

@@ -278,6 +278,47 @@ def _merge_rank_row(
     return not nan
 
 
+@njit(cache=True, nogil=True)
+def _all_nan(lead_row: np.ndarray) -> bool:
+    """No leading factor given: the round ranks like draft selection."""
+    for i in range(lead_row.shape[0]):  # noqa: SIM110 (a loop numba compiles; no generators)
+        if not np.isnan(lead_row[i]):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _lead_scores(draft_row, lead_row, parent_row, score) -> bool:
+    """Candidate scores into `score`: path sums of the draft log factors, the leading
+    `lead_row` ones where not NaN (float32 sums, as `path_reduce`); False if a parent
+    comes after its child (not pool order)."""
+    n_lead = lead_row.shape[0]
+    for i in range(draft_row.shape[0]):
+        e = draft_row[i]
+        if i < n_lead and not np.isnan(lead_row[i]):
+            e = lead_row[i]
+        p = parent_row[i]
+        if p < 0:
+            score[i] = e
+        elif p < i:
+            score[i] = score[p] + e
+        else:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _cumulative_mass(path_prob_row, order) -> np.ndarray:
+    """Cumulative path probability in rank order, accumulated in float64 and rounded to
+    float32 as torch's CPU cumsum does."""
+    acc = 0.0
+    mass = np.empty(order.shape[0], dtype=np.float32)
+    for j in range(order.shape[0]):
+        acc += path_prob_row[order[j]]
+        mass[j] = np.float32(acc)
+    return mass
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def lead_factor_values(
     draft_logprob: np.ndarray,
@@ -316,37 +357,18 @@ def lead_factor_values(
     status 0 ok, 1 a parent after its child (not pool order), 2 a NaN/+inf score.
     """
     n_rounds, width = draft_logprob.shape
-    n_lead = lead.shape[1]
     values = np.zeros((n_rounds, at.shape[0]), dtype=np.float32)
     curves = np.empty((n_rounds, k if curve else 0), dtype=np.float32)
     status = np.zeros(n_rounds, dtype=np.int64)
     for r in prange(n_rounds):
-        same = copy[r]
-        if nan_copies and not same:
-            same = True
-            for i in range(n_lead):
-                if not np.isnan(lead[r, i]):
-                    same = False
-                    break
-        if same:
+        if copy[r] or (nan_copies and _all_nan(lead[r])):
             values[r] = src_values[r]
             if curve:
                 curves[r] = src_curve[r]
             continue
         score = np.empty(width, dtype=np.float32)
-        for i in range(width):
-            e = draft_logprob[r, i]
-            if i < n_lead and not np.isnan(lead[r, i]):
-                e = lead[r, i]
-            p = parent[r, i]
-            if p < 0:
-                score[i] = e
-            elif p < i:
-                score[i] = score[p] + e
-            else:
-                status[r] = 1
-                break
-        if status[r]:
+        if not _lead_scores(draft_logprob[r], lead[r], parent[r], score):
+            status[r] = 1
             continue
         order = np.empty(k, dtype=np.int64)
         ok_valid = valid[r] if has_valid else valid[0]
@@ -358,11 +380,7 @@ def lead_factor_values(
         if not ok:
             status[r] = 2
             continue
-        acc = 0.0
-        mass = np.empty(k, dtype=np.float32)
-        for j in range(k):
-            acc += path_prob[r, order[j]]
-            mass[j] = np.float32(acc)
+        mass = _cumulative_mass(path_prob[r], order)
         for b in range(at.shape[0]):
             if at[b] >= 0:
                 values[r, b] = mass[at[b]]

@@ -205,19 +205,10 @@ def evaluate_pools(
     reaches a rule's value); with `curve_rules`, `curve/<rule>` for each of those
     rules too (the budget at which the rule reaches draft's value, paper Table 13).
     """
-    unknown = [r for r in rules if r not in POOL_RULES]
-    if unknown:
-        raise ValueError(f"Unknown rule(s) {unknown}; known rules are {list(POOL_RULES)}")
-    if not budgets or min(budgets) < 0:
-        raise ValueError(f"The 'budgets' must be a non-empty list of ints >= 0. Got {budgets}.")
+    _check_rules_and_budgets(rules, budgets)
     ctx = pool_context(pool, top_m) if ctx is None else ctx
     k = max(budgets)
-    # the torch route shares the draft keys with subtree_ranks; kernels build keys in-cache
-    keys = None if compiled_route(ctx.draft) else ctx.draft_keys
-    if draft_order is None or (curves and draft_order.shape[1] < pool.shape[1]):
-        draft_order = rank_order(ctx.draft, ctx.restrict, k=None if curves else k, keys=keys)
-    elif draft_order.shape[1] < min(k, pool.shape[1]):
-        raise ValueError(f"draft_order holds {draft_order.shape[1]} entries; budgets need {k}")
+    draft_order = _draft_order(ctx, pool.shape[1], k, curves, draft_order)
     out: dict[str, Tensor] = {}
     fused = compiled_route(ctx.draft) and ctx.levels is not None
     firsts = dict(first_factors or {})
@@ -242,19 +233,72 @@ def evaluate_pools(
             out[name], cum = _fused_values(ctx, *_lead(ctx, name), budgets, k, full, src, copy,
                                            draft_order=draft_order)  # fmt: skip
         else:
-            if name in firsts:
-                score = lead_factor_scores(ctx, firsts[name])
-            elif name in (extra_scores or {}):
-                score = extra_scores[name]
-            else:
-                score = rule_scores(ctx, name)
-            order = rank_order(score, ctx.restrict, k=None if full else k)
-            out[name] = values_at_budgets(order, ctx.path_prob, budgets)
-            cum = torch.cumsum(torch.gather(ctx.path_prob, -1, order), dim=-1) if full else None
+            out[name], cum = _ranked_values(ctx, name, firsts, extra_scores, budgets, k, full)
         if full:
             out[f"curve/{name}"] = cum
     if curves:
         out["curve/draft"] = draft_curve
+    _add_draft_tree_rules(out, ctx, draft_order, rules, budgets, curves, pearl)
+    return out
+
+
+def _check_rules_and_budgets(rules: Sequence[str], budgets: Sequence[int]) -> None:
+    """Refuse unknown rules and an empty or negative budget list."""
+    unknown = [r for r in rules if r not in POOL_RULES]
+    if unknown:
+        raise ValueError(f"Unknown rule(s) {unknown}; known rules are {list(POOL_RULES)}")
+    if not budgets or min(budgets) < 0:
+        raise ValueError(f"The 'budgets' must be a non-empty list of ints >= 0. Got {budgets}.")
+
+
+def _draft_order(
+    ctx: PoolContext, width: int, k: int, curves: bool, draft_order: Tensor | None
+) -> Tensor:
+    """The caller's draft order if it is long enough, else draft selection's, ranked here.
+
+    `width` is the pool's; `curves` needs the whole order, budgets only the first `k`.
+    """
+    # the torch route shares the draft keys with subtree_ranks; kernels build keys in-cache
+    keys = None if compiled_route(ctx.draft) else ctx.draft_keys
+    if draft_order is None or (curves and draft_order.shape[1] < width):
+        draft_order = rank_order(ctx.draft, ctx.restrict, k=None if curves else k, keys=keys)
+    elif draft_order.shape[1] < min(k, width):
+        raise ValueError(f"draft_order holds {draft_order.shape[1]} entries; budgets need {k}")
+    return draft_order
+
+
+def _ranked_values(
+    ctx: PoolContext,
+    name: str,
+    firsts: dict[str, Tensor],
+    extra_scores: dict[str, Tensor] | None,
+    budgets: Sequence[int],
+    k: int,
+    full: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """A rule's values from its candidate scores, ranked in torch (and its curve if `full`)."""
+    if name in firsts:
+        score = lead_factor_scores(ctx, firsts[name])
+    elif name in (extra_scores or {}):
+        score = extra_scores[name]
+    else:
+        score = rule_scores(ctx, name)
+    order = rank_order(score, ctx.restrict, k=None if full else k)
+    values = values_at_budgets(order, ctx.path_prob, budgets)
+    cum = torch.cumsum(torch.gather(ctx.path_prob, -1, order), dim=-1) if full else None
+    return values, cum
+
+
+def _add_draft_tree_rules(
+    out: dict[str, Tensor],
+    ctx: PoolContext,
+    draft_order: Tensor,
+    rules: Sequence[str],
+    budgets: Sequence[int],
+    curves: bool,
+    pearl: tuple[Tensor, Tensor] | None,
+) -> None:
+    """Add PEARL's values (and curves) and the draw rules' values, all from the draft order."""
     if PEARL in rules or curves:
         value, size = pearl_curves(ctx, draft_order) if pearl is None else pearl
         idx = [min(b, value.shape[-1]) - 1 for b in budgets]
@@ -264,4 +308,3 @@ def evaluate_pools(
     if any(rule_entry(r).offline == "draw" for r in rules):
         drawn = draw_values(ctx, draft_order[:, 0], budgets)  # draft rank 0 is a depth-1 node
         out.update({name: v for name, v in drawn.items() if name.split("/")[-1] in rules})
-    return out

@@ -175,59 +175,30 @@ def deal(
     dead actor held; `on_result(shard, result)` may return the bar's postfix.
     """
     import ray
-    from ray.exceptions import ActorDiedError, RayActorError
 
     connect(p, gpu)
     remote = ray.remote(ShardActor).options(num_cpus=1, num_gpus=1 if gpu else 0, max_restarts=0)
     actors = [remote.remote(factory) for _ in range(p.workers)]
+    # `owners` and `in_flight` are filled in place: the `finally` releases what they hold.
     bar, owners, in_flight = None, {}, {}
     try:
-        # Every actor up first: a worker that cannot load fails the run with its own error.
-        ready = ray.get([a.ready.remote() for a in actors])
-        owners = {a: owner for a, (owner, _) in zip(actors, ready, strict=True)}
-        dealt = Dealt({}, [info for _, info in ready], 0, [])
+        dealt = _await_actors(actors, owners)
         if on_ready is not None:
             on_ready(dealt.infos)
         sizes = sizes or {}
         bar = tqdm(total=sum(sizes.get(s, 1) for s in shard_ids), desc=desc, unit=unit,
                    disable=not progress)  # fmt: skip
-        queue, attempts = deque(shard_ids), dict.fromkeys(shard_ids, 0)
-        idle, live = list(actors), set(actors)
-        while queue or in_flight:
-            while queue and idle:
-                actor, sid = idle.pop(), queue.popleft()
-                attempts[sid] += 1
-                in_flight[actor.run.remote(sid)] = (actor, sid)
+        deck = _Deck(deque(shard_ids), dict.fromkeys(shard_ids, 0), list(actors), set(actors))
+        while deck.queue or in_flight:
+            _hand_out(deck, in_flight)
             (ref,), _ = ray.wait(list(in_flight), num_returns=1)
             actor, sid = in_flight.pop(ref)
-            try:
-                dealt.results[sid] = ray.get(ref)
-            except RayActorError as err:  # the actor is gone (not an error of the shard's code)
-                dealt.lost_workers += 1
-                live.discard(actor)
-                ray.kill(actor, no_restart=True)
-                if isinstance(err, ActorDiedError) and on_dead is not None:
-                    on_dead(sid, owners[actor])  # known dead: its claim is void now
-                if attempts[sid] >= p.max_attempts:
-                    raise RuntimeError(
-                        f"shard {sid}: {attempts[sid]} workers died on it (parallel.max_attempts="
-                        f"{p.max_attempts}); last: {err}"
-                    ) from err
-                if not live:
-                    left = sorted({sid, *queue} - set(dealt.results))
-                    raise RuntimeError(
-                        f"every Ray worker died; {len(left)} shard(s) not done ({left[:5]}...); "
-                        f"rerun the same command to finish them (finished shards are kept)"
-                    ) from err
-                log.warning("a Ray worker died on shard %s (%s); dealing it again", sid, err)
-                dealt.retried.append(sid)
-                queue.appendleft(sid)
-                continue
-            idle.append(actor)
-            postfix = on_result(sid, dealt.results[sid]) if on_result is not None else None
-            if postfix:
-                bar.set_postfix(postfix, refresh=False)
-            bar.update(sizes.get(sid, 1))
+            if _collect(ref, actor, sid, dealt, deck, owners, p, on_dead):
+                deck.idle.append(actor)
+                postfix = on_result(sid, dealt.results[sid]) if on_result is not None else None
+                if postfix:
+                    bar.set_postfix(postfix, refresh=False)
+                bar.update(sizes.get(sid, 1))
         dealt.results = {sid: dealt.results[sid] for sid in shard_ids}
         return dealt
     finally:  # done, or failing: no actor outlives the call, and none keeps a claim
@@ -238,3 +209,74 @@ def deal(
         if on_dead is not None:
             for actor, sid in in_flight.values():
                 on_dead(sid, owners[actor])
+
+
+@dataclass
+class _Deck:
+    """The driver's dealing state: shards left, hand-outs per shard, idle and live actors."""
+
+    queue: deque[str]
+    attempts: dict[str, int]
+    idle: list[Any]
+    live: set[Any]
+
+
+def _await_actors(actors: list[Any], owners: dict[Any, str]) -> Dealt:
+    """Wait for every actor to be up, filling `owners`; an empty `Dealt` with their infos."""
+    import ray
+
+    # Every actor up first: a worker that cannot load fails the run with its own error.
+    ready = ray.get([a.ready.remote() for a in actors])
+    owners.update({a: owner for a, (owner, _) in zip(actors, ready, strict=True)})
+    return Dealt({}, [info for _, info in ready], 0, [])
+
+
+def _hand_out(deck: _Deck, in_flight: dict[Any, tuple[Any, str]]) -> None:
+    """Give each idle actor the next shard in the queue, while both last."""
+    while deck.queue and deck.idle:
+        actor, sid = deck.idle.pop(), deck.queue.popleft()
+        deck.attempts[sid] += 1
+        in_flight[actor.run.remote(sid)] = (actor, sid)
+
+
+def _collect(
+    ref: Any,
+    actor: Any,
+    sid: str,
+    dealt: Dealt,
+    deck: _Deck,
+    owners: Mapping[Any, str],
+    p: ParallelConfig,
+    on_dead: Callable[[str, str], None] | None,
+) -> bool:
+    """Store shard `sid`'s result (True), or requeue it if its actor died (False).
+
+    Raises when the shard has used up its attempts or when no actor is left.
+    """
+    import ray
+    from ray.exceptions import ActorDiedError, RayActorError
+
+    try:
+        dealt.results[sid] = ray.get(ref)
+    except RayActorError as err:  # the actor is gone (not an error of the shard's code)
+        dealt.lost_workers += 1
+        deck.live.discard(actor)
+        ray.kill(actor, no_restart=True)
+        if isinstance(err, ActorDiedError) and on_dead is not None:
+            on_dead(sid, owners[actor])  # known dead: its claim is void now
+        if deck.attempts[sid] >= p.max_attempts:
+            raise RuntimeError(
+                f"shard {sid}: {deck.attempts[sid]} workers died on it (parallel.max_attempts="
+                f"{p.max_attempts}); last: {err}"
+            ) from err
+        if not deck.live:
+            left = sorted({sid, *deck.queue} - set(dealt.results))
+            raise RuntimeError(
+                f"every Ray worker died; {len(left)} shard(s) not done ({left[:5]}...); "
+                f"rerun the same command to finish them (finished shards are kept)"
+            ) from err
+        log.warning("a Ray worker died on shard %s (%s); dealing it again", sid, err)
+        dealt.retried.append(sid)
+        deck.queue.appendleft(sid)
+        return False
+    return True

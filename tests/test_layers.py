@@ -62,3 +62,20 @@ def test_every_module_is_small():
     assert len(sizes) > 100  # the walk found the project's modules
     large = {name: n for name, n in sizes.items() if n >= MAX_MODULE_LINES}
     assert not large, f"modules of {MAX_MODULE_LINES}+ lines (split them by stage): {large}"
+
+
+def test_no_module_imports_itself_back():
+    """No circle of imports between modules (annotation-only imports counted too): the
+    layer contracts order folders; this holds inside them as well."""
+    import grimp  # import-linter's own import graph
+
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    circles = sorted(
+        {
+            tuple(sorted((module, imported)))
+            for module in graph.modules
+            for imported in graph.find_modules_directly_imported_by(module)
+            if graph.find_shortest_chain(importer=imported, imported=module)
+        }
+    )
+    assert not circles, f"modules that import each other (directly or through others): {circles}"

@@ -160,6 +160,15 @@ def test_runs_are_found_and_their_tables_read_back(logged, tmp_path):
               & (gains["group"] == task["group"]) & (gains["rule"] == "rows")
               & (gains["budget"] == 59)]  # fmt: skip
     assert g["gain"].item() == pytest.approx(task["rows_lgbm@B59"] / task["draft@B59"] - 1)
+    # a run logged before the law's temperature was a column reads the same, beside new ones
+    old = both["breakdowns"].assign(
+        target_temperature=lambda f: f["target_temperature"].where(f["run"] != "run0 (lgbm)")
+    )
+    assert "target_temperature" in both["summary"] and "target_temperature" in gains
+    before = T.group_gains(both["breakdowns"].drop(columns="target_temperature"))
+    pd.testing.assert_frame_equal(before, gains.drop(columns="target_temperature"))
+    mixed = T.group_gains(old)  # old run0 (no temperature) beside a new run1
+    assert len(mixed) == len(gains) and (mixed.loc[mixed["rule"] == "draft", "gain"] == 0).all()
     assert set(R.download_plots(results[0].run_id, uri, tmp_path / "p")) >= {
         "gain_vs_budget_sampling",
         "reliability_sampling",

@@ -16,18 +16,8 @@ def _two_samples(samples: list[dict]) -> list[dict]:
     return he + sg
 
 
-def render_card(facts: dict) -> str:
-    # One piece: the card is one Markdown document; its sections read top to bottom here.
-    c, t, d, e = facts["corpus"], facts["target_train"], facts["drafter_train"], facts["eval"]
-    cfg = facts["config"]
-    tn, dn = cfg["target"], cfg["drafter"]
-    task_rows = "\n".join(f"| {k} | {_f(v)} |" for k, v in e["root_entropy_greedy_by_task"].items())
-    samples = "\n\n".join(
-        f"`{s['id']}` (greedy, first {cfg['eval']['new_tokens']} tokens):\n\n~~~text\n"
-        f"{s['output'].strip()}\n~~~"
-        for s in _two_samples(e["samples"])
-    )
-    sizes = "\n".join(f"| `{p}` | {n:,} |" for p, n in facts["sizes"].items())
+def _intro(cfg: dict) -> str:
+    """Title, what the pair is, and how to rebuild it."""
     return f"""# Pocket target/drafter pair
 
 A **stand-in** for a real target/drafter pair (e.g. an 8B chat model with a
@@ -41,8 +31,12 @@ models: rows are flatter, drafts weaker and outputs far less fluent.
 
 Recipe: `python -m decode.pocket` (Hydra config `conf/pocket.yaml`; the resolved
 settings and every figure below are in `recipe.json`).
+"""
 
-## Corpus (offline only)
+
+def _corpus_section(facts: dict, c: dict, cfg: dict) -> str:
+    """The offline corpus and its held-out split."""
+    return f"""## Corpus (offline only)
 
 - CPython {facts["python"]} standard-library sources: {c["stdlib_files"]} files
   (tests, `encodings/` tables and files over {cfg["corpus"]["code_max_file_bytes"]:,} bytes left out),
@@ -59,8 +53,12 @@ settings and every figure below are in `recipe.json`).
   `data/prompts/sharegpt_heldout.jsonl`; the rest is chat validation text.
   Stdlib files are split by the same rule on their relative path.
 - Sequences drawn {_f(cfg["target_train"]["code_share"], 2)} code / {_f(1 - cfg["target_train"]["code_share"], 2)} chat.
+"""
 
-## Models
+
+def _models_section(facts: dict, t: dict, d: dict, cfg: dict, tn: dict, dn: dict) -> str:
+    """Both models' shapes and training runs."""
+    return f"""## Models
 
 | | target | drafter |
 |---|---|---|
@@ -82,8 +80,12 @@ reproduces the recipe, not these exact weights. Context: trained on
 Sharpening: the exported target's logits are the trained ones times
 **{cfg["sharpen"]}** (final-norm weight scaled; argmax unchanged), and the drafter is
 distilled from that shipped target.
+"""
 
-## Measured (shipped weights, loaded in float32)
+
+def _measured_section(e: dict, cfg: dict, task_rows: str) -> str:
+    """The shipped weights' measured figures, overall and by task."""
+    return f"""## Measured (shipped weights, loaded in float32)
 
 | figure | value |
 |---|---|
@@ -106,8 +108,12 @@ Greedy root-row entropy by task:
 | task | nats |
 |---|---|
 {task_rows}
+"""
 
-## Samples
+
+def _samples_and_files(samples: str, sizes: str) -> str:
+    """Two sample outputs and the shipped files' sizes."""
+    return f"""## Samples
 
 Greedy outputs are repetitive and often fall into loops (which raises acceptance
 lengths); treat them as a stress test of the machinery, not as language.
@@ -120,6 +126,29 @@ lengths); treat them as a stress test of the machinery, not as language.
 |---|---|
 {sizes}
 """
+
+
+def render_card(facts: dict) -> str:
+    """The card's Markdown: sections top to bottom, each ending in a newline, blank-line joined."""
+    c, t, d, e = facts["corpus"], facts["target_train"], facts["drafter_train"], facts["eval"]
+    cfg = facts["config"]
+    tn, dn = cfg["target"], cfg["drafter"]
+    task_rows = "\n".join(f"| {k} | {_f(v)} |" for k, v in e["root_entropy_greedy_by_task"].items())
+    samples = "\n\n".join(
+        f"`{s['id']}` (greedy, first {cfg['eval']['new_tokens']} tokens):\n\n~~~text\n"
+        f"{s['output'].strip()}\n~~~"
+        for s in _two_samples(e["samples"])
+    )
+    sizes = "\n".join(f"| `{p}` | {n:,} |" for p, n in facts["sizes"].items())
+    return "\n".join(
+        [
+            _intro(cfg),
+            _corpus_section(facts, c, cfg),
+            _models_section(facts, t, d, cfg, tn, dn),
+            _measured_section(e, cfg, task_rows),
+            _samples_and_files(samples, sizes),
+        ]
+    )
 
 
 def write_card(folder: Path, facts: dict) -> None:

@@ -27,7 +27,7 @@ import platform
 import random
 import re
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import hydra
@@ -265,6 +265,95 @@ def export_head(head: Eagle3Head, spec: HeadSpec, out: Path, dtype: str) -> dict
     return {p.name: p.stat().st_size for p in (out / "config.json", weights)}
 
 
+@dataclass
+class _Data:
+    """The recipe's training data: text and rollout streams, validation text, their sources."""
+
+    files: list[tuple[str, str]]
+    prompts: list[list[int]]
+    streams: train.Streams  # "code": text, "chat": rollouts
+    val_ids: np.ndarray
+    val_mask: np.ndarray
+
+
+def _load_target(target_dir: Path):
+    """The frozen float32 target and its tokenizer."""
+    target = AutoModelForCausalLM.from_pretrained(
+        target_dir, dtype=torch.float32, local_files_only=True
+    ).eval()
+    target.requires_grad_(False)
+    return target, AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+
+
+def _training_data(pc: PocketEagle3Config, target, tok) -> _Data:
+    """Stdlib text, the target's rollouts on training prompts, and validation text."""
+    files, split = training_files(CorpusConfig(), pc.seed)
+    text_ids, text_mask = text_stream(tok, split.train, pc.code_chars, pc.seed)
+    val_ids, val_mask = tokenizer.encode_docs(tok, split.val)
+    prompts = [encode_prompt(tok, p) for p in training_prompts(files, pc.rollout_prompts, pc.seed)]
+    stop = {tok.eos_token_id, tok.pad_token_id}
+    roll_ids, roll_mask = continuations(
+        target, prompts, pc.rollout_tokens, tok.pad_token_id, stop, pc.seed
+    )
+    streams = train.Streams(text_ids, text_mask, roll_ids, roll_mask)
+    return _Data(files, prompts, streams, val_ids, val_mask)
+
+
+def _train(
+    pc: PocketEagle3Config, target, aux: tuple[int, ...], data: _Data, log: Log
+) -> tuple[Eagle3Head, HeadSpec, dict]:
+    """A fresh head trained by training-time test; (head in eval mode, its spec, the run)."""
+    spec = make_spec(pc, target)
+    head = make_head(spec, target, draft_vocabulary(data.streams, pc.draft_vocab), pc.seed)
+    tcfg = replace(pc.train, seq_len=pc.train.seq_len + pc.ttt_steps + 1)  # see ttt_steps
+
+    def loss_fn(x, m):
+        return ttt_loss(head, target, x, m, aux, pc.ttt_steps, pc.ttt_decay)
+
+    def evaluate():
+        agree = ttt_agreement(
+            head, target, data.val_ids, data.val_mask, aux, pc.ttt_steps, pc.train.seq_len, 8192
+        )
+        return {f"agree_step{k}": a for k, a in enumerate(agree)}
+
+    res = train.train_loop(head, loss_fn, data.streams, evaluate, tcfg, pc.seed, log)
+    head.eval()
+    return head, spec, res
+
+
+def _facts(
+    pc: PocketEagle3Config,
+    aux: tuple[int, ...],
+    head: Eagle3Head,
+    spec: HeadSpec,
+    data: _Data,
+    data_minutes: float,
+    res: dict,
+    sizes: dict[str, int],
+) -> dict:
+    """The recipe's facts, as `recipe.json` and the card record them."""
+    return {
+        "config": {k: getattr(pc, k) for k in pc.__dataclass_fields__ if k != "train"}
+        | {"train": vars(pc.train)},
+        "aux_layers": list(aux),
+        "params": sum(p.numel() for p in head.parameters()),
+        "hidden": spec.layer.hidden_size,
+        "data": {
+            "text_tokens": len(data.streams.code_ids),
+            "rollout_tokens": len(data.streams.chat_ids),
+            "rollout_prompts": len(data.prompts),
+            "val_tokens": len(data.val_ids),
+            "stdlib_train_files": len(data.files),
+            "minutes": data_minutes,
+        },
+        "train": res,
+        "val_agreement": res["history"][-1] if res["history"] else {},
+        "sizes": sizes,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+
+
 def run(pc: PocketEagle3Config, log: Log = print) -> dict:
     """Data, training and export; writes `recipe.json` and `MODEL_CARD.md` beside the head."""
     if pc.export_dtype not in ("float16", "bfloat16"):
@@ -274,66 +363,19 @@ def run(pc: PocketEagle3Config, log: Log = print) -> dict:
     torch.set_num_threads(pc.threads)
     t0 = time.time()
     target_dir, out = corpus.resolve(pc.target), corpus.resolve(pc.out_dir)
-    target = AutoModelForCausalLM.from_pretrained(
-        target_dir, dtype=torch.float32, local_files_only=True
-    ).eval()
-    target.requires_grad_(False)
-    tok = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    target, tok = _load_target(target_dir)
     aux = resolve_aux_layers(
         pc.aux_layers, None, "input", target.config.num_hidden_layers, "pocket_eagle3.aux_layers"
     )
-    files, split = training_files(CorpusConfig(), pc.seed)
-    text_ids, text_mask = text_stream(tok, split.train, pc.code_chars, pc.seed)
-    val_ids, val_mask = tokenizer.encode_docs(tok, split.val)
-    prompts = [encode_prompt(tok, p) for p in training_prompts(files, pc.rollout_prompts, pc.seed)]
-    stop = {tok.eos_token_id, tok.pad_token_id}
-    roll_ids, roll_mask = continuations(
-        target, prompts, pc.rollout_tokens, tok.pad_token_id, stop, pc.seed
-    )
-    streams = train.Streams(
-        text_ids, text_mask, roll_ids, roll_mask
-    )  # "code": text, "chat": rollouts
+    data = _training_data(pc, target, tok)
     data_minutes = (time.time() - t0) / 60
     log(
-        f"data: {len(text_ids)} text tokens, {len(roll_ids)} rollout tokens, {data_minutes:.1f} min"
+        f"data: {len(data.streams.code_ids)} text tokens, {len(data.streams.chat_ids)} "
+        f"rollout tokens, {data_minutes:.1f} min"
     )
-
-    spec = make_spec(pc, target)
-    head = make_head(spec, target, draft_vocabulary(streams, pc.draft_vocab), pc.seed)
-    tcfg = replace(pc.train, seq_len=pc.train.seq_len + pc.ttt_steps + 1)  # see ttt_steps
-
-    def loss_fn(x, m):
-        return ttt_loss(head, target, x, m, aux, pc.ttt_steps, pc.ttt_decay)
-
-    def evaluate():
-        agree = ttt_agreement(
-            head, target, val_ids, val_mask, aux, pc.ttt_steps, pc.train.seq_len, 8192
-        )
-        return {f"agree_step{k}": a for k, a in enumerate(agree)}
-
-    res = train.train_loop(head, loss_fn, streams, evaluate, tcfg, pc.seed, log)
-    head.eval()
+    head, spec, res = _train(pc, target, aux, data, log)
     sizes = export_head(head, spec, out, pc.export_dtype)
-    facts = {
-        "config": {k: getattr(pc, k) for k in pc.__dataclass_fields__ if k != "train"}
-        | {"train": vars(pc.train)},
-        "aux_layers": list(aux),
-        "params": sum(p.numel() for p in head.parameters()),
-        "hidden": spec.layer.hidden_size,
-        "data": {
-            "text_tokens": len(text_ids),
-            "rollout_tokens": len(roll_ids),
-            "rollout_prompts": len(prompts),
-            "val_tokens": len(val_ids),
-            "stdlib_train_files": len(files),
-            "minutes": data_minutes,
-        },
-        "train": res,
-        "val_agreement": res["history"][-1] if res["history"] else {},
-        "sizes": sizes,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
+    facts = _facts(pc, aux, head, spec, data, data_minutes, res, sizes)
     # New weights: default-suite figures are measured afresh (`python -m bench.bench_eagle3 --card`).
     write_card(out, facts)
     log(f"head: {facts['params']:,} parameters, {sum(sizes.values()):,} bytes in {out}")

@@ -123,21 +123,12 @@ def _opt(values: np.ndarray, present: np.ndarray, pa_type: pa.DataType) -> pa.Ar
     return pa.array(values, type=pa_type, mask=~present)
 
 
-def rounds_to_table(
-    ident: dict[str, np.ndarray],
-    temperature: float,
-    select: SelectConfig,
-    rounds: SynthRounds,
-    retained: Retained,
-) -> pa.Table:
-    n = rounds.pool.token.shape[0]
-    g, out, r = rounds.pool, rounds.outcome, retained
-    root_p = np.exp(rounds.root_logp)  # [R, V]
-    with np.errstate(divide="ignore", invalid="ignore"):  # 0 * log 0 = nan -> 0
-        entropy = -np.nansum(root_p * rounds.root_logp, axis=-1)
-    f32, i32 = pa.float32(), pa.int32()
-    zeros = np.zeros(n, dtype=np.float32)
-    cols = {
+def _ident_columns(
+    ident: dict[str, np.ndarray], temperature: float, select: SelectConfig, n: int
+) -> dict[str, pa.Array]:
+    """Which prompt and round each row is, and the decoding settings it ran under."""
+    i32 = pa.int32()
+    return {
         "prompt_id": pa.array(ident["prompt_id"], pa.string()),
         "task": pa.array(ident["task"], pa.string()),
         "category": pa.array(ident.get("category", ident["task"]), pa.string()),
@@ -147,7 +138,13 @@ def rounds_to_table(
         "temperature": pa.array(np.full(n, temperature, dtype=np.float32)),
         "rule": pa.array([select.rule] * n, pa.string()),
         "budget": pa.array(np.full(n, select.budget), i32),
-        "root_token": pa.array(r.root_token, i32),
+    }
+
+
+def _candidate_columns(rounds: SynthRounds) -> dict[str, pa.ListArray]:
+    """The pool's candidates, one list entry per pool position."""
+    g, f32, i32 = rounds.pool, pa.float32(), pa.int32()
+    return {
         "cand_token": _list(g.token, i32),
         "cand_parent": _list(g.parent, pa.int16()),
         "cand_depth": _list(np.broadcast_to(rounds.depth, g.token.shape), pa.int8()),
@@ -157,6 +154,15 @@ def rounds_to_table(
         "cand_scored": _list(rounds.scored, pa.bool_()),
         "cand_in_tree": _list(rounds.in_tree, pa.bool_()),
         "cand_target_argmax": _list(rounds.target_argmax, i32),
+    }
+
+
+def _root_and_outcome_columns(
+    rounds: SynthRounds, root_p: np.ndarray, entropy: np.ndarray
+) -> dict[str, pa.Array]:
+    """The root row's summary and the round's verification outcome."""
+    out, i32 = rounds.outcome, pa.int32()
+    return {
         "root_argmax": pa.array(rounds.root_argmax, i32),
         "root_entropy": pa.array(entropy.astype(np.float32)),
         "root_top1_prob": pa.array(root_p.max(axis=-1)),
@@ -164,6 +170,12 @@ def rounds_to_table(
         "continuation_token": pa.array(out.continuation, i32),
         "covered": pa.array(out.covered),
     }
+
+
+def _retained_columns(r: Retained) -> dict[str, pa.Array]:
+    """Retained-row features; a kind's columns are null where its row is absent."""
+    f32, i32 = pa.float32(), pa.int32()
+    cols = {}
     for kind in ("cache", "same", "prev", "matched"):
         cols[f"fl_{kind}_logprob"] = _list(r.fl_logprob[kind], f32, valid=r.fl_valid[kind])
     for name, agg in (("mean", r.fl_token_only_mean), ("max", r.fl_token_only_max)):
@@ -183,6 +195,27 @@ def rounds_to_table(
     cols["token_only_argmax_agree"] = _list(
         r.token_only_agree, pa.bool_(), lengths=r.token_only_count
     )
+    return cols
+
+
+def rounds_to_table(
+    ident: dict[str, np.ndarray],
+    temperature: float,
+    select: SelectConfig,
+    rounds: SynthRounds,
+    retained: Retained,
+) -> pa.Table:
+    """Synthetic rounds as a trace table (TRACE_SCHEMA); stage timings are zero."""
+    n = rounds.pool.token.shape[0]
+    root_p = np.exp(rounds.root_logp)  # [R, V]
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0 * log 0 = nan -> 0
+        entropy = -np.nansum(root_p * rounds.root_logp, axis=-1)
+    zeros = np.zeros(n, dtype=np.float32)
+    cols = _ident_columns(ident, temperature, select, n)
+    cols["root_token"] = pa.array(retained.root_token, pa.int32())
+    cols |= _candidate_columns(rounds)
+    cols |= _root_and_outcome_columns(rounds, root_p, entropy)
+    cols |= _retained_columns(retained)
     for stage in ("draft", "select", "verify", "bookkeeping"):
         cols[f"time_{stage}_ms"] = pa.array(zeros)
     return pa.Table.from_pydict(cols, schema=TRACE_SCHEMA)

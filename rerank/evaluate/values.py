@@ -335,24 +335,31 @@ def evaluate_traces(
             draft_order=order,
             pearl=pearl,
         )
-        curve_part = None
-        if curves is not None:
-            names = [n for n in values if n.startswith("curve/")]
-            curve_part = curves.part(
-                table["temperature"].to_numpy(),
-                table["prompt_id"].to_numpy(zero_copy_only=False),
-                {n.removeprefix("curve/"): values.pop(n) for n in names},
-            )
+        curve_part = _curve_part(curves, table, values) if curves is not None else None
         cols = {}
         for name, v in values.items():
             for j, b in enumerate(plan.budgets):
                 cols[value_key(name, b)] = v[:, j].double().numpy()
         return pd.concat([frame, pd.DataFrame(cols)], axis=1), curve_part, reports
 
+    chunks = _in_order(one_chunk, iter_trace_chunks(dataset, chunk_rounds, columns), workers)
+    return _merge_all(chunks, curves, consumers)
+
+
+def _curve_part(curves: PromptCurves, table: pa.Table, values: dict[str, Tensor]) -> list:
+    """Take the `curve/<name>` entries out of a chunk's ``values`` as its per-prompt sums."""
+    names = [n for n in values if n.startswith("curve/")]
+    return curves.part(
+        table["temperature"].to_numpy(),
+        table["prompt_id"].to_numpy(zero_copy_only=False),
+        {n.removeprefix("curve/"): values.pop(n) for n in names},
+    )
+
+
+def _merge_all(chunks: Iterator, curves: PromptCurves | None, consumers: Sequence) -> pd.DataFrame:
+    """Merge every chunk's contributions in chunk order; their rounds as one table."""
     parts = []
-    for i, (frame, curve_part, reports) in enumerate(
-        _in_order(one_chunk, iter_trace_chunks(dataset, chunk_rounds, columns), workers)
-    ):
+    for i, (frame, curve_part, reports) in enumerate(chunks):
         if curve_part is not None:
             curves.merge(curve_part)
         for consumer, part in zip(consumers, reports, strict=True):

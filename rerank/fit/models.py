@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -275,12 +275,7 @@ def crossfit_predict(
     j_prior = features.index(TOKEN_PRIOR)
     fp_cols = _fingerprint_columns(frame, features, law)
     row_hashes = hash_rows(frame, fp_cols)
-    if sample_weight is not None:
-        sample_weight = np.asarray(sample_weight, dtype=np.float64)
-        if sample_weight.shape != (len(frame),):
-            raise ValueError(
-                f"sample_weight has shape {sample_weight.shape}; expected ({len(frame)},)"
-            )
+    sample_weight = _checked_weights(sample_weight, len(frame))
     phat = np.full(len(frame), np.nan, dtype=np.float64)
     route = BATCH_ROUTE[kind] if route is None else route
     masks = list(fold_masks(folds))
@@ -289,39 +284,50 @@ def crossfit_predict(
     for (_, train, _), (prior, _) in zip(masks, priors, strict=True):
         X[train, j_prior] = prior[train]
 
-    def fit_fold(train: np.ndarray) -> tuple[Any, float]:
-        t0 = time.perf_counter()
-        est = fit_estimator(
+    def fit_fold(train: np.ndarray) -> Any:
+        return fit_estimator(
             X, y, features, kind, law, capacity, seed, fit_threads, sample_weight=sample_weight,
             groups=prompt_ids, tasks=tasks, rows=np.flatnonzero(train),
         )  # fmt: skip
-        return est, time.perf_counter() - t0
 
-    # The two folds fit at once, one thread each on two cores: OpenMP's barriers inside
-    # one multi-threaded fit wait on a descheduled thread whenever the machine is busy
-    # (fits several times slower than one thread; bench/bench_online.py --small-fit).
-    with ThreadPoolExecutor(workers) as pool:
-        fitted = list(pool.map(fit_fold, [train for _, train, _ in masks]))
+    fitted = _fit_folds(fit_fold, [train for _, train, _ in masks], workers)
     release_freed_heap()  # the fits' copies and bins, before the held-out halves' copies
     models: list[FittedReranker] = []
     seconds: list[float] = []
     for (_, train, predict), (est, secs), (prior, full) in zip(masks, fitted, priors, strict=True):
-        model = FittedReranker(
-            kind=kind,
-            law=law,
-            feature_set=feature_set,
-            features=features,
-            categories=cats,
-            estimator=est,
-            token_prior=full,
-            train_fingerprint=digest_rows(fp_cols, row_hashes[train]),
-            seed=seed,
-            capacity=capacity,
-            train_prompts=_prompts(prompt_ids[train]),
-        )
+        fingerprint = digest_rows(fp_cols, row_hashes[train])
+        model = FittedReranker(kind, law, feature_set, features, cats, est, full, fingerprint,
+                               seed, capacity, _prompts(prompt_ids[train]))  # fmt: skip
         X_predict = X[predict]  # the other fold's training rows: a copy with this fold's prior
         X_predict[:, j_prior] = prior[predict]
         phat[predict] = model.predict_matrix(X_predict, n_threads, route=route)
         models.append(model)
         seconds.append(secs)
     return CrossfitResult(phat, folds.astype(np.int8), (models[0], models[1]), tuple(seconds))
+
+
+def _checked_weights(sample_weight: np.ndarray | None, n_rows: int) -> np.ndarray | None:
+    """``sample_weight`` as float64, refused unless it holds one weight per row."""
+    if sample_weight is None:
+        return None
+    sample_weight = np.asarray(sample_weight, dtype=np.float64)
+    if sample_weight.shape != (n_rows,):
+        raise ValueError(f"sample_weight has shape {sample_weight.shape}; expected ({n_rows},)")
+    return sample_weight
+
+
+def _fit_folds(
+    fit: Callable[[np.ndarray], Any], trains: list[np.ndarray], workers: int
+) -> list[tuple[Any, float]]:
+    """(estimator, fitting wall time) of ``fit(train)`` for each fold's training mask."""
+
+    def timed(train: np.ndarray) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        est = fit(train)
+        return est, time.perf_counter() - t0
+
+    # The two folds fit at once, one thread each on two cores: OpenMP's barriers inside
+    # one multi-threaded fit wait on a descheduled thread whenever the machine is busy
+    # (fits several times slower than one thread; bench/bench_online.py --small-fit).
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(timed, trains))

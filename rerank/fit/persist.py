@@ -162,73 +162,22 @@ def load_reranker(
     Everything is checked before the model file is parsed; all differences
     are reported together (`RerankerLoadError.differences`).
     """
-    # One piece: the checks run in a fixed order (sidecar, hash, format, features,
-    # fingerprint) and report every difference together; nothing loads before them.
+    # The checks run in a fixed order (sidecar, hash, format, features, fingerprint)
+    # and report every difference together; nothing loads before them.
     path = Path(path)
     meta = read_sidecar(path)
-    diffs: list[str] = []
-    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
-        raise RerankerLoadError(
-            path,
-            [
-                f"format: expected {FORMAT!r} version {FORMAT_VERSION}, found "
-                f"{meta.get('format')!r} version {meta.get('format_version')!r}"
-            ],
-        )
-    if meta.get("sidecar_sha256") != _content_sha(meta):
-        diffs.append(f"{SIDECAR} was modified after saving (content sha256 does not match)")
+    _check_format(path, meta)
     kind = meta.get("kind")
-    if kind not in MODEL_KINDS or meta.get("law") not in LAWS:
-        diffs.append(
-            f"kind/law: expected one of {MODEL_KINDS} / {LAWS}, found {kind!r} / {meta.get('law')!r}"
-        )
     model_file = path / str(meta.get("model_file"))
-    if kind in MODEL_KINDS and meta.get("model_file") != MODEL_FILES[kind]:
-        diffs.append(
-            f"model file: expected {MODEL_FILES[kind]!r}, found {meta.get('model_file')!r}"
-        )
-    elif not model_file.is_file():
-        diffs.append(f"model file {model_file.name} is missing")
-    else:
-        got = sha256_file(model_file)
-        if got != meta.get("model_sha256"):
-            diffs.append(
-                f"model file {model_file.name} was modified or corrupted: sha256 {got[:16]}... "
-                f"!= recorded {str(meta.get('model_sha256'))[:16]}..."
-            )
-    if meta.get("candidate_schema_version") != CANDIDATE_VERSION:
-        diffs.append(
-            f"candidate schema version: expected {CANDIDATE_VERSION}, "
-            f"found {meta.get('candidate_schema_version')!r}"
-        )
-    if expected_features is not None:
-        diffs += _list_diff(expected_features, meta.get("features", []))
-    if expected_fingerprint is not None and meta.get("train_fingerprint") != expected_fingerprint:
-        diffs.append(
-            f"training-data fingerprint: expected {expected_fingerprint}, "
-            f"found {meta.get('train_fingerprint')}"
-        )
+    diffs = _sidecar_differences(meta, kind)
+    diffs += _model_file_differences(meta, kind, model_file)
+    diffs += _expectation_differences(meta, expected_features, expected_fingerprint)
     if diffs:
         raise RerankerLoadError(path, diffs)
 
     estimator = _load_estimator(path, kind, model_file)
     features = list(meta["features"])
-    n_model = estimator.num_feature() if kind == "lgbm" else int(estimator.n_features_in_)
-    if n_model != len(features):
-        raise RerankerLoadError(
-            path, [f"the model has {n_model} inputs; the sidecar lists {len(features)} features"]
-        )
-    # The feature order stored in the model itself (LightGBM: its feature names; HGB: the
-    # list fit_estimator attached) must be the sidecar's: a swap would silently move columns.
-    in_model = (
-        estimator.feature_name()
-        if kind == "lgbm"
-        else getattr(estimator, "specrank_features_", None)
-    )
-    if in_model is None:
-        raise RerankerLoadError(path, ["the model file stores no feature names to check"])
-    if list(in_model) != features:
-        raise RerankerLoadError(path, _list_diff(features, list(in_model)))
+    _check_model_features(path, kind, estimator, features)
     loaded = FittedReranker(
         kind=kind,
         law=meta["law"],
@@ -249,6 +198,87 @@ def load_reranker(
             [f"the model holds {loaded.n_iter} iterations; the sidecar records {meta['n_iter']}"],
         )
     return loaded
+
+
+def _check_format(path: Path, meta: Mapping[str, Any]) -> None:
+    """Refuse another format at once: nothing else in the sidecar can be read then."""
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise RerankerLoadError(
+            path,
+            [
+                f"format: expected {FORMAT!r} version {FORMAT_VERSION}, found "
+                f"{meta.get('format')!r} version {meta.get('format_version')!r}"
+            ],
+        )
+
+
+def _sidecar_differences(meta: Mapping[str, Any], kind: Any) -> list[str]:
+    """The sidecar's own hash, and a kind and law this code knows."""
+    diffs = []
+    if meta.get("sidecar_sha256") != _content_sha(meta):
+        diffs.append(f"{SIDECAR} was modified after saving (content sha256 does not match)")
+    if kind not in MODEL_KINDS or meta.get("law") not in LAWS:
+        diffs.append(
+            f"kind/law: expected one of {MODEL_KINDS} / {LAWS}, found {kind!r} / {meta.get('law')!r}"
+        )
+    return diffs
+
+
+def _model_file_differences(meta: Mapping[str, Any], kind: Any, model_file: Path) -> list[str]:
+    """The model file's name for ``kind``, its presence and its recorded hash."""
+    if kind in MODEL_KINDS and meta.get("model_file") != MODEL_FILES[kind]:
+        return [f"model file: expected {MODEL_FILES[kind]!r}, found {meta.get('model_file')!r}"]
+    if not model_file.is_file():
+        return [f"model file {model_file.name} is missing"]
+    got = sha256_file(model_file)
+    if got != meta.get("model_sha256"):
+        return [
+            f"model file {model_file.name} was modified or corrupted: sha256 {got[:16]}... "
+            f"!= recorded {str(meta.get('model_sha256'))[:16]}..."
+        ]
+    return []
+
+
+def _expectation_differences(
+    meta: Mapping[str, Any],
+    expected_features: Sequence[str] | None,
+    expected_fingerprint: str | None,
+) -> list[str]:
+    """The candidate schema version, and the caller's features and fingerprint when given."""
+    diffs = []
+    if meta.get("candidate_schema_version") != CANDIDATE_VERSION:
+        diffs.append(
+            f"candidate schema version: expected {CANDIDATE_VERSION}, "
+            f"found {meta.get('candidate_schema_version')!r}"
+        )
+    if expected_features is not None:
+        diffs += _list_diff(expected_features, meta.get("features", []))
+    if expected_fingerprint is not None and meta.get("train_fingerprint") != expected_fingerprint:
+        diffs.append(
+            f"training-data fingerprint: expected {expected_fingerprint}, "
+            f"found {meta.get('train_fingerprint')}"
+        )
+    return diffs
+
+
+def _check_model_features(path: Path, kind: str, estimator: Any, features: list[str]) -> None:
+    """The parsed model's input count and stored feature order must be the sidecar's."""
+    n_model = estimator.num_feature() if kind == "lgbm" else int(estimator.n_features_in_)
+    if n_model != len(features):
+        raise RerankerLoadError(
+            path, [f"the model has {n_model} inputs; the sidecar lists {len(features)} features"]
+        )
+    # The feature order stored in the model itself (LightGBM: its feature names; HGB: the
+    # list fit_estimator attached) must be the sidecar's: a swap would silently move columns.
+    in_model = (
+        estimator.feature_name()
+        if kind == "lgbm"
+        else getattr(estimator, "specrank_features_", None)
+    )
+    if in_model is None:
+        raise RerankerLoadError(path, ["the model file stores no feature names to check"])
+    if list(in_model) != features:
+        raise RerankerLoadError(path, _list_diff(features, list(in_model)))
 
 
 def _load_estimator(path: Path, kind: str, model_file: Path) -> Any:

@@ -134,15 +134,8 @@ def predict_first_factors(
         law = law_kind(float(temperature))
         rows = np.flatnonzero(temperatures == temperature)
         positions.append(rows)
-        if law_frame is None:
-            frame = candidates.take(rows).reset_index(drop=True)
-        else:
-            frame = law_frame(float(temperature))
-            _check_same_rows(frame, candidates, rows, float(temperature))
-        fold = frame["prompt_id"].map(folds).to_numpy()
-        if np.isnan(fold.astype(float)).any():
-            raise ValueError("candidate rows with prompts outside the fold map")
-        fold = fold.astype(np.int8)
+        frame = _law_rows(candidates, rows, float(temperature), law_frame)
+        fold = _frame_folds(frame, folds)
         out = frame[[*ROUND_KEYS, "cand_index"]].copy()
         out["fold"] = fold
         for feature_set in feature_sets:
@@ -166,27 +159,63 @@ def predict_first_factors(
                 rules.append(name)
             log.info("%s at T=%g: fitted in %.1f s + %.1f s, %d + %d iterations", name,
                      temperature, *res.fit_seconds, *(m.n_iter for m in res.models))  # fmt: skip
-        if "rank_control" in calibrators:
-            # the draft-rank control: the other half's mean label at the candidate's draft rank
-            y = frame[LABEL_OF_LAW[law]].to_numpy()
-            out["rank_control"], _ = crossfit_rank_control(
-                frame["draft_rank"].to_numpy(), frame["draft_prob"].to_numpy(), y, fold,
-                rank_q_bins,
-            )  # fmt: skip
-            if "rank_control" not in rules:
-                rules.append("rank_control")
-        if "iso_q1" in calibrators:
-            # isotonic map of the first draft factor over 200 equal-count bins (SPEC §8)
-            x, y = frame["draft_prob"].to_numpy(), frame[LABEL_OF_LAW[law]].to_numpy()
-            out["iso_q1"] = crossfit_calibrate(x, y, fold).prob
-            if "iso_q1" not in rules:
-                rules.append("iso_q1")
+        for name in _add_controls(out, frame, law, fold, calibrators, rank_q_bins):
+            if name not in rules:
+                rules.append(name)
         parts.append(out)
         del frame  # the next law's rows take its place
         release_freed_heap()
     return FirstFactorPredictions(
         pd.concat(parts, ignore_index=True), rules, models, seconds, np.concatenate(positions)
     )
+
+
+def _law_rows(
+    candidates: pd.DataFrame,
+    rows: np.ndarray,
+    temperature: float,
+    law_frame: Callable[[float], pd.DataFrame] | None,
+) -> pd.DataFrame:
+    """One law's candidate rows `rows`: from ``law_frame`` (checked) or from ``candidates``."""
+    if law_frame is None:
+        return candidates.take(rows).reset_index(drop=True)
+    frame = law_frame(temperature)
+    _check_same_rows(frame, candidates, rows, temperature)
+    return frame
+
+
+def _frame_folds(frame: pd.DataFrame, folds: dict[str, int]) -> np.ndarray:
+    """The fold (int8) of each row's prompt; refuses prompts outside the fold map."""
+    fold = frame["prompt_id"].map(folds).to_numpy()
+    if np.isnan(fold.astype(float)).any():
+        raise ValueError("candidate rows with prompts outside the fold map")
+    return fold.astype(np.int8)
+
+
+def _add_controls(
+    out: pd.DataFrame,
+    frame: pd.DataFrame,
+    law: str,
+    fold: np.ndarray,
+    calibrators: list[str],
+    rank_q_bins: int,
+) -> list[str]:
+    """Add the cross-fitted controls among ``calibrators`` to ``out``; their names, in order."""
+    added = []
+    if "rank_control" in calibrators:
+        # the draft-rank control: the other half's mean label at the candidate's draft rank
+        y = frame[LABEL_OF_LAW[law]].to_numpy()
+        out["rank_control"], _ = crossfit_rank_control(
+            frame["draft_rank"].to_numpy(), frame["draft_prob"].to_numpy(), y, fold,
+            rank_q_bins,
+        )  # fmt: skip
+        added.append("rank_control")
+    if "iso_q1" in calibrators:
+        # isotonic map of the first draft factor over 200 equal-count bins (SPEC §8)
+        x, y = frame["draft_prob"].to_numpy(), frame[LABEL_OF_LAW[law]].to_numpy()
+        out["iso_q1"] = crossfit_calibrate(x, y, fold).prob
+        added.append("iso_q1")
+    return added
 
 
 def _check_same_rows(
