@@ -53,6 +53,7 @@ bench: $(STAMP)  ## run the benchmarks (prints figures; paper-scale synthetic da
 	$(PY) -m bench.bench_extract
 	$(PY) -m bench.bench_store
 	$(PY) -m bench.bench_rerankers
+	$(PY) -m bench.bench_forest
 	$(PY) -m bench.bench_record
 	$(PY) -m bench.bench_online
 

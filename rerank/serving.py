@@ -23,7 +23,8 @@ from calibrate.isotonic import PROB_FLOOR
 from features.first_level import FEATURE_DTYPES, DesignLayout, FirstLevelFeatures
 from features.registry import FEATURE_SET_TREE, first_in
 from pairs.prompts import Prompt
-from rerank.fit.models import FEATURE_SETS, TOKEN_PRIOR, FittedReranker, feature_list
+from rerank.fit.design import TOKEN_PRIOR
+from rerank.fit.models import FEATURE_SETS, FittedReranker, feature_list
 from rerank.fit.persist import RerankerLoadError, load_reranker, read_sidecar
 from rerank.forest.jit import JitForest, jit_forest, log_phat
 from rerank.forest.table import ForestError, forest_of
@@ -142,7 +143,7 @@ class OnlinePredictor:
                  the model exactly (`rerank.forest.table.ForestError`)
       library  = the model's own predict (CPU), log phat copied to the device
       forest   = the project's forest: the compiled walk on a CPU device, torch ops on the
-                 device otherwise (`rerank.forest_eval.TorchForest`)
+                 device otherwise (`rerank.forest.walk.TorchForest`)
       compiled = the compiled walk on the host whatever the device, then one copy of the
                  n1 log phats to it (`bench/gpu_check.sh` times it against forest on CUDA)
     Every route predicts the library's phat to 1e-12 (`tests/test_online_speed.py`).

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 
 from features.schema import CANDIDATE_SPEC
-from rerank.fit.models import Capacity
+from rerank.fit.boosting import Capacity
 
 TASKS = ("coding", "math", "writing")
 # Small boosting capacity for quick tests (the paper's is `Capacity()`).

@@ -17,7 +17,8 @@ from features.extract import extract
 from features.schema import candidate_store
 from pairs.models import ModelPair, load_causal_lm
 from pairs.prompts import Prompt
-from rerank.fit.models import Capacity, fit_reranker
+from rerank.fit.boosting import Capacity
+from rerank.fit.models import fit_reranker
 from rerank.fit.persist import save_reranker
 from tests.test_decode_sampling import TINY_V
 from tests.tiny_models import build_tiny_pair, tiny_model_config

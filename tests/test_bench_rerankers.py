@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bench.bench_rerankers import bench_law, iterations_to
-from rerank.fit.models import Capacity
+from rerank.fit.boosting import Capacity
 from selection.rules import MODEL_KINDS
 from tests.candidate_frames import make_candidate_frame
 

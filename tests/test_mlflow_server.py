@@ -30,7 +30,7 @@ from features.schema import candidate_store
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
 from rerank.config import RerankConfig, RerankModelConfig
-from rerank.evaluate.values import ROUND_KEYS
+from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.persist import load_reranker
 from rerank.train import train_and_evaluate
 from specrank.bootstrap import fill_notes

@@ -154,12 +154,25 @@ def test_runs_are_found_and_their_tables_read_back(logged, tmp_path):
 
     gains = T.group_gains(both["breakdowns"])
     assert (gains.loc[gains["rule"] == "draft", "gain"] == 0).all()
-    bd = results[0].breakdowns
-    task = bd[(bd["law"] == "sampling") & (bd["by"] == "task")].iloc[0]
+    bd = results[0].breakdowns  # long: one row per law, grouping, group, rule and budget
+    in_task = bd[(bd["law"] == "sampling") & (bd["by"] == "task") & (bd["budget"] == 59)]
+    group = in_task["group"].iloc[0]
+    mean = in_task[in_task["group"] == group].set_index("rule")["accepted"]
     g = gains[(gains["run"] == "run0 (lgbm)") & (gains["law"] == "sampling") & (gains["by"] == "task")
-              & (gains["group"] == task["group"]) & (gains["rule"] == "rows")
+              & (gains["group"] == group) & (gains["rule"] == "rows")
               & (gains["budget"] == 59)]  # fmt: skip
-    assert g["gain"].item() == pytest.approx(task["rows_lgbm@B59"] / task["draft@B59"] - 1)
+    assert g["gain"].item() == pytest.approx(mean["rows_lgbm"] / mean["draft"] - 1)
+    # a run logged before the breakdowns were long wrote a wide row per group
+    wide = bd.assign(column=[f"{r}@B{b}" for r, b in zip(bd["rule"], bd["budget"], strict=True)])
+    wide = wide.pivot_table(index=["law", "by", "group", "rounds"], columns="column",
+                            values="accepted").reset_index()  # fmt: skip
+    keys = ["law", "by", "group", "rule", "budget"]
+    pd.testing.assert_frame_equal(
+        T.group_gains(wide).sort_values(keys).reset_index(drop=True),
+        T.group_gains(bd.drop(columns="target_temperature"))[[*wide.columns[:4], "rule",
+            "budget", "accepted", "gain"]].sort_values(keys).reset_index(drop=True),
+        check_dtype=False,
+    )  # fmt: skip
     # a run logged before the law's temperature was a column reads the same, beside new ones
     old = both["breakdowns"].assign(
         target_temperature=lambda f: f["target_temperature"].where(f["run"] != "run0 (lgbm)")

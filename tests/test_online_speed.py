@@ -32,7 +32,8 @@ from features.first_level import (
 from features.from_trace import candidate_table, round_arrays
 from features.kernels import pairwise_sum
 from features.rounds import FL_ROWS, ROW_ARGMAX, ROW_SCALARS, RoundArrays, RoundBlocks
-from rerank.fit.models import Capacity, fit_reranker
+from rerank.fit.boosting import Capacity
+from rerank.fit.models import fit_reranker
 from rerank.forest.table import forest_of
 from rerank.forest.walk import compile_forest, link, prepare, walk_numpy
 from rerank.serving import OnlinePredictor

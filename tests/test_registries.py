@@ -184,3 +184,34 @@ def test_every_drafter_kind_is_known_to_its_users() -> None:
     with pytest.raises(ValueError, match=r"model\.drafter_kind"):
         drafter_kind(ModelConfig(drafter_kind="medusa"))
     # the loaded pairs' manifest fields: tests/test_models.py, tests/test_eagle3_load.py
+
+
+def test_no_name_is_imported_from_a_module_that_only_imports_it() -> None:
+    """No re-export shims: `from a import x` names the module that defines x."""
+    modules: dict[str, set[str]] = {}
+    paths = [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
+    for path in paths:
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        defined = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign):
+                defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                defined.add(node.target.id)
+        modules[name] = defined
+    through = []
+    users = [
+        *paths,
+        *sorted((ROOT / "tests").rglob("*.py")),
+        *sorted((ROOT / "bench").rglob("*.py")),
+    ]
+    for path in users:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in modules:
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}" in modules
+                    if alias.name not in modules[node.module] and not submodule:
+                        through.append(f"{path.relative_to(ROOT)}: {node.module}.{alias.name}")
+    assert not through, f"names imported through a module that does not define them: {through}"

@@ -18,7 +18,8 @@ from features.schema import candidate_store
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
 from rerank.config import RerankConfig, RerankModelConfig
-from rerank.evaluate.values import ROUND_KEYS, EvalPlan, evaluate_traces
+from rerank.evaluate.pool_chunks import ROUND_KEYS
+from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.report.summary import choose_mixture_weights
 from rerank.train import train_and_evaluate
 from specrank.config import MlflowConfig

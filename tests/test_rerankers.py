@@ -13,11 +13,11 @@ import rerank.fit.design as design
 import rerank.fit.models as models
 from calibrate.isotonic import PROB_FLOOR
 from features.schema import KEY_COLUMNS, LABEL_COLUMNS
+from rerank.fit.boosting import Capacity
 from rerank.fit.crossfit import prompt_halves
 from rerank.fit.design import TOKEN_PRIOR, design_matrix, task_categories
 from rerank.fit.models import (
     LABEL_OF_LAW,
-    Capacity,
     CrossfitResult,
     FittedReranker,
     crossfit_predict,

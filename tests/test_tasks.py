@@ -13,7 +13,8 @@ import pytest
 from hydra import compose
 from omegaconf import OmegaConf
 
-from decode.loop import STAGES, _trace_row  # the stages the row assembly reads
+from decode.loop import _trace_row
+from decode.round import STAGES  # the stages the row assembly reads
 from pairs.config import DataConfig, PromptSource
 from pairs.prompts import Prompt, load_prompts, load_source
 from specrank.bootstrap import PromptSums

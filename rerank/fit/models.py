@@ -43,8 +43,9 @@ from rerank.fit.design import (
     task_categories,
 )
 from rerank.fit.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
+from rerank.forest.jit import batch_phat, jit_forest
 from rerank.forest.table import ForestError, forest_of
-from rerank.forest.walk import flat_forest, predict_proba
+from rerank.forest.walk import compile_forest
 from selection.rules import MODEL_KINDS
 from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
@@ -52,10 +53,10 @@ from specrank.memory import release_freed_heap
 log = logging.getLogger(__name__)
 PREDICT_ROUTES = ("library", "forest")
 # The faster exact route for many rows, per library (both give the same phat bit for bit):
-# HGB's own predictor walks tree by tree, the forest 1.9x faster on 0.94M held-out rows;
-# LightGBM's C++ predictor is 1.15-1.3x faster than the forest (74-213 trees, 0.88-0.94M
-# rows, 2 threads; notes of issue 19).
-BATCH_ROUTE = {"hgb": "forest", "lgbm": "library"}
+# the batch walk on the compiled walk's layout (rerank.forest.jit.batch_phat) is 2.1-2.4x
+# faster than HGB's predictor and 1.9-2.0x faster than LightGBM's (bench.bench_forest:
+# 0.4M rows of 200 trees, 2 threads, load 0.9).
+BATCH_ROUTE = {"hgb": "forest", "lgbm": "forest"}
 LAWS = ("greedy", "sampling")
 # the rerankers' inputs: each set's features (features.registry), then the fold's token prior
 FEATURE_SETS: dict[str, list[str]] = {
@@ -116,8 +117,8 @@ class FittedReranker:
         """phat (float64, clipped to [PROB_FLOOR, 1]) for a design matrix.
 
         ``route``: "library", the library's own predictor; "forest", the same trees
-        walked row by row (`rerank.forest_eval.predict_proba`: the libraries' raw
-        scores bit for bit, and several times faster than HGB's tree-by-tree predictor
+        walked row by row on the compiled walk's layout (`rerank.forest.jit.batch_phat`:
+        the libraries' raw scores bit for bit, faster than HGB's tree-by-tree predictor
         on many rows). A model the forest cannot represent exactly (`ForestError`)
         is predicted by the library, with a warning.
         """
@@ -127,11 +128,11 @@ class FittedReranker:
             raise ValueError(f"route must be one of {PREDICT_ROUTES}; got {route!r}")
         if route == "forest":
             try:
-                flat = flat_forest(forest_of(self.estimator, self.kind))
+                forest = jit_forest(compile_forest(forest_of(self.estimator, self.kind)))
             except ForestError as err:
                 log.warning("%s %s: the library predicts (%s)", self.feature_set, self.kind, err)
             else:
-                raw = predict_proba(flat, X, n_threads)
+                raw = batch_phat(forest, X, n_threads)
                 return np.clip(raw, PROB_FLOOR, 1.0)
         if self.kind == "lgbm":
             raw = self.estimator.predict(X, num_threads=n_threads or 0)

@@ -34,7 +34,8 @@ import skops
 import skops.io as sio
 
 from features.schema import CANDIDATE_VERSION
-from rerank.fit.models import LAWS, Capacity, FittedReranker
+from rerank.fit.boosting import Capacity
+from rerank.fit.models import LAWS, FittedReranker
 from rerank.fit.token_prior import TokenPrior
 from selection.rules import MODEL_KINDS
 from specrank.tables import sha256_file

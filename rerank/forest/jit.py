@@ -1,7 +1,7 @@
-"""A compiled (numba) walk of a `rerank.forest_eval.CompiledForest` for a handful of rows.
+"""The compiled (numba) walk of a `rerank.forest.walk.CompiledForest`: the host layout.
 
 The online decoder predicts phat for one round's ~10 first-level candidates. The
-numpy walk (`forest_eval.walk_numpy`) pays a few array ops per tree level over all
+numpy walk (`forest.walk.walk_numpy`) pays a few array ops per tree level over all
 trees at once (~0.4 ms for 400 trees of depth ~30 and 10 rows on this project's
 2-core machine); LightGBM's own predictor ~0.2 ms a call, mostly in its Python and
 ctypes layers. This walk visits only the nodes on each row's paths, in eight
@@ -18,15 +18,16 @@ of a threshold, values of a tree's leaves side by side), and the walk first
 streams through the table and the values (sequential loads the hardware
 prefetches) before it walks.
 
-Semantics are `forest_eval`'s, unchanged: the input is `forest_eval.prepare`'s Xv
+Semantics are `forest.walk`'s, unchanged: the input is `forest.walk.prepare`'s Xv
 (categorical nodes as virtual columns, NaN-left nodes reading the -inf copy) and
 every node is `go left <=> Xv[row, column] <= threshold`, so every row reaches the
 leaves the libraries reach. Only the summation order of the leaf values differs
 (each lane's trees in order, then the eight lane sums, float64): predictions equal
 the libraries' to ~1e-15 (`tests/test_online_speed.py` holds 1e-12).
 
-A module apart from `forest_eval` only while that one is being reworked for the
-offline job; the walk belongs beside `walk_numpy` and can be folded in there.
+The offline batch walk (`batch_phat`) reads the same layout with another schedule: rows
+in parallel, each row's trees one after the other, summed in the libraries' own order, so
+its predictions are the libraries' bit for bit (`tests/test_fast_paths.py`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numba
 import numpy as np
-from numba import njit
+import torch
+from numba import njit, prange
+from scipy.special import expit
 
 from calibrate.isotonic import PROB_FLOOR
 from rerank.forest.table import MAX_CATEGORY, ForestError
@@ -58,7 +62,7 @@ class JitForest:
     base: float
     logistic: bool
     sigmoid: float
-    # `forest_eval.prepare`'s input rules, as arrays for `_design_xv` (E encoded columns,
+    # `forest.walk.prepare`'s input rules, as arrays for `_design_xv` (E encoded columns,
     # K categorical nodes)
     enc_column: np.ndarray  # [E] int64 input column HGB re-encodes
     enc_values: np.ndarray  # [E, V] float64 its training values (NaN padding)
@@ -239,41 +243,123 @@ def _design_log_phat(XT, node, thr, value, roots, base, logistic, sigmoid, enc_c
                      lightgbm):  # fmt: skip
     """The clipped log of `_predict(prepare(XT.T))` for a design matrix given as its [F, N] rows.
 
-    Each row's Xv is built as `forest_eval.prepare` builds it (re-encoded columns,
+    Each row's Xv is built as `forest.walk.prepare` builds it (re-encoded columns,
     LightGBM's zero rule, virtual categorical columns, the -inf copy), then walked.
     """
     n_features, n = XT.shape
-    n_cat = cat_column.size
-    width = n_features + n_cat
-    x = np.empty(2 * width, dtype=np.float32)
+    x = np.empty(2 * (n_features + cat_column.size), dtype=np.float32)
     out = np.empty(n, dtype=np.float32)
     ahead = _read_ahead(node, value)
     for i in range(n):
-        for f in range(n_features):
-            x[f] = XT[f, i]
-        for e in range(enc_column.size):  # HGB: the index of the exact training value
-            col = enc_column[e]
-            v = np.float64(x[col])
-            code = np.float32(np.nan)
-            for c in range(enc_values.shape[1]):
-                if v == enc_values[e, c]:
-                    code = np.float32(c)
-                    break
-            x[col] = code
-        if lightgbm:
-            for f in range(n_features):
-                if abs(x[f]) <= LGB_ZERO:  # NaN compares False and stays NaN
-                    x[f] = 0.0
-        for k in range(n_cat):
-            v = x[cat_column[k]]
-            in_range = v >= cat_floor and v < MAX_CATEGORY + 1  # False for NaN
-            bit = np.int64(1) << (np.int64(v) if in_range else np.int64(0))  # truncates
-            in_left = in_range and (cat_left[k] & bit) != 0
-            known = in_range and (cat_known[k] & bit) != 0
-            go_left = cat_missing_left[k] if not in_left and not known else in_left
-            x[n_features + k] = 0.0 if go_left else 1.0
-        for f in range(width):
-            x[width + f] = -np.inf if np.isnan(x[f]) else x[f]
+        _prepare_row(XT[:, i], x, enc_column, enc_values, cat_column, cat_left, cat_known,
+                     cat_missing_left, cat_floor, lightgbm)  # fmt: skip
         s = _walk(x, node, thr, value, roots) + (ahead if i == 0 else 0.0) + base
         out[i] = _clip_log_one(_link(s, logistic, sigmoid))
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _prepare_row(row, x, enc_column, enc_values, cat_column, cat_left, cat_known,
+                 cat_missing_left, cat_floor, lightgbm):  # fmt: skip
+    """Row `row` [F] of the design matrix as `forest.walk.prepare` builds it, into x [2W]:
+    re-encoded columns, LightGBM's zero rule, virtual categorical columns, the -inf copy."""
+    n_features, n_cat = row.shape[0], cat_column.size
+    width = n_features + n_cat
+    for f in range(n_features):
+        x[f] = row[f]
+    for e in range(enc_column.size):  # HGB: the index of the exact training value
+        col = enc_column[e]
+        v = np.float64(x[col])
+        code = np.float32(np.nan)
+        for c in range(enc_values.shape[1]):
+            if v == enc_values[e, c]:
+                code = np.float32(c)
+                break
+        x[col] = code
+    if lightgbm:
+        for f in range(n_features):
+            if abs(x[f]) <= LGB_ZERO:  # NaN compares False and stays NaN
+                x[f] = 0.0
+    for k in range(n_cat):
+        v = x[cat_column[k]]
+        in_range = v >= cat_floor and v < MAX_CATEGORY + 1  # False for NaN
+        bit = np.int64(1) << (np.int64(v) if in_range else np.int64(0))  # truncates
+        in_left = in_range and (cat_left[k] & bit) != 0
+        known = in_range and (cat_known[k] & bit) != 0
+        go_left = cat_missing_left[k] if not in_left and not known else in_left
+        x[n_features + k] = 0.0 if go_left else 1.0
+    for f in range(width):
+        x[width + f] = -np.inf if np.isnan(x[f]) else x[f]
+
+
+# -- batch prediction (offline: every held-out candidate) -----------------------------------------
+
+_BATCH_ROWS = 256  # rows per task of the batch walk (one prepared-row buffer each)
+
+
+def batch_raw(j: JitForest, X: np.ndarray, n_threads: int | None = None) -> np.ndarray:
+    """Raw scores [N] float64 of the design matrix X [N, F], summed tree by tree in the
+    libraries' own order (HGB: baseline, then tree 1, 2, ...; LightGBM: its base 0, then
+    the trees): the libraries' raw scores bit for bit (`tests/test_fast_paths.py`).
+
+    The same layout as the online walk, a different schedule: rows in parallel on
+    `n_threads` numba threads (None: numba's pool), each row's trees one after the other
+    (the online walk's eight lanes serve one round's few rows; here rows are many).
+    """
+    n_features = j.compiled.forest.n_features
+    if X.ndim != 2 or X.shape[1] != n_features:
+        raise ValueError(f"forest input: expected [N, {n_features}] float32, got {X.shape}")
+    torch_threads = torch.get_num_threads()
+    numba.set_num_threads(min(n_threads or numba.config.NUMBA_NUM_THREADS,
+                              numba.config.NUMBA_NUM_THREADS))  # fmt: skip
+    try:
+        return _batch_raw(
+            np.ascontiguousarray(X, dtype=np.float32), j.node, j.node_threshold, j.value,
+            j.roots, j.base, j.enc_column, j.enc_values, j.cat_column, j.cat_left,
+            j.cat_known, j.cat_missing_left, np.float32(j.cat_floor), j.lightgbm,
+        )  # fmt: skip
+    finally:
+        # numba's OpenMP layer shares libgomp with torch's intra-op pool; restore torch's
+        # count (see selection.ranking.compiled_route)
+        if torch.get_num_threads() != torch_threads:
+            torch.set_num_threads(torch_threads)
+
+
+def batch_phat(j: JitForest, X: np.ndarray, n_threads: int | None = None) -> np.ndarray:
+    """The model's prediction [N] float64, with each library's own link function."""
+    raw = batch_raw(j, X, n_threads)
+    if not j.logistic:
+        return raw
+    if j.lightgbm:  # LightGBM's sigmoid: 1 / (1 + exp(-s raw)) in C++ doubles
+        return _lgb_sigmoid(raw, j.sigmoid)
+    return expit(raw)  # scikit-learn's HalfBinomialLoss.predict_proba
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _lgb_sigmoid(raw: np.ndarray, slope: float) -> np.ndarray:
+    out = np.empty_like(raw)
+    for i in prange(raw.shape[0]):
+        out[i] = 1.0 / (1.0 + math.exp(-slope * raw[i]))
+    return out
+
+
+@njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+def _batch_raw(X, node, thr, value, roots, base, enc_column, enc_values, cat_column, cat_left,
+               cat_known, cat_missing_left, cat_floor, lightgbm):  # fmt: skip
+    n, n_features = X.shape
+    out = np.empty(n, dtype=np.float64)
+    for task in prange((n + _BATCH_ROWS - 1) // _BATCH_ROWS):
+        x = np.empty(2 * (n_features + cat_column.size), dtype=np.float32)
+        for i in range(task * _BATCH_ROWS, min(n, (task + 1) * _BATCH_ROWS)):
+            _prepare_row(X[i], x, enc_column, enc_values, cat_column, cat_left, cat_known,
+                         cat_missing_left, cat_floor, lightgbm)  # fmt: skip
+            acc = base
+            for t in range(roots.size):
+                k = roots[t]
+                w = node[k, 1]
+                while w != 0:  # left is the next node; right is w >> 17 nodes on
+                    k += ((w >> 16) & 1) if x[w & 0xFFFF] <= thr[k, 0] else w >> 17
+                    w = node[k, 1]
+                acc += value[node[k, 0]]
+            out[i] = acc
     return out

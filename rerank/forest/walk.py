@@ -15,11 +15,9 @@ walk, any torch device: decisions at all M nodes at once, then pointer jumping:
     numpy walk touches only the ~depth x T nodes on the paths and is faster)
 sum: raw [N] = base + sum over trees of value[leaf] (float64); link: identity | logistic
 
-batch (offline, `predict_proba`): a compiled walk of every row through every tree in
-    turn (rows in parallel), on the node table itself (no Xv copy), summing the leaf
-    values in the libraries' own order with their own link functions: the libraries'
-    predictions bit for bit (`tests/test_fast_paths.py`), several times faster than
-    scikit-learn's tree-by-tree predictor on the held-out half of a paper-scale fit.
+Two layouts evaluate a forest: this one (`CompiledForest`: the numpy reference walk, and
+`TorchForest` on a device) and the compiled walk's (`rerank.forest.jit.JitForest`: the
+online walk of one round's rows, and the offline batch walk, rows in parallel).
 """
 
 from __future__ import annotations
@@ -27,11 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import torch
-from numba import njit, prange
-from scipy.special import expit
 from torch import Tensor
 
 from rerank.forest.table import MAX_CATEGORY, Forest, ForestError
@@ -161,124 +156,3 @@ class TorchForest:
         for _ in range(self.jumps):  # after k squarings a node points 2^k levels down
             child = child.gather(1, child)
         return self.value[child[:, self.roots]].sum(dim=1) + self.compiled.forest.base
-
-
-# -- batch prediction (offline: every held-out candidate) -----------------------------------------
-
-
-@dataclass(frozen=True)
-class FlatForest:
-    """A Forest's node table as the batch kernel reads it: one test per node, no copies of X."""
-
-    forest: Forest
-    nan_left: np.ndarray  # [M] bool: the way NaN goes at a numerical node (LightGBM: as 0)
-    slot: np.ndarray  # [M] int64: column of the categorical input block C at categorical nodes
-    cat_columns: np.ndarray  # [n_cat] int64 input columns read by categorical nodes
-    cat_floor: np.float32  # smallest value read as a category code
-
-
-def flat_forest(f: Forest) -> FlatForest:
-    """The batch kernel's view of `f` (refuses LightGBM zero_as_missing like `compile_forest`)."""
-    if f.zero_missing.any():
-        raise ForestError("LightGBM zero_as_missing splits are not supported by the fast path")
-    # LightGBM reads NaN as 0 at non-NaN missing types: then 0 <= t decides.
-    nan_left = np.where(f.nan_as_zero, np.float32(0) <= f.threshold, f.missing_left)
-    cat_columns = np.unique(f.feature[f.categorical])
-    slot = np.searchsorted(cat_columns, f.feature).astype(np.int64)
-    slot[~f.categorical] = 0
-    floor = np.nextafter(np.float32(-1), np.float32(0)) if f.lightgbm else np.float32(0)
-    return FlatForest(f, nan_left, slot, cat_columns.astype(np.int64), floor)
-
-
-def _category_inputs(ff: FlatForest, X: np.ndarray) -> np.ndarray:
-    """[N, n_cat] float32 category inputs: HGB's re-encoding, LightGBM's tiny values as 0."""
-    C = np.array(X[:, ff.cat_columns], dtype=np.float32)
-    encode = dict(ff.forest.encode)
-    for k, col in enumerate(ff.cat_columns):
-        if int(col) in encode:  # HGB's OrdinalEncoder: code = index of the exact value
-            values = encode[int(col)]
-            match = C[:, k, None].astype(np.float64) == values[None, :]
-            C[:, k] = np.where(match.any(axis=1), match.argmax(axis=1), np.nan)
-    if ff.forest.lightgbm:
-        C[np.abs(C) <= LGB_ZERO] = 0.0
-    return C
-
-
-def predict_raw(ff: FlatForest, X: np.ndarray) -> np.ndarray:
-    """Raw scores [N] float64 of the design matrix X [N, F] float32, summed tree by tree.
-
-    The sum runs in the libraries' own order (HGB: baseline, then tree 1, 2, ...;
-    LightGBM: 0, then tree 1, 2, ...), so the raw scores are the libraries' bit for bit.
-    """
-    f = ff.forest
-    if X.ndim != 2 or X.shape[1] != f.n_features:
-        raise ValueError(f"forest input: expected [N, {f.n_features}] float32, got {X.shape}")
-    X = np.ascontiguousarray(X, dtype=np.float32)
-    C = np.ascontiguousarray(_category_inputs(ff, X)) if ff.cat_columns.size else X[:, :0]
-    return _forest_raw(
-        X, C, f.feature, ff.slot, f.threshold, f.left, f.right, ff.nan_left, f.categorical,
-        f.cat_left, f.cat_known, f.missing_left, f.value, f.roots, f.base, f.lightgbm,
-        ff.cat_floor, LGB_ZERO,
-    )  # fmt: skip
-
-
-def predict_proba(ff: FlatForest, X: np.ndarray, n_threads: int | None = None) -> np.ndarray:
-    """The model's prediction [N] float64, with each library's own link function.
-
-    Rows run in parallel on ``n_threads`` numba threads (None: all of numba's pool).
-    """
-    torch_threads = torch.get_num_threads()
-    numba.set_num_threads(min(n_threads or numba.config.NUMBA_NUM_THREADS,
-                              numba.config.NUMBA_NUM_THREADS))  # fmt: skip
-    try:
-        raw = predict_raw(ff, X)
-    finally:
-        # numba's OpenMP layer shares libgomp with torch's intra-op pool; restore torch's
-        # count (see selection.ranking.compiled_route)
-        if torch.get_num_threads() != torch_threads:
-            torch.set_num_threads(torch_threads)
-    f = ff.forest
-    if f.link != "logistic":
-        return raw
-    if f.lightgbm:  # LightGBM's sigmoid: 1 / (1 + exp(-s raw)) in C++ doubles
-        return _lgb_sigmoid(raw, f.sigmoid)
-    return expit(raw)  # scikit-learn's HalfBinomialLoss.predict_proba
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _lgb_sigmoid(raw: np.ndarray, slope: float) -> np.ndarray:
-    out = np.empty_like(raw)
-    for i in prange(raw.shape[0]):
-        out[i] = 1.0 / (1.0 + math.exp(-slope * raw[i]))
-    return out
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def _forest_raw(X, C, feature, slot, threshold, left, right, nan_left, categorical, cat_left,
-                cat_known, missing_left, value, roots, base, lightgbm, cat_floor, lgb_zero):  # fmt: skip
-    # One piece: the walk of one row through every tree stays in registers and cache.
-    n = X.shape[0]
-    out = np.empty(n, dtype=np.float64)
-    for r in prange(n):
-        acc = base
-        for t in range(roots.shape[0]):
-            m = roots[t]
-            while left[m] != m:  # leaves point to themselves
-                if categorical[m]:
-                    x = C[r, slot[m]]
-                    go = missing_left[m]  # NaN, out of range or unknown: the missing way
-                    if x >= cat_floor and x < MAX_CATEGORY + 1:
-                        bit = np.int64(1) << np.int64(x)  # truncates, as the libraries do
-                        if cat_left[m] & bit:
-                            go = True
-                        elif cat_known[m] & bit:
-                            go = False
-                else:
-                    x = X[r, feature[m]]
-                    if lightgbm and abs(x) <= lgb_zero:
-                        x = np.float32(0.0)
-                    go = nan_left[m] if np.isnan(x) else x <= threshold[m]
-                m = left[m] if go else right[m]
-            acc += value[m]
-        out[r] = acc
-    return out

@@ -1,7 +1,7 @@
 """Breakdowns of rule values (SPEC §9): by task, source category, entropy quintile, first-token match.
 
-`breakdowns` gives the round-weighted mean values per group (one wide row per
-group); `breakdown_gains` the gain of every rule over draft selection inside
+`breakdowns` gives the round-weighted mean values per group (a long table: one row per
+law, grouping, group, rule and budget); `breakdown_gains` the gain of every rule over draft selection inside
 each group with a 95% paired prompt-bootstrap interval (the prompts that have
 rounds in the group are resampled, each with all of its rounds in the group).
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from rerank.report.summary import budget_rows, value_columns
-from selection.rules import budgets_of
+from selection.rules import budgets_of, parse_value_key
 from specrank.bootstrap import DEFAULT_RESAMPLES, PromptSums, resample_weights, weighted_means
 from specrank.laws import law_columns
 
@@ -32,14 +32,24 @@ def _grouped(frame: pd.DataFrame):
 
 
 def breakdowns(frame: pd.DataFrame) -> pd.DataFrame:
-    """Mean values per group (one wide row per law, grouping and group)."""
+    """Mean values per group: one row per law, grouping, group, rule and budget.
+
+    Columns: law, target_temperature, by, group, rounds, rule, budget, accepted (the
+    round-weighted mean of the rule's value in the group's rounds).
+    """
     cols = value_columns(frame)
-    rows = [
-        {**law_columns(temperature), "by": by, "group": str(group), "rounds": len(sub)}
-        | sub[cols].mean().to_dict()
-        for temperature, by, group, sub in _grouped(frame)
-    ]
-    return pd.DataFrame(rows)
+    keys = [parse_value_key(c) for c in cols]
+    rows = []
+    for temperature, by, group, sub in _grouped(frame):
+        head = {**law_columns(temperature), "by": by, "group": str(group), "rounds": len(sub)}
+        means = sub[cols].mean().to_numpy()
+        rows += [head | {"rule": r, "budget": b, "accepted": float(m)}
+                 for (r, b), m in zip(keys, means, strict=True)]  # fmt: skip
+    return pd.DataFrame(rows, columns=BREAKDOWN_COLUMNS)
+
+
+BREAKDOWN_COLUMNS = ["law", "target_temperature", "by", "group", "rounds", "rule", "budget",
+                     "accepted"]  # fmt: skip
 
 
 def breakdown_gains(

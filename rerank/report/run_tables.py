@@ -14,8 +14,7 @@ import numpy as np
 import pandas as pd
 
 from rerank.config import DEFAULT_BUDGETS
-from rerank.report.runs import ENV_BUDGETS, ENV_RULES
-from selection.rules import parse_value_key
+from rerank.report.runs import ENV_BUDGETS, ENV_RULES, long_breakdowns
 
 
 def rule_order(summary: pd.DataFrame) -> list[str]:
@@ -101,7 +100,8 @@ def side_by_side(
 
 
 def group_gains(breakdowns: pd.DataFrame) -> pd.DataFrame:
-    """Long table of logged breakdown means with the gain over draft selection in each group.
+    """The logged breakdown means (long, or a wide table of a run logged before) with the
+    gain over draft selection in each group.
 
     Columns: [run,] law, [target_temperature (runs logged since it is a column),] by, group,
     rounds, rule, budget, accepted, gain
@@ -109,18 +109,12 @@ def group_gains(breakdowns: pd.DataFrame) -> pd.DataFrame:
     """
     keys = [c for c in ("run", "law", "target_temperature", "by", "group", "rounds")
             if c in breakdowns.columns]  # fmt: skip
-    long = breakdowns.melt(id_vars=keys, var_name="column", value_name="accepted")
-    long = long.dropna(subset=["accepted"])
-    parsed = [parse_value_key(c) for c in long["column"]]
-    long = long.assign(rule=[p[0] for p in parsed], budget=[p[1] for p in parsed])
-    long = long.drop(columns="column")
+    long = long_breakdowns(breakdowns).dropna(subset=["accepted"])
     draft = long[long["rule"] == "draft"].rename(columns={"accepted": "draft"})
     draft = draft.drop(columns=["rule", "rounds"])
     on = [c for c in (*keys, "budget") if c != "rounds"]
     if draft.empty:
-        raise KeyError(
-            "breakdowns have no `draft@B<b>` columns: gains are relative to draft selection"
-        )
+        raise KeyError("breakdowns have no draft rows: gains are relative to draft selection")
     long = long.merge(draft, on=on, how="left", validate="many_to_one")
     long["gain"] = long["accepted"] / long["draft"] - 1.0
     return long.drop(columns="draft")

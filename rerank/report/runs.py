@@ -237,7 +237,21 @@ def load_run_tables(
     for name, file in files.items():
         local = _download(c, run_id, f"tables/{file}", folder)
         out[name] = pd.read_parquet(local) if file.endswith(".parquet") else read_csv_table(local)
+    if "breakdowns" in out:
+        out["breakdowns"] = long_breakdowns(out["breakdowns"])
     return out
+
+
+def long_breakdowns(breakdowns: pd.DataFrame) -> pd.DataFrame:
+    """The breakdowns as a long table (one row per group, rule and budget); runs logged
+    before it was one wrote a wide row per group, a `<rule>@B<b>` column per value."""
+    if "rule" in breakdowns.columns:
+        return breakdowns
+    keys = [c for c in breakdowns.columns if parse_value_key(c) is None]
+    long = breakdowns.melt(id_vars=keys, var_name="column", value_name="accepted")
+    parsed = [parse_value_key(c) for c in long["column"]]
+    long = long.assign(rule=[p[0] for p in parsed], budget=[p[1] for p in parsed])
+    return long[[*keys, "rule", "budget", "accepted"]]  # the columns of a long one
 
 
 def read_csv_table(path: Path | str) -> pd.DataFrame:
@@ -260,11 +274,12 @@ def unify_model_rules(name: str, table: pd.DataFrame, kind: str) -> pd.DataFrame
 
     A run fits one model kind, so the renaming is lossless within a run; across
     runs it lines up e.g. `rows_hgb` of one run with `rows_lgbm` of another.
-    Applies to rule names in `summary.rule`, `prediction_quality.predictor` and
-    the `<rule>@B<b>` / `<rule>` columns of the other tables.
+    Applies to rule names in `summary.rule`, `breakdowns.rule`,
+    `prediction_quality.predictor` and the `<rule>@B<b>` / `<rule>` columns of the other
+    tables (and of breakdowns logged before they were long).
     """
     names = {learned(s, kind).name: s for s in LEARNED}
-    if name == "summary":
+    if name == "summary" or (name == "breakdowns" and "rule" in table.columns):
         return table.assign(rule=table["rule"].replace(names))
     if name == "prediction_quality":
         return table.assign(predictor=table["predictor"].replace(names))
