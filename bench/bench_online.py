@@ -160,7 +160,7 @@ def fitted(
     traces, features = root / f"traces_T{temperature:g}", root / f"features_T{temperature:g}"
     t0 = time.perf_counter()
     if not (features / "manifest.json").exists():
-        s = settings("draft", temperature, 59, max_new, score="pool").base
+        s = settings("draft", temperature, 59, max_new, score="record").base
         record_traces(traces, pair, fit, s, 8, {"bench": "online", "T": temperature},
                       progress=False)  # fmt: skip
         extract(traces, features, log=lambda _: None)

@@ -11,7 +11,7 @@ input. Fingerprinted, every timing column aside:
   keyed by rule and budget whatever the column names), and its summary and comparisons;
 - online decodes of `decode.run` at T=0 and at T=1 (seeded) for every online rule, the
   reranker included (the saved model of the training run): each round's accepted length,
-  tree size and passes, and with run.score=pool the full trace rows.
+  tree size and passes, and with run.score=record the full trace rows.
 `--compare` exits 1 naming every entry that differs. Only the `python -m` lines are used,
 so the same script checks a tree whose modules moved.
 """
@@ -96,19 +96,20 @@ def fingerprint(store: Path, work: Path) -> dict:
                 1.0: sorted((run / "rerankers").glob("rows_lgbm_T1_fold0"))[0]}  # fmt: skip
     for temperature in (0.0, 1.0):
         for rule in ONLINE_RULES:
-            for score in ("tree", "pool") if rule != "covering" else ("tree",):
-                tag = f"{rule}_T{temperature:g}_{score}"
+            for score in ("tree", "record") if rule != "covering" else ("tree",):
+                # `_pool`: run.score=record was called pool when the baseline was taken
+                tag = f"{rule}_T{temperature:g}_{'pool' if score == 'record' else score}"
                 args = ["decode.run", *SUITE, f"run.rule={rule}", f"decode.temperature={temperature}",
                         "select.budget=8", f"run.score={score}", f"hydra.run.dir={work / tag}",
                         f"mlflow.tracking_uri=sqlite:///{work / 'mlflow.db'}", "run.baseline=false"]  # fmt: skip
                 if rule == "reranker":
                     args += [f"run.reranker={reranker[temperature]}", "run.seen_prompts=allow"]
-                if score == "pool":
+                if score == "record":
                     args += ["run.record_traces=true", f"run.traces_out={work / ('t_' + tag)}"]
                 _run(args)
                 rounds = pd.read_parquet(work / tag / "online_rounds.parquet")
                 out[f"online/{tag}"] = _digest(rounds, ["prompt_id", "round_index", "budget"])
-                if score == "pool":
+                if score == "record":
                     out[f"online_traces/{tag}"] = _digest(
                         _parquet_folder(work / ("t_" + tag)), trace_keys
                     )

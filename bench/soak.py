@@ -63,7 +63,7 @@ def stage_commands(root: Path, out: str, attempt: int = 0, inputs: str = "ref",
         "train": [*py, "rerank.train", *SUITE, f"paths.traces={i / 'traces'}",
                   f"paths.features={i / 'features'}", f"mlflow.tracking_uri={uri}",
                   "rerank.model.n_threads=1", f"hydra.run.dir={o / f'h_train_{attempt}'}"],
-        "online": [*py, "decode.run", *SUITE, *PROMPTS, "run.score=pool", "run.record_traces=true",
+        "online": [*py, "decode.run", *SUITE, *PROMPTS, "run.score=record", "run.record_traces=true",
                    f"run.traces_out={o / 'online'}", "select.budget=8", f"mlflow.tracking_uri={uri}",
                    f"hydra.run.dir={o / f'h_online_{attempt}'}"],
     }  # fmt: skip

@@ -23,7 +23,11 @@ class TraceConfig:
 
 # Settings that never change a written round (they refuse or skip whole prompts, or only
 # warn): left out of trace manifests, so stores recorded before they existed resume.
-NOT_IN_MANIFEST = {"data": ("long_prompts",), "model": ("strict_head_positions",)}
+NOT_IN_MANIFEST = {
+    "data": ("long_prompts",),
+    "model": ("strict_head_positions",),
+    "run": ("allow_missing_features",),
+}
 
 
 def manifest_view(sections: dict) -> dict:
@@ -37,14 +41,17 @@ def manifest_view(sections: dict) -> dict:
 
 # Rules the online decoder runs (SPEC §6). `covering` is the comparison decoder of
 # the paper's App. D.10 (leaf draws emitted as the continuation; one pass per round).
-SCORE_MODES = ("tree", "pool")
+# What a target pass scores (`decode.tree_pass.scored_set`), in the paper's words.
+SCORE_MODES = ("tree", "top_m", "frontier", "record", "pool")
+# the modes that give every pool edge's target probability (traces, offline values)
+EDGE_MODES = ("record", "pool")
 
 
 @dataclass
 class RunConfig:
     rule: str = "draft"  # a rule with an online route (selection.rules.online_rules)
     # rule=reranker: a folder written by rerank.persist.save_reranker (relative paths:
-    # project root) or an MLflow artifact URI, e.g. runs:/<run id>/rerankers/rows_T0_fold0.
+    # project root) or an MLflow artifact URI, e.g. runs:/<run id>/rerankers/rows_lgbm_T0_fold0.
     # Its law must match decode.temperature (T=0: the classifier; T>0: the regressor).
     reranker: str | None = None
     # rule=reranker and prompts the model was trained on (its saved training prompts are
@@ -57,18 +64,25 @@ class RunConfig:
     # forest walk (numpy on CPU, torch on CUDA); compiled = the compiled walk on the host,
     # then one copy to the device.
     predictor: str = "auto"
-    # What each target pass scores: tree = only the verified tree (speed runs);
-    # pool = tree + expanded + top-M like decode.record (every pool edge's target
-    # probability: needed to record traces and for the offline expected values).
+    # What each target pass scores, beside the verified tree (decode.tree_pass.scored_set):
+    # tree = nothing else (speed runs); top_m = the run.top_m best-ranked candidates outside
+    # it, in the rule's order (App. D.10); frontier = every child of a tree node (Table 21);
+    # record = expanded + the draft top select.top_m, like decode.record; pool = all. record
+    # and pool give every pool edge's target probability: needed to record traces and for
+    # the offline expected values. (Before, score=pool meant today's record.)
     score: str = "tree"
-    record_traces: bool = False  # write the run's rounds as traces (needs score=pool)
+    top_m: int = 100  # M of score=top_m (App. D.10's M = 100)
+    # A reranker reading features the scored set never gives (the matched row under
+    # score=tree) is refused; true decodes it anyway, with a warning.
+    allow_missing_features: bool = False
+    record_traces: bool = False  # write the run's rounds as traces (needs score=record|pool)
     traces_out: str = "data_out/online_traces/${run.rule}"  # trace store of record_traces
     baseline: bool = True  # target-only decoding of every prompt in the same run (speedup)
     # Budgets decoded beside select.budget in the same run (seed 003's budget elasticity):
     # every prompt at select.budget and each of these, in turn, with one baseline decode;
     # metrics online/B<b>/..., and the elasticity between consecutive budgets under
     # online/elasticity/B<b1>_B<b2>/.... Empty: select.budget alone. Traces and offline
-    # values (run.score=pool) are of select.budget's decode.
+    # values (run.score=record|pool) are of select.budget's decode.
     budgets: list[int] = field(default_factory=list)
     warmup_prompts: int = 1  # untimed decodes (both decoders) before measuring
     # torch intra-op threads. 1 by default: batch-1 decoding of small models gains little

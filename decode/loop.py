@@ -1,6 +1,6 @@
 """Decode one prompt: prefill, then `decode.round.decode_round` until EOS or the limit.
 
-The one loop behind `decode.record` (rule=draft, run.score=pool, record=True)
+The one loop behind `decode.record` (rule=draft, run.score=record, record=True)
 and `decode.run` (any rule); a recorded round's trace row is assembled here.
 """
 

@@ -97,7 +97,7 @@ def recording_settings(settings: DecodeSettings, record: bool = True) -> OnlineS
             f"The 'select.rule' for recording must be one of {recordable}. "
             f"Got {settings.select.rule!r} instead."
         )
-    return OnlineSettings(base=settings, rule=settings.select.rule, score="pool", record=record)
+    return OnlineSettings(base=settings, rule=settings.select.rule, score="record", record=record)
 
 
 class ShardRecorder:

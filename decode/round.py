@@ -11,7 +11,7 @@
 
 Select and verify live in `decode.tree_pass` (with the X1-alone pass).
 
-Recording (`decode.record`) is this round with rule=draft, score=pool and
+Recording (`decode.record`) is this round with rule=draft, score=record and
 record=True; online runs (`decode.run`) choose the rule and what a pass scores.
 Host syncs per round: one after selection (|Q| sizes the pass; the reranker
 adds one for the features), one after verification.

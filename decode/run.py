@@ -2,9 +2,9 @@
 
     python -m decode.run rule=draft                              # EAGLE-style draft ranking
     python -m decode.run rule=reranker reranker=<saved folder>   # a fitted first-level reranker
-    python -m decode.run rule=reranker reranker=runs:/<id>/rerankers/rows_T0_fold0
+    python -m decode.run rule=reranker reranker=runs:/<id>/rerankers/rows_lgbm_T0_fold0
     python -m decode.run rule=root_draw decode.temperature=1 select.budget=8
-    python -m decode.run rule=pearl run.score=pool run.record_traces=true   # + traces, offline values
+    python -m decode.run rule=pearl run.score=record run.record_traces=true   # + traces, offline values
     python -m decode.run rule=draft select.budget=8 run.budgets=[16]         # + budget elasticity
     python -m decode.run launcher=ray parallel.workers=8                     # prompts over 8 GPUs
 
@@ -12,7 +12,7 @@
 prompt is decoded twice in the same run, speculatively and target-only (the
 speedup baseline), in an order alternating with the prompt's position, after
 `run.warmup_prompts` untimed decodes. Results: tables in the Hydra run folder
-and one MLflow run (metrics `online/...`; with run.score=pool also the rule's
+and one MLflow run (metrics `online/...`; with run.score=record also the rule's
 offline expected value `accepted/<T>/B<b>/<rule>` beside the realized one
 `realized/<T>/B<b>/<rule>`, as `rerank.train` names them). With `run.budgets`
 every prompt is also decoded at those budgets (`online/B<b>/...`) and seed 003's
@@ -34,7 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
-from decode.config import RunConfig, manifest_view
+from decode.config import EDGE_MODES, RunConfig, manifest_view
 from decode.inputs import check_job_launcher, check_prompts, resolve_inputs
 from decode.metrics import PromptTiming, round_table
 from decode.session import (
@@ -58,7 +58,9 @@ from rerank.serving import (
     PREDICTORS,
     SEEN_PROMPTS,
     OnlinePredictor,
+    check_feature_availability,
     load_online_reranker,
+    unknown_tasks,
     unseen_prompts,
 )
 from selection.rules import RULES
@@ -110,6 +112,8 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
     if s.entry.predictor:
         fitted = load_online_reranker(run.reranker, s.base.decode.temperature, uri)
         prompts = unseen_prompts(fitted, prompts, run.seen_prompts)
+        unknown_tasks(fitted, prompts)
+        check_feature_availability(fitted, run.score, run.allow_missing_features)
     keys = ("model", "data", "pool", "select", "decode", "run")
     manifest = manifest_view({k: config.get(k) for k in keys})
 
@@ -230,13 +234,13 @@ def main(cfg: DictConfig) -> None:
         select=OmegaConf.to_object(cfg.select),
         decode=OmegaConf.to_object(cfg.decode),
     )
-    # run.score=pool reports realized vs offline expected values, which are computed from
+    # run.score=record reports realized vs offline expected values, which are computed from
     # each round's trace row: build the rows then too (written only with record_traces).
     entry = RULES.get(run.rule)  # an unknown rule is refused by check_run, naming the choices
     build_rows = run.record_traces or (
-        run.score == "pool" and entry is not None and entry.has_offline_value
+        run.score in EDGE_MODES and entry is not None and entry.has_offline_value
     )
-    s = OnlineSettings(base, run.rule, run.score, build_rows)
+    s = OnlineSettings(base, run.rule, run.score, build_rows, run.top_m)
     try:
         report = run_online(
             OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.data), s, run,

@@ -23,7 +23,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from decode.baseline import row_entropies
-from decode.config import RunConfig
+from decode.config import EDGE_MODES, RunConfig
 from decode.elasticity import budget_elasticity
 from decode.loop import decode_prompt
 from decode.metrics import (
@@ -60,7 +60,7 @@ class RunReport:
     rounds: pd.DataFrame  # one row per round and budget (round_table [+ expected], + budget)
     prompts: pd.DataFrame  # one row per prompt and budget (both decoders, + budget)
     groups: pd.DataFrame  # all / task / entropy-half metrics per budget (+ budget)
-    values: dict[str, float]  # realized vs expected at select.budget (score=pool), else empty
+    values: dict[str, float]  # realized vs expected at select.budget (score=record), else empty
     metrics: dict[str, float]  # what went to MLflow
     run_id: str | None
     elasticity: pd.DataFrame = field(default_factory=pd.DataFrame)  # consecutive budget pairs
@@ -211,7 +211,7 @@ def summarize(timings: dict[int, list[PromptTiming]], s: OnlineSettings, run: Ru
         b: run_groups(rounds[b], prompts[b], run.bootstrap_resamples, seed, halves) for b in timings
     }
     values: dict[str, float] = {}
-    if s.score == "pool" and s.entry.has_offline_value:
+    if s.score in EDGE_MODES and s.entry.has_offline_value:
         rows = [r.fields for p in timings[primary] for r in p.run.rounds]
         firsts = [r.first_logprob for p in timings[primary] for r in p.run.rounds]
         rounds[primary]["expected"] = expected_values(rows, s.rule, primary, firsts)

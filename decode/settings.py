@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from decode.config import SCORE_MODES
+from decode.config import EDGE_MODES, SCORE_MODES
 from decode.stream import DecodeSettings
 from selection.ranking import Levels
 from selection.rules import Rule, online_rules, rule
@@ -18,8 +18,9 @@ class OnlineSettings:
 
     base: DecodeSettings = field(default_factory=DecodeSettings)
     rule: str = "draft"
-    score: str = "tree"  # tree | pool (see decode.config)
+    score: str = "tree"  # SCORE_MODES (see decode.config)
     record: bool = False  # build trace rows (TRACE_SCHEMA) for every round
+    top_m: int = 100  # M of score=top_m
 
     @property
     def entry(self) -> Rule:
@@ -36,9 +37,13 @@ class OnlineSettings:
             raise ValueError(
                 f"The 'run.score' must be one of {list(SCORE_MODES)}. Got {self.score!r} instead."
             )
-        if self.record and self.score != "pool":
+        if self.score == "top_m" and self.top_m < 1:
             raise ValueError(
-                "run.record_traces=true needs run.score=pool: a trace row holds the target "
+                f"The 'run.top_m' must be >= 1 under run.score=top_m. Got {self.top_m}."
+            )
+        if self.record and self.score not in EDGE_MODES:
+            raise ValueError(
+                "run.record_traces=true needs run.score=record or pool: a trace row holds the target "
                 "probability of every pool edge, which only a pass over the expanded nodes gives"
             )
         if self.record and not self.entry.traces:

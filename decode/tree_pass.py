@@ -57,29 +57,54 @@ def rank_and_tree(
     first_logprob: Tensor | None,
     draw: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(rank, in_tree, draft_rank), each [P]: the rule's ranking and verified tree (pool nodes)."""
+    """(in_tree, draft_rank, rank), each [P]: the rule's verified tree (pool nodes); the
+    draft rank, which picks the recording set's top M and the retained rows' prefixes
+    whatever the rule, as in the recorded traces a reranker is trained on (rule=draft); and
+    the rule's own rank (the draft rank for draft and draw rules), which orders the
+    `top_m` scored set."""
     draft_rank = RP.rank_of(pool.score)
     if entry.online == "first_factor":
         rank = RP.rank_of(RP.factor_scores(pool, first_logprob, levels))
-        return rank, rank < budget, draft_rank
+        return rank < budget, draft_rank, rank
     if uses_draw_tree(entry, draw):  # draw rules; covering after a covered round
         tree = RP.draw_tree(pool, entry.draw_tree, draw, pool.score, draft_rank, budget, levels)
-        return draft_rank, tree, draft_rank
-    return draft_rank, draft_rank < budget, draft_rank  # draft; covering otherwise
+        return tree, draft_rank, draft_rank
+    return draft_rank < budget, draft_rank, draft_rank  # draft; covering otherwise
 
 
 def scored_set(
-    s: OnlineSettings, pool: Pool, in_tree: Tensor, draft_rank: Tensor, draw: Tensor | None
+    s: OnlineSettings,
+    pool: Pool,
+    in_tree: Tensor,
+    draft_rank: Tensor,
+    draw: Tensor | None,
+    rank: Tensor | None = None,
 ) -> Tensor:
-    """Q: the pool prefixes the tree pass scores. [P] bool (X1 alone is batched apart).
+    """Q: the pool prefixes the tree pass scores (`run.score`). [P] bool (X1 alone is
+    batched apart). The extra prefixes ride in the same target pass under tree attention,
+    so the output law is the tree's whatever the policy.
 
-    pool mode: the recorder's set, tree + expanded + the draft top-M (every pool edge's
-    target probability). tree mode: the tree alone; under the root rule nothing when X1
-    labels no first-level tree node (X1 is then the continuation and no row of the pass
-    would be read, so the pass is skipped).
+    tree: the tree alone; under the root rule nothing when X1 labels no first-level tree
+        node (X1 is then the continuation and no row of the pass would be read, so the
+        pass is skipped).
+    top_m: the tree and the `run.top_m` highest-ranked candidates outside it, in the
+        rule's own order (`rank`; App. D.10).
+    frontier: the tree and every candidate whose parent is in it (Table 21).
+    record: the recorder's set, tree + expanded + the draft top `select.top_m` (every
+        pool edge's target probability).
+    pool: every candidate.
     """
-    if s.score == "pool":
+    if s.score == "record":
         return in_tree | pool.expanded | (draft_rank < s.base.select.top_m)
+    if s.score == "pool":
+        return torch.ones_like(in_tree)
+    if s.score == "frontier":
+        parent_in = in_tree[pool.parent.clamp(min=0)] & (pool.parent >= 0)
+        return in_tree | parent_in | (pool.parent < 0)  # the root is in every tree
+    if s.score == "top_m":
+        order = torch.argsort(draft_rank if rank is None else rank)
+        outside = order[~in_tree[order]][: s.top_m]  # best-ranked first
+        return in_tree | torch.zeros_like(in_tree).index_fill_(0, outside, True)
     if draw is None or uses_draw_tree(s.entry, draw):
         return in_tree  # a draw tree lacks X1 only when X1 is off the pool: X1 alone
     n1 = pool.n_first
@@ -114,10 +139,10 @@ def select_step(
     s: OnlineSettings, pool: Pool, levels: Levels, first: Tensor | None, draw: Tensor | None
 ) -> Planned:
     """The verified tree and the scored set, with |Q|, |T| and X1-alone on the host (host sync 1)."""
-    rank, in_tree, draft_rank = rank_and_tree(
+    in_tree, draft_rank, rank = rank_and_tree(
         s.entry, pool, s.base.select.budget, levels, first, draw
     )
-    scored = scored_set(s, pool, in_tree, draft_rank, draw)
+    scored = scored_set(s, pool, in_tree, draft_rank, draw, rank)
     batch_row = torch.where(scored, scored.long().cumsum(0), -1)  # root is row 0
     sizes = [scored.sum(), in_tree.sum()]
     if uses_draw_tree(s.entry, draw):
@@ -126,7 +151,7 @@ def select_step(
     if n_scored == 0:  # root rule, X1 off its tree's first level: X1 is the continuation
         in_tree, n_tree = torch.zeros_like(in_tree), 0
     return Planned(
-        Selection(rank, in_tree, scored, batch_row), n_scored, n_tree, bool(off and off[0])
+        Selection(draft_rank, in_tree, scored, batch_row), n_scored, n_tree, bool(off and off[0])
     )
 
 

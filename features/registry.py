@@ -36,7 +36,7 @@ _KIND = {"cache": 0, "same": 1, "prev": 2, "matched": 3}
 class Feature:
     name: str
     dtype: type  # what first_level_features returns (float: NaN = missing)
-    group: str  # draft | root | subtree | context | rows | rows_extra | matched
+    group: str  # draft | root | subtree | context | rows | rows_extra | matched | token_only
     first_set: str  # the feature set it first joins (FEATURE_SET_TREE)
     slot: tuple[str, int] | tuple[str, int, int]  # (step, row) or (step, kind, row)
     nullable: bool = False  # may be null in the candidate table
@@ -130,11 +130,11 @@ FEATURES: tuple[Feature, ...] = (
     _f("matched_gap", "matched", "rows_matched", "row", 3, 1, nullable=True),
     *_extra_rows("matched"),
     # ... and the token-only rows, aggregated
-    _i("token_only_count", "matched", "rows_matched", "contexti", 3),
-    _f("token_only_mean_logprob", "matched", "rows_matched", "only", 0, nullable=True),
-    _f("token_only_max_logprob", "matched", "rows_matched", "only", 1, nullable=True),
+    _i("token_only_count", "token_only", "rows_matched", "contexti", 3),
+    _f("token_only_mean_logprob", "token_only", "rows_matched", "only", 0, nullable=True),
+    _f("token_only_max_logprob", "token_only", "rows_matched", "only", 1, nullable=True),
     # share whose argmax is the drafter's top; NaN if none
-    _f("token_only_top_agree", "matched", "rows_matched", "only", 2, nullable=True),
+    _f("token_only_top_agree", "token_only", "rows_matched", "only", 2, nullable=True),
 )
 BY_NAME = {f.name: f for f in FEATURES}
 

@@ -61,6 +61,10 @@ class RerankConfig:
     # stratified by task (works for any ids); even_odd = the paper's prompt numbers,
     # refused unless every task's halves are balanced (|n0 - n1| <= max(1, n // 10)).
     halves: str = "seeded"
+    # How the token prior of a training row leaves out labels (rerank.fit.token_prior):
+    # prompt = of its own prompt too, as for held-out rows; row = the paper's alternation
+    # by row (experiment=paper), which may keep labels of the same token and prompt.
+    prior_split: str = "prompt"
     budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
     # Paired gains of rule_a over rule_b with their own intervals (rerank.report.comparisons), as
     # "rule_a:rule_b". None: the defaults among this run's rules (the paper's claims and ours,

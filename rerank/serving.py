@@ -21,7 +21,7 @@ from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
 from features.first_level import FEATURE_DTYPES, DesignLayout, FirstLevelFeatures
-from features.registry import FEATURE_SET_TREE, first_in
+from features.registry import BY_NAME, FEATURE_SET_TREE, first_in
 from pairs.prompts import Prompt
 from rerank.fit.design import TOKEN_PRIOR
 from rerank.fit.models import FEATURE_SETS, FittedReranker, feature_list
@@ -127,6 +127,59 @@ def unseen_prompts(model: FittedReranker, prompts: list[Prompt], seen: str) -> l
     if n_seen:
         log.info("run.seen_prompts=skip: %d of %d prompts left out", n_seen, len(prompts))
     return kept
+
+
+def unknown_tasks(model: FittedReranker, prompts: list[Prompt]) -> dict[str, int]:
+    """Tasks of `prompts` the model never saw, with their prompt counts, each warned once.
+
+    The design matrix holds a task as its index among the model's training tasks; an
+    unknown one is NaN there, so every split on `task` sends it the way missing values
+    go: the model still predicts, but without the task it was fitted to condition on.
+    """
+    known = set(model.categories)
+    unknown: dict[str, int] = {}
+    for p in prompts:
+        if p.task not in known:
+            unknown[p.task] = unknown.get(p.task, 0) + 1
+    if unknown and "task" in model.features:
+        log.warning(
+            "run.reranker: the model never saw the task(s) %s (prompts: %s); it knows %s. "
+            "Their `task` feature is missing (NaN), so the trees send them the missing way",
+            sorted(unknown), [unknown[t] for t in sorted(unknown)], sorted(known),
+        )  # fmt: skip
+    return unknown if "task" in model.features else {}
+
+
+# Feature groups a decoder's scored set can never give it (`run.score`): under `tree` the
+# emitted address (the accepted path and the continuation) is never a verified prefix, so a
+# round never holds the matched row (issue 28 measured 0% of online rounds).
+NEVER_UNDER_SCORE = {"tree": ("matched",), "top_m": (), "frontier": (), "record": (), "pool": ()}
+
+
+def check_feature_availability(model: FittedReranker, score: str, allow: bool) -> list[str]:
+    """Refuse a reranker that reads a feature the run's scored set never gives it.
+
+    Returns the features that are always missing (NaN) under `score`; raises ValueError
+    listing them and the policy unless `allow` (run.allow_missing_features), which logs a
+    warning instead: the model would be decoded on inputs it was not fitted on.
+    """
+    groups = NEVER_UNDER_SCORE[score]
+    never = [f for f in model.features if f in BY_NAME and BY_NAME[f].group in groups]
+    if not never:
+        return []
+    what = (
+        f"run.reranker: {len(never)} of its features are always missing under run.score="
+        f"{score} ({', '.join(groups)} row: the scored set never holds the emitted address): "
+        f"{never}"
+    )
+    if not allow:
+        raise ValueError(
+            f"{what}. Decode it under another run.score (top_m, frontier, record, pool), use a "
+            f"model without them, or set "
+            f"run.allow_missing_features=true to decode it anyway"
+        )
+    log.warning("%s; decoded anyway (run.allow_missing_features=true)", what)
+    return never
 
 
 def uses_rows(model: FittedReranker) -> bool:

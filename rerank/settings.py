@@ -23,6 +23,7 @@ from rerank.evaluate.values import RETAINED_ROWS
 from rerank.fit.boosting import Capacity
 from rerank.fit.crossfit import SCHEMES
 from rerank.fit.models import FEATURE_SETS
+from rerank.fit.token_prior import PRIOR_SPLITS
 from rerank.report.comparisons import DEFAULT_COMPARISONS, check_comparisons, parse_comparisons
 from selection.rules import MODEL_KINDS, RULES, learned, mixture, substitution
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
@@ -71,6 +72,7 @@ def check_settings(rerank: RerankConfig) -> None:
     for w in rerank.mixture_weights:
         check_real("rerank.mixture_weights", w, 0.0, 1.0, low_open=True)
     check_choice("rerank.halves", rerank.halves, SCHEMES)
+    check_choice("rerank.prior_split", rerank.prior_split, PRIOR_SPLITS)
     check_ints("rerank.budgets", rerank.budgets, 1)
     check_int("rerank.top_m", rerank.top_m, 0)
     check_int("rerank.n_resamples", rerank.n_resamples, 1)

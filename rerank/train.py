@@ -171,6 +171,7 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
         rerank.rank_q_bins,
         capacity=model_capacity(rerank.model),
         law_frame=law_frame,
+        prior_split=rerank.prior_split,
     )
     seconds = time.perf_counter() - t0
     return Fitted(candidates, folds, preds, prediction_quality(candidates, preds), seconds)

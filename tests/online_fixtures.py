@@ -49,6 +49,7 @@ def settings(
     max_new_tokens: int = 24,
     verifier: str = "exhaustive",
     pool: PoolConfig = SMALL_POOL,
+    top_m: int = 4,  # run.top_m: fewer than the pool holds, so top_m scores a part of it
 ) -> OnlineSettings:
     base = DecodeSettings(
         pool=pool,
@@ -57,14 +58,14 @@ def settings(
             temperature=temperature, max_new_tokens=max_new_tokens, verifier=verifier
         ),
     )
-    return OnlineSettings(base, rule, score, record)
+    return OnlineSettings(base, rule, score, record, top_m)
 
 
 def fitted_reranker(
     root: Path, pair: ModelPair, temperature: float, kind: str = "lgbm", feature_set: str = "rows"
 ) -> Path:
     """Record, extract, fit and save a small reranker for `temperature`'s law; its folder."""
-    s = settings(temperature=temperature, score="pool", record=True).base
+    s = settings(temperature=temperature, score="record", record=True).base
     traces, features = root / "traces", root / "features"
     record_traces(traces, pair, PROMPTS, s, 4, {"test": "online"}, progress=False)
     extract(traces, features, log=lambda _: None)

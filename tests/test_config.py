@@ -66,6 +66,7 @@ PAPER = {
     "rerank.model.max_leaves": 63,
     "rerank.model.early_stopping": False,
     "rerank.halves": "even_odd",
+    "rerank.prior_split": "row",  # SPEC §7: "split candidates in alternation"
     "rerank.budgets": [8, 59],
     "rerank.feature_sets": ["base", "rows"],
     "rerank.calibrators": ["iso_q1", "per_depth"],

@@ -10,7 +10,13 @@ from hypothesis import strategies as st
 
 from rerank.fit.crossfit import check_grouped, fold_masks, prompt_halves
 from rerank.fit.models import crossfit_predict, fit_reranker
-from rerank.fit.token_prior import TokenPrior, alternation_parts, token_prior_features
+from rerank.fit.token_prior import (
+    PriorColumn,
+    TokenPrior,
+    alternation_parts,
+    split_priors,
+    token_prior_features,
+)
 from tests.candidate_frames import FAST, make_candidate_frame
 
 # -- prompt halves -------------------------------------------------------------------------
@@ -135,6 +141,37 @@ def test_a_training_rows_prior_never_contains_its_own_label(n, vocab, seed, whic
     np.testing.assert_array_equal(token_prior_features(tokens, scrambled, train)[0], before)
 
 
+def test_prompt_alternation_by_hand() -> None:
+    prompts = np.array(["b", "b", "a", "c", "a", "c", "b"])  # parts by first appearance
+    np.testing.assert_array_equal(alternation_parts(7, prompts), [0, 0, 1, 0, 1, 0, 0])
+    tokens = np.array([3, 3, 3, 4, 3, 4, 4])
+    labels = np.array([1.0, 0.5, 0.0, 1.0, 0.25, 0.0, 1.0])
+    got, _ = token_prior_features(tokens, labels, np.ones(7, bool), groups=prompts)
+    part0, part1 = np.array([0, 1, 3, 5, 6]), np.array([2, 4])
+    ref0, ref1 = (_reference_prior(tokens[p], labels[p]) for p in (part1, part0))
+    want = [ref0(t) if i in part0 else ref1(t) for i, t in enumerate(tokens)]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    with pytest.raises(ValueError, match="one prompt; the prompt alternation"):
+        token_prior_features(tokens, labels, np.ones(7, bool), groups=np.array(["x"] * 7))
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(4, 60), n_prompts=st.integers(2, 8), seed=st.integers(0, 2**16))
+def test_by_prompt_no_training_prior_reads_a_label_of_its_own_prompt(n, n_prompts, seed) -> None:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 3, n)
+    labels = rng.random(n)
+    prompts = np.array([f"p{i}" for i in rng.integers(0, n_prompts, n)])
+    prompts[:2] = ["p0", "p1"]  # two prompts at least
+    before, _ = token_prior_features(tokens, labels, np.ones(n, bool), groups=prompts)
+    mine = prompts == prompts[-1]
+    moved = labels.copy()
+    moved[mine] += 5.0  # every label of one prompt: its own rows' priors must not move
+    after, _ = token_prior_features(tokens, moved, np.ones(n, bool), groups=prompts)
+    np.testing.assert_array_equal(after[mine], before[mine])
+    assert (after[~mine] != before[~mine]).any()  # the other part's priors read them
+
+
 def test_flipping_a_label_moves_the_prior_of_the_other_part() -> None:
     # Guards the test above against passing trivially (e.g. a prior that ignores labels).
     tokens = np.array([1, 1, 1, 1])
@@ -205,3 +242,35 @@ def test_distinct_values_are_numpys_unique_of_the_strings():
         np.testing.assert_array_equal(inverse, want_inverse)
     names, inverse = distinct_strings(np.array([10, 2, 10, 1]))  # as strings, as before
     assert names.tolist() == ["1", "10", "2"] and inverse.tolist() == [1, 2, 1, 0]
+
+
+@pytest.mark.parametrize("by_prompt", [True, False])
+def test_the_inner_split_priors_never_read_a_held_out_label(by_prompt) -> None:
+    rng = np.random.default_rng(5)
+    n = 40
+    tokens, labels = rng.integers(0, 4, n), rng.random(n)
+    prompts = np.array([f"p{i // 4}" for i in range(n)])  # 10 prompts of 4 rows
+    rows = np.arange(0, n)  # the training half: every row of X here
+    held = np.isin(prompts, ["p2", "p7"])  # the validation prompts
+    column = PriorColumn(0, tokens, by_prompt=by_prompt)
+    inner, out = split_priors(column, labels, rows, held, prompts)
+    moved = labels.copy()
+    moved[held] += 5.0
+    inner2, out2 = split_priors(column, moved, rows, held, prompts)
+    np.testing.assert_array_equal(inner, inner2)
+    np.testing.assert_array_equal(out, out2)
+    # the held-out rows get the inner rows' whole prior, as a predicted half does
+    full = TokenPrior().fit(tokens[~held], labels[~held])
+    np.testing.assert_array_equal(out, full.transform(tokens[held]))
+
+
+def test_an_inner_split_of_one_prompt_alternates_by_row_and_says_so(caplog) -> None:
+    tokens, labels = np.array([1, 1, 2, 2, 1, 2]), np.array([1.0, 0.0, 1.0, 0.5, 0.2, 0.1])
+    prompts = np.array(["a", "a", "a", "a", "b", "b"])
+    held = prompts == "b"
+    column = PriorColumn(0, tokens, by_prompt=True)
+    with caplog.at_level("WARNING", logger="rerank.fit.token_prior"):
+        inner, _ = split_priors(column, labels, np.arange(6), held, prompts)
+    assert "trains on one prompt" in caplog.text
+    by_row, _ = token_prior_features(tokens[:4], labels[:4], np.ones(4, bool))
+    np.testing.assert_array_equal(inner, by_row)

@@ -86,9 +86,9 @@ def test_decode_run_keeps_the_finished_prompts_when_it_fails(tmp_path, models, m
         return real(*args, **kw)
 
     monkeypatch.setattr(session, "decode_prompt", fails_on_c)
-    run = RunConfig(score="pool", record_traces=True, traces_out=str(tmp_path / "traces"),
+    run = RunConfig(score="record", record_traces=True, traces_out=str(tmp_path / "traces"),
                     warmup_prompts=0, bootstrap_resamples=20, progress=False)  # fmt: skip
-    s = OnlineSettings(SETTINGS, "draft", "pool", record=True)
+    s = OnlineSettings(SETTINGS, "draft", "record", record=True)
     data = _data(tmp_path, {"a": "hi there", "b": "def f(x):", "c": "why", "d": "ok"})
     with one_thread(), pytest.raises(RuntimeError, match="injected failure on prompt c"):
         run_online(models, data, s, run, None, {"run": dataclasses.asdict(run)}, tmp_path / "out",

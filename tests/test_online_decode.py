@@ -2,7 +2,7 @@
 
 1. Greedy: every rule (draft, reranker, root, root-draw, PEARL, covering), scoring the
    tree alone or the recorder's scored set, emits exactly the target's greedy output.
-2. rule=draft with run.score=pool is the recorder's round (`decode.stream`): the
+2. rule=draft with run.score=record is the recorder's round (`decode.stream`): the
    same output and the same trace rows, greedy and sampled (same seeds).
 3. Sampling: on a tiny-vocabulary model the first two emitted tokens follow
    p(x1 | c) p(x2 | c x1) under every rule: Pearson's chi-square as in
@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from decode.baseline import autoregressive_decode
+from decode.config import SCORE_MODES
 from decode.loop import decode_prompt
 from decode.settings import OnlineSettings
 from pairs.prompts import encode_prompt
@@ -62,10 +63,10 @@ def _check_greedy(pair, s: OnlineSettings, predictor=None) -> list:
     return runs
 
 
-@pytest.mark.parametrize("score", ["tree", "pool"])
+@pytest.mark.parametrize("score", SCORE_MODES)
 @pytest.mark.parametrize("rule", online_rules())
 def test_greedy_output_equals_the_targets(pair, greedy_predictor, rule, score):
-    if rule == "covering" and score == "pool":
+    if rule == "covering" and score != "tree":
         pytest.skip("the covering decoder scores its tree only")
     predictor = greedy_predictor if rule == "reranker" else None
     with one_thread():
@@ -99,8 +100,8 @@ def test_greedy_equality_on_qwen3(tmp_path, rule):
 def test_recording_does_not_change_the_decode(pair, temperature, verifier):
     """Recording (trace rows, retained rows, the token-keyed cache) only reads the pass:
     the same seed gives the same output and accepted lengths with and without it."""
-    plain = settings("draft", temperature, score="pool", verifier=verifier)
-    rec = settings("draft", temperature, score="pool", record=True, verifier=verifier)
+    plain = settings("draft", temperature, score="record", verifier=verifier)
+    rec = settings("draft", temperature, score="record", record=True, verifier=verifier)
     ids = encode_prompt(pair.tokenizer, TEXTS[0].text)
     with one_thread():
         ref = decode_prompt(pair.target, pair.drafter, ids, plain, frozenset(), "x", "t")
@@ -118,9 +119,12 @@ def test_bad_settings_are_refused(pair):
     ids = encode_prompt(pair.tokenizer, TEXTS[0].text)
     cases = [
         (settings("typo"), r"'run.rule' must be one of \['draft', 'reranker'"),
-        (settings("draft", score="all"), r"'run.score' must be one of \['tree', 'pool'\]"),
-        (settings("draft", record=True), "run.record_traces=true needs run.score=pool"),
-        (settings("covering", score="pool", record=True), "not supported for run.rule=covering"),
+        (
+            settings("draft", score="all"),
+            r"'run.score' must be one of \['tree', 'top_m', 'frontier', 'record', 'pool'\]",
+        ),
+        (settings("draft", record=True), "run.record_traces=true needs run.score=record"),
+        (settings("covering", score="record", record=True), "not supported for run.rule=covering"),
         (settings("reranker"), "run.rule=reranker needs a loaded reranker"),
     ]
     for s, msg in cases:
@@ -142,21 +146,24 @@ def tiny_vocab(tmp_path_factory):
     yield target, drafter, OnlinePredictor(model, torch.device("cpu"), "forest")
 
 
-SAMPLING_CASES = [
-    ("root", "exhaustive"),
-    pytest.param("root_draw", "exhaustive", marks=pytest.mark.slow),  # eagle3 + pearl cover it
-    ("root_draw", "eagle3"),
-    ("pearl", "exhaustive"),
-    ("covering", "exhaustive"),
-    ("reranker", "eagle3"),
+SAMPLING_CASES = [  # (rule, verifier, what a pass scores beside the tree: run.score)
+    ("root", "exhaustive", "tree"),
+    pytest.param("root_draw", "exhaustive", "tree", marks=pytest.mark.slow),  # eagle3 + pearl
+    ("root_draw", "eagle3", "tree"),
+    ("pearl", "exhaustive", "tree"),
+    ("pearl", "exhaustive", "frontier"),
+    ("covering", "exhaustive", "tree"),
+    ("reranker", "eagle3", "tree"),
+    ("reranker", "exhaustive", "top_m"),  # extra prefixes in the pass leave the law alone
+    pytest.param("draft", "exhaustive", "pool", marks=pytest.mark.slow),
 ]
 
 
 @pytest.mark.parametrize("n", [N_RUNS, pytest.param(2000, marks=pytest.mark.slow)])
-@pytest.mark.parametrize(("rule", "verifier"), SAMPLING_CASES)
-def test_sampled_outputs_follow_the_target_law(tiny_vocab, rule, verifier, n):
+@pytest.mark.parametrize(("rule", "verifier", "score"), SAMPLING_CASES)
+def test_sampled_outputs_follow_the_target_law(tiny_vocab, rule, verifier, score, n):
     target, drafter, predictor = tiny_vocab
-    s = settings(rule, 1.0, budget=3, max_new_tokens=2, verifier=verifier)
+    s = settings(rule, 1.0, budget=3, max_new_tokens=2, verifier=verifier, score=score, top_m=2)
     s = dataclasses.replace(
         s, base=dataclasses.replace(s.base, pool=PoolConfig(top_k=3, steps=2, expand=2))
     )

@@ -1,7 +1,7 @@
 """Online features are exactly those `features.extract` computes from the run's own trace.
 
 The online reranker computes each round's first-level features before
-verification. Recording the same run (run.score=pool, record) and extracting its
+verification. Recording the same run (run.score=record, record) and extracting its
 trace must give the same values, bit for bit, for every feature (retained-row
 features included), the same design matrix and the same phat.
 """
@@ -42,7 +42,7 @@ def record_and_extract(root, temperature: float, kind: str, device: str = "cpu")
         )
         model = load_online_reranker(str(path), temperature, "unused")
         predictor = OnlinePredictor(model, pair.device)
-        s = settings("reranker", temperature, score="pool", record=True, max_new_tokens=40)
+        s = settings("reranker", temperature, score="record", record=True, max_new_tokens=40)
         runs = []
         for p in PROMPTS[:5]:
             ids = encode_prompt(pair.tokenizer, p.text)

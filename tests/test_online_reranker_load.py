@@ -15,7 +15,12 @@ import pytest
 from pairs.prompts import Prompt
 from rerank.fit.models import fit_reranker
 from rerank.fit.persist import RerankerLoadError, save_reranker
-from rerank.serving import load_online_reranker, unseen_prompts
+from rerank.serving import (
+    check_feature_availability,
+    load_online_reranker,
+    unknown_tasks,
+    unseen_prompts,
+)
 from tests.candidate_frames import FAST, make_candidate_frame
 from tests.tiny_models import one_thread
 
@@ -27,7 +32,7 @@ def saved(tmp_path_factory):
     frame = make_candidate_frame(n_prompts=16, rounds=5, temperature=0.0, seed=4)
     with one_thread():
         model = fit_reranker(frame, "rows", "lgbm", "greedy", n_threads=1, capacity=FAST)
-    return model, save_reranker(model, root / "rows_T0_fold0")
+    return model, save_reranker(model, root / "rows_lgbm_T0_fold0")
 
 
 def test_a_good_reranker_loads(saved):
@@ -99,3 +104,39 @@ def test_prompts_the_reranker_was_trained_on_are_refused_or_skipped(saved):
         unseen_prompts(dataclasses.replace(model, train_prompts=()), held_out, "skip")
     with pytest.raises(ValueError, match=r"'run\.seen_prompts' must be one of"):
         unseen_prompts(model, held_out, "ignore")
+
+
+def test_a_task_the_model_never_saw_is_warned(saved, caplog):
+    model, _ = saved
+    known = model.categories[0]
+    prompts = [
+        Prompt("a", known, "x"),
+        Prompt("b", "unseen_task", "y"),
+        Prompt("c", "unseen_task", "z"),
+    ]
+    with caplog.at_level("WARNING", logger="rerank.serving"):
+        assert unknown_tasks(model, prompts) == {"unseen_task": 2}
+    assert "never saw the task(s) ['unseen_task'] (prompts: [2])" in caplog.text
+    assert "missing (NaN)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rerank.serving"):
+        assert unknown_tasks(model, prompts[:1]) == {}
+    assert not caplog.text
+
+
+def test_a_reranker_reading_rows_the_scored_set_never_gives_is_refused(saved, caplog):
+    model, _ = saved  # rows: no matched-row feature, fine under either scored set
+    assert check_feature_availability(model, "tree", allow=False) == []
+    matched = dataclasses.replace(model, features=[*model.features, "matched_logprob",
+                                                   "matched_gap", "token_only_count"])  # fmt: skip
+    with pytest.raises(ValueError) as err:
+        check_feature_availability(matched, "tree", allow=False)
+    msg = str(err.value)
+    assert "always missing under run.score=tree" in msg
+    assert "['matched_logprob', 'matched_gap']" in msg  # the token-only rows can be present
+    assert "run.allow_missing_features=true" in msg
+    assert check_feature_availability(matched, "pool", allow=False) == []
+    with caplog.at_level("WARNING", logger="rerank.serving"):
+        assert check_feature_availability(matched, "tree", allow=True) == [
+            "matched_logprob", "matched_gap"]  # fmt: skip
+    assert "decoded anyway" in caplog.text

@@ -44,10 +44,10 @@ def test_short_overrides_and_config(tmp_path):
         "rule=reranker",
         "reranker=runs:/abc/rerankers/x=y",
         "select.budget=8",
-        "run.score=pool",
+        "run.score=record",
     ]
     assert expand_run_overrides(argv) == [
-        "run.rule=reranker", "run.reranker=runs:/abc/rerankers/x=y", "select.budget=8", "run.score=pool",
+        "run.rule=reranker", "run.reranker=runs:/abc/rerankers/x=y", "select.budget=8", "run.score=record",
     ]  # fmt: skip
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -74,10 +74,10 @@ def test_whole_run_logs_metrics_values_and_traces(tmp_path):
     uri = f"runs:/{train_run}/rerankers/{saved.name}"
     # The tiny suite has only these prompts, and the reranker was fitted on them: in-sample
     # on purpose here (run.seen_prompts=refuse, the default, would fail).
-    run = RunConfig(rule="reranker", reranker=uri, score="pool", record_traces=True,
+    run = RunConfig(rule="reranker", reranker=uri, score="record", record_traces=True,
                     traces_out=str(tmp_path / "traces"), warmup_prompts=1, bootstrap_resamples=200,
                     progress=False, seen_prompts="allow")  # fmt: skip
-    s = settings("reranker", score="pool", record=True, max_new_tokens=16)
+    s = settings("reranker", score="record", record=True, max_new_tokens=16)
     config = {"run": dataclasses.asdict(run), "note": "test"}
     with one_thread():
         report = run_online(model_cfg, _data(tmp_path), s, run, tracking, config, tmp_path / "out")
@@ -135,9 +135,9 @@ def test_recorded_online_run_resumes_into_its_store(tmp_path):
     and a store of another config is refused by name."""
     model_cfg = tiny_model_config(tmp_path / "models", "llama")
     out = tmp_path / "traces"
-    run = RunConfig(rule="draft", score="pool", record_traces=True, traces_out=str(out),
+    run = RunConfig(rule="draft", score="record", record_traces=True, traces_out=str(out),
                     warmup_prompts=0, baseline=False, progress=False)  # fmt: skip
-    s = settings("draft", score="pool", record=True, max_new_tokens=8)
+    s = settings("draft", score="record", record=True, max_new_tokens=8)
     config = {"decode": {"max_new_tokens": 8}}
     with one_thread():
         run_online(model_cfg, _data(tmp_path, 2), s, run, None, config, tmp_path / "o1")

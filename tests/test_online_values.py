@@ -1,6 +1,6 @@
 """Realized acceptance online agrees with the rule's offline expected value on the same contexts.
 
-The run records its rounds (run.score=pool); `selection.values.evaluate_pools`
+The run records its rounds (run.score=record); `selection.values.evaluate_pools`
 then values the rule that chose each round's tree on that round's own pool and
 rows (the reranker with the round's own log phat). Greedy: equal round by round
 (one target pass gives both the traversal and the recorded argmaxes, so not even
@@ -43,7 +43,7 @@ def predictors(pair, tmp_path_factory):
 
 def _run(pair, predictor, rule: str, temperature: float, budget: int, prompts, max_new: int):
     s = settings(
-        rule, temperature, budget=budget, score="pool", record=True, max_new_tokens=max_new
+        rule, temperature, budget=budget, score="record", record=True, max_new_tokens=max_new
     )
     timings = []
     with one_thread():

@@ -246,7 +246,7 @@ def test_permutation_shuffled_labels_carry_no_signal(law, kind) -> None:
 
 def test_permutation_check_catches_a_leaky_token_prior(monkeypatch) -> None:
     # A prior fitted on ALL rows (the predicted half's own labels included) must fail the check.
-    def leaky(tokens, labels, train_mask, pseudo_count=20.0):
+    def leaky(tokens, labels, train_mask, pseudo_count=20.0, groups=None):
         full = TokenPrior(pseudo_count).fit(tokens, labels)
         return full.transform(tokens), full
 

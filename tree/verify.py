@@ -39,7 +39,9 @@ VERIFIERS = ("exhaustive", "eagle3")
 class Selection:
     """The verified tree and the scored set of one round, over the pool (on the device)."""
 
-    rank: Tensor  # [P] int64, draft rank (0 = best; SPEC tie-break)
+    # [P] int64, draft rank (0 = best; SPEC tie-break) whatever the rule: it picks the
+    # retained rows' prefixes (tree.retained), as in the recorded traces
+    rank: Tensor
     in_tree: Tensor  # [P] bool, the B-node verified tree
     scored: Tensor  # [P] bool, Q: tree ∪ expanded ∪ top-M
     batch_row: Tensor  # [P] int64, row of the node in the verification batch; -1 unscored

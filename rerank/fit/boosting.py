@@ -41,6 +41,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostin
 from threadpoolctl import threadpool_limits
 
 from rerank.fit.crossfit import inner_validation
+from rerank.fit.token_prior import PriorColumn, split_priors
 
 CATEGORICAL = ("task",)
 SMALL_FIT_ROWS = 100_000  # fits on fewer rows run on one thread (module doc)
@@ -93,6 +94,7 @@ def fit_estimator(
     groups: np.ndarray | None = None,
     tasks: np.ndarray | None = None,
     rows: np.ndarray | None = None,
+    prior: PriorColumn | None = None,
 ) -> Any:
     """One library's estimator fitted on a design matrix (columns = ``features``).
 
@@ -104,6 +106,9 @@ def fit_estimator(
     the training rows: the fit copies just those (cross-fitting passes one matrix for
     both halves), and, with early stopping, the inner and held-out rows straight from X.
     X stays float32: HGB's own float64 conversion then costs less than one of ours would.
+    ``prior``: the token prior's column; with early stopping it is recomputed inside the
+    inner split (`rerank.fit.token_prior.split_priors`), so no prior reads a label of the
+    held-out prompts.
     """
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     for name, per_row in (("y", y), ("sample_weight", w)):
@@ -130,9 +135,12 @@ def fit_estimator(
     inner = ~held
     w_in, w_held = (None, None) if w is None else (w[inner], w[held])
     _check_fit_inputs(y[inner], law, w_in)
+    X_in, X_held = X[every[inner]], X[every[held]]  # copies: their prior column is theirs
+    if prior is not None:
+        X_in[:, prior.column], X_held[:, prior.column] = split_priors(prior, y, every, held, groups)
     est, loss = _fit(
-        X[every[inner]], y[inner], w_in, features, kind, law, capacity, capacity.n_iter, seed,
-        n_threads, valid=(X[every[held]], y[held], w_held),
+        X_in, y[inner], w_in, features, kind, law, capacity, capacity.n_iter, seed, n_threads,
+        valid=(X_held, y[held], w_held),
     )  # fmt: skip
     chosen = int(np.argmin(loss)) + 1  # first iteration with the lowest held-out loss
     if capacity.refit:

@@ -42,7 +42,12 @@ from rerank.fit.design import (
     hash_rows,
     task_categories,
 )
-from rerank.fit.token_prior import DEFAULT_PSEUDO_COUNT, TokenPrior, token_prior_features
+from rerank.fit.token_prior import (
+    DEFAULT_PSEUDO_COUNT,
+    PriorColumn,
+    TokenPrior,
+    token_prior_features,
+)
 from rerank.forest.jit import batch_phat, jit_forest
 from rerank.forest.table import ForestError, forest_of
 from rerank.forest.walk import compile_forest
@@ -178,6 +183,7 @@ def fit_reranker(
     n_threads: int | None = None,
     capacity: Capacity = PAPER_CAPACITY,
     pseudo_count: float = DEFAULT_PSEUDO_COUNT,
+    prior_split: str = "prompt",
 ) -> FittedReranker:
     """Fit one reranker on all rows of ``frame`` (they form the training half).
 
@@ -189,11 +195,14 @@ def fit_reranker(
     cats = task_categories(frame, categories)
     y = _labels(frame, law)
     tokens = frame["token"].to_numpy()
-    prior, full = token_prior_features(tokens, y, np.ones(len(frame), bool), pseudo_count)
-    X = design_matrix(frame, features, cats, prior)
     groups = frame["prompt_id"].to_numpy() if "prompt_id" in frame.columns else None
-    est = fit_estimator(X, y, features, kind, law, capacity, seed, n_threads,
-                        groups=groups, tasks=frame["task"].to_numpy())  # fmt: skip
+    by_prompt = groups if prior_split == "prompt" else None
+    prior, full = token_prior_features(tokens, y, np.ones(len(frame), bool), pseudo_count,
+                                       by_prompt)  # fmt: skip
+    X = design_matrix(frame, features, cats, prior)
+    column = PriorColumn(features.index(TOKEN_PRIOR), tokens, pseudo_count, by_prompt is not None)
+    est = fit_estimator(X, y, features, kind, law, capacity, seed, n_threads, groups=groups,
+                        tasks=frame["task"].to_numpy(), prior=column)  # fmt: skip
     fp = frame_fingerprint(frame, _fingerprint_columns(frame, features, law))
     prompts = () if groups is None else _prompts(groups)
     return FittedReranker(
@@ -246,6 +255,7 @@ def crossfit_predict(
     pseudo_count: float = DEFAULT_PSEUDO_COUNT,
     sample_weight: np.ndarray | None = None,
     route: str | None = None,
+    prior_split: str = "prompt",
 ) -> CrossfitResult:
     """Out-of-fold phat (float64 in [PROB_FLOOR, 1]) for every row of one law's frame.
 
@@ -281,14 +291,17 @@ def crossfit_predict(
     route = BATCH_ROUTE[kind] if route is None else route
     masks = list(fold_masks(folds))
     workers, fit_threads = fold_workers(n_threads, len(masks))
-    priors = [token_prior_features(tokens, y, train, pseudo_count) for _, train, _ in masks]
+    by_prompt = prompt_ids if prior_split == "prompt" else None
+    priors = [token_prior_features(tokens, y, train, pseudo_count, by_prompt)
+              for _, train, _ in masks]  # fmt: skip
     for (_, train, _), (prior, _) in zip(masks, priors, strict=True):
         X[train, j_prior] = prior[train]
+    column = PriorColumn(j_prior, tokens, pseudo_count, by_prompt is not None)
 
     def fit_fold(train: np.ndarray) -> Any:
         return fit_estimator(
             X, y, features, kind, law, capacity, seed, fit_threads, sample_weight=sample_weight,
-            groups=prompt_ids, tasks=tasks, rows=np.flatnonzero(train),
+            groups=prompt_ids, tasks=tasks, rows=np.flatnonzero(train), prior=column,
         )  # fmt: skip
 
     fitted = _fit_folds(fit_fold, [train for _, train, _ in masks], workers)

@@ -115,10 +115,12 @@ def predict_first_factors(
     rank_q_bins: int = 1,
     capacity: Capacity = PAPER_CAPACITY,
     law_frame: Callable[[float], pd.DataFrame] | None = None,
+    prior_split: str = "prompt",
 ) -> FirstFactorPredictions:
     """Cross-fitted phat of every learned first-factor rule, per law (rerankers of ``capacity``).
 
     ``rank_q_bins``: draft-probability bins within each draft rank of the rank control.
+    ``prior_split``: how the token prior alternates the training rows (`rerank.fit.token_prior`).
     ``law_frame(temperature)``, when given, returns every column of that temperature's
     rows, in the order they have in ``candidates``, which then needs only the keys,
     `task` and `temperature` (the job reads one law's features at a time that way); by
@@ -150,6 +152,7 @@ def predict_first_factors(
                 n_threads=n_threads,
                 categories=categories,
                 capacity=capacity,
+                prior_split=prior_split,
             )
             out[name] = res.phat
             release_freed_heap()  # the fits' transient matrices

@@ -9,23 +9,30 @@ decoding and ``label_target_prob`` under sampling (the reranker's own target).
 Inside a cross-fitting fold (`token_prior_features`):
 - rows of the PREDICTED half get the prior fitted on the whole training half
   (what a saved reranker applies to new data);
-- rows of the TRAINING half are split in alternation by their position among
-  the training rows in the given row order (1st, 3rd, 5th, ... -> part 0;
-  2nd, 4th, ... -> part 1), and each part gets the prior fitted on the OTHER
-  part, including the other part's mean as the shrinkage target. So no
-  training row's prior contains its own label, and the model cannot learn to
-  read its label back from the prior (target leakage).
+- rows of the TRAINING half are split in two parts, and each part gets the prior
+  fitted on the OTHER part, including the other part's mean as the shrinkage target.
+  So no training row's prior contains its own label, and the model cannot learn to
+  read its label back from the prior (target leakage). The split (`rerank.prior_split`):
+  `prompt` (the default) alternates the training half's prompts in order of first
+  appearance, so a row's prior holds no label of its own prompt either, as a held-out
+  row's never does; `row` (the paper's, `experiment=paper`) alternates the rows by
+  their position among the training rows (1st, 3rd, ... -> part 0; 2nd, 4th, ... -> 1),
+  so a prior may hold labels of the same token from the same prompt.
 Row order is the caller's: sort the frame deterministically (e.g. by prompt,
 round, candidate) first if the split must be reproducible across reads.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
 DEFAULT_PSEUDO_COUNT = 20.0
+log = logging.getLogger(__name__)
 
 
 class TokenPrior(BaseEstimator):
@@ -98,9 +105,56 @@ class TokenPrior(BaseEstimator):
         return prior
 
 
-def alternation_parts(n: int) -> np.ndarray:
-    """Part (0/1) of each of ``n`` training rows, in order: 0, 1, 0, 1, ..."""
-    return (np.arange(n) % 2).astype(np.int8)
+PRIOR_SPLITS = ("prompt", "row")
+
+
+def alternation_parts(n: int, groups: np.ndarray | None = None) -> np.ndarray:
+    """Part (0/1) of each of ``n`` training rows: in row order 0, 1, 0, 1, ...; with
+    ``groups`` (each row's prompt), by prompt in order of first appearance, every row of a
+    prompt in its prompt's part."""
+    if groups is None:
+        return (np.arange(n) % 2).astype(np.int8)
+    _, first, inverse = np.unique(np.asarray(groups), return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first))  # each prompt's place by first appearance
+    return (rank[inverse.ravel()] % 2).astype(np.int8)
+
+
+@dataclass(frozen=True)
+class PriorColumn:
+    """Where a design matrix holds the token prior, and what recomputes it inside a split."""
+
+    column: int  # the token prior's column of X
+    tokens: np.ndarray  # [N] every row's token (rows of X)
+    pseudo_count: float = DEFAULT_PSEUDO_COUNT
+    by_prompt: bool = True  # alternation by prompt (else by row: rerank.prior_split)
+
+
+def split_priors(
+    prior: PriorColumn,
+    labels: np.ndarray,
+    rows: np.ndarray,
+    held: np.ndarray,
+    groups: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The token prior of an inner split (early stopping), from its training rows alone.
+
+    ``rows`` index the training half in X; ``held`` marks its held-out (validation) rows;
+    ``labels`` and ``groups`` are the training half's. The inner rows get alternation priors
+    over the inner rows, the held-out rows the prior fitted on all inner rows, as a
+    predicted half does: no prior reads a held-out label. Returns (inner, held) priors.
+    """
+    tokens = prior.tokens[rows]
+    by = None if groups is None or not prior.by_prompt else np.asarray(groups)[~held]
+    if by is not None and np.unique(by).size < 2:
+        # An inner split of a tiny training half can leave its fit one prompt: no prompt
+        # alternation exists there, so its rows alternate (said, not silent).
+        log.warning("early stopping's inner split trains on one prompt: its token prior "
+                    "alternates by row there")  # fmt: skip
+        by = None
+    inner, full = token_prior_features(
+        tokens[~held], labels[~held], np.ones(int((~held).sum()), bool), prior.pseudo_count, by
+    )
+    return inner, full.transform(tokens[held])
 
 
 def token_prior_features(
@@ -108,16 +162,20 @@ def token_prior_features(
     labels: np.ndarray,
     train_mask: np.ndarray,
     pseudo_count: float = DEFAULT_PSEUDO_COUNT,
+    groups: np.ndarray | None = None,
 ) -> tuple[np.ndarray, TokenPrior]:
     """Token prior of every row for one fold, and the prior fitted on the whole training half.
 
-    Rows with ``train_mask`` get the alternation priors (module doc); all other
-    rows get the whole-training-half prior. Labels of non-training rows are
-    never read (they may be NaN).
+    Rows with ``train_mask`` get the alternation priors (module doc: by prompt when
+    ``groups``, each row's prompt, is given; else by row); all other rows get the
+    whole-training-half prior. Labels of non-training rows are never read (they may be NaN).
     """
     tokens = np.asarray(tokens, dtype=np.int64).ravel()
     labels = np.asarray(labels, dtype=np.float64).ravel()
     train_mask = np.asarray(train_mask, dtype=bool).ravel()
+    groups = None if groups is None else np.asarray(groups).ravel()
+    if groups is not None and groups.shape != tokens.shape:
+        raise ValueError(f"groups {groups.shape} must have the shape of tokens {tokens.shape}")
     if not (tokens.shape == labels.shape == train_mask.shape):
         raise ValueError(
             f"tokens {tokens.shape}, labels {labels.shape} and train_mask {train_mask.shape} "
@@ -131,7 +189,12 @@ def token_prior_features(
     full = TokenPrior(pseudo_count).fit(tokens[train_idx], labels[train_idx])
     out = np.empty(tokens.shape, dtype=np.float32)
     out[~train_mask] = full.transform(tokens[~train_mask])
-    parts = alternation_parts(train_idx.size)
+    parts = alternation_parts(train_idx.size, None if groups is None else groups[train_idx])
+    if parts.min() == parts.max():
+        raise ValueError(
+            "the training half has one prompt; the prompt alternation of the token prior "
+            "needs >= 2 (rerank.prior_split=row splits by row)"
+        )
     for part in (0, 1):
         mine, other = train_idx[parts == part], train_idx[parts != part]
         prior = TokenPrior(pseudo_count).fit(tokens[other], labels[other])
