@@ -54,6 +54,7 @@ class RoundRecord:
     # value in the offline sense (draw rules count the draw)
     n_accepted: int
     tree_size: int  # nodes of the verified tree (X1 alone: 1)
+    scored: int  # prefixes the tree pass scored beside the root (run.score; X1 alone: + 1)
     passes: int  # target passes this round
     covered: bool  # covering decoder: the next root row came from this pass
     root_entropy: float  # nats, root row at the law temperature (T=1 at T=0)
@@ -227,11 +228,11 @@ def decode_round(
     c = commit_step(st, s, pool, plan, v, stats, ctx.round_index, rows_needed)
     clock.mark()  # bookkeeping
 
-    n_accepted = int(c.path.size) + len(c.x1_alone)
     return RoundRecord(
         emitted=c.emitted,
-        n_accepted=n_accepted,
+        n_accepted=int(c.path.size) + len(c.x1_alone),
         tree_size=plan.tree_size,
+        scored=plan.n_scored + int(plan.alone),
         passes=passes,
         covered=c.covered,
         root_entropy=float(entropy),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,34 @@ def test_no_module_imports_itself_back():
         }
     )
     assert not circles, f"modules that import each other (directly or through others): {circles}"
+
+
+MAX_FUNCTION_LINES = 60  # lines of code: docstrings, comments and blank lines not counted
+
+
+def _code_lines(lines: list[str], node) -> int:
+    body = node.body
+    doc = None
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        doc = (body[0].lineno, body[0].end_lineno) if isinstance(body[0].value.value, str) else None
+    return sum(
+        1
+        for i in range(node.lineno, node.end_lineno + 1)
+        if not (doc and doc[0] <= i <= doc[1])
+        and lines[i - 1].strip()
+        and not lines[i - 1].strip().startswith("#")
+    )
+
+
+def test_no_function_is_over_60_lines():
+    long = {}
+    for folder in PACKAGES:
+        for path in (PROJECT_ROOT / folder).rglob("*.py"):
+            text = path.read_text()
+            lines = text.splitlines()
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = _code_lines(lines, node)
+                    if n > MAX_FUNCTION_LINES:
+                        long[f"{path.relative_to(PROJECT_ROOT)}:{node.name}"] = n
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines of code (split them): {long}"

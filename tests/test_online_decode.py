@@ -27,10 +27,11 @@ from rerank.fit.models import fit_reranker
 from rerank.serving import OnlinePredictor
 from selection.rules import online_rules
 from tests.candidate_frames import FAST, make_candidate_frame
-from tests.online_fixtures import PROMPTS, fitted_reranker, settings, tiny_vocab_models
+from tests.online_fixtures import PROMPTS, SMALL_POOL, fitted_reranker, settings, tiny_vocab_models
 from tests.test_decode_sampling import ALPHA, PROMPT, TINY_V, _chi_square_p, _exact_two_token_law
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 from tree.config import PoolConfig
+from tree.pool import pool_size
 
 TEXTS = [PROMPTS[0], PROMPTS[1]]
 
@@ -72,6 +73,12 @@ def test_greedy_output_equals_the_targets(pair, greedy_predictor, rule, score):
     with one_thread():
         runs = _check_greedy(pair, settings(rule, score=score), predictor)
     rounds = [x for r in runs for x in r.rounds]
+    if score == "tree":  # what each pass scored: the tree alone, or more
+        assert all(x.scored == x.tree_size for x in rounds)
+    else:
+        assert all(x.scored >= x.tree_size for x in rounds)
+    if score == "pool":
+        assert all(x.scored >= pool_size(SMALL_POOL) for x in rounds)
     if rule in ("root_draw", "pearl"):  # the draw counts as accepted, even off the pool
         assert all(x.n_accepted >= 1 for x in rounds)
     if rule == "covering":  # the held-row path is exercised; every round makes its one pass

@@ -52,7 +52,7 @@ def test_stage_medians_are_numpy_medians():
     rng = np.random.default_rng(0)
     n = 7
     rounds = pd.DataFrame({"prompt_id": ["a"] * n, "task": "t", "tau": rng.integers(1, 4, n),
-                           "accepted": 0, "tree_size": 1, "root_entropy": 1.0,
+                           "accepted": 0, "tree_size": 1, "scored": 1, "root_entropy": 1.0,
                            **{f"ms_{s}": rng.exponential(size=n) for s in STAGES}})  # fmt: skip
     prompts = pd.DataFrame({"prompt_id": ["a"], "task": ["t"], "tokens": [9], "ms": [5.0],
                             "passes": [n], "baseline_ms": [0.0], "baseline_tokens": [0]})  # fmt: skip

@@ -84,6 +84,9 @@ def test_whole_run_logs_metrics_values_and_traces(tmp_path):
     m = report.metrics
     assert m["online/prompts"] == 4 and m["online/rounds"] == len(report.rounds)
     assert m["online/tau"] == pytest.approx(1 + report.rounds["accepted"].mean())
+    # run.score=record scores more than the tree: the logged cost of the policy
+    assert m["online/scored_prefixes"] == pytest.approx(report.rounds["scored"].mean())
+    assert m["online/scored_prefixes"] > m["online/tree_size"]
     assert m["online/speedup_lo"] <= m["online/speedup"] <= m["online/speedup_hi"]
     assert m["online/greedy_output_matches_baseline"] == 1.0
     assert {"online/task/coding/tau", "online/task/writing/tau"} <= set(m)
