@@ -185,7 +185,7 @@ def set_features(name: str) -> list[str]:
 
 def check_registry() -> None:
     """Every set's parent exists, every feature's set exists, and no two features share a
-    name or a kernel slot (tests/test_registries.py calls it; so does the import)."""
+    name or a kernel slot (run at import, so a bad entry fails every user at once)."""
     problems = []
     for s in FEATURE_SET_TREE:
         if s.parent is not None and s.parent not in SETS:

@@ -153,7 +153,7 @@ def unknown_tasks(model: FittedReranker, prompts: list[Prompt]) -> dict[str, int
 # Feature groups a decoder's scored set can never give it (`run.score`): under `tree` the
 # emitted address (the accepted path and the continuation) is never a verified prefix, so a
 # round never holds the matched row (issue 28 measured 0% of online rounds).
-NEVER_UNDER_SCORE = {"tree": ("matched",), "top_m": (), "frontier": (), "record": (), "pool": ()}
+NEVER_UNDER_SCORE = {"tree": ("matched",)}  # every other policy can hold the address
 
 
 def check_feature_availability(model: FittedReranker, score: str, allow: bool) -> list[str]:
@@ -163,7 +163,7 @@ def check_feature_availability(model: FittedReranker, score: str, allow: bool) -
     listing them and the policy unless `allow` (run.allow_missing_features), which logs a
     warning instead: the model would be decoded on inputs it was not fitted on.
     """
-    groups = NEVER_UNDER_SCORE[score]
+    groups = NEVER_UNDER_SCORE.get(score, ())
     never = [f for f in model.features if f in BY_NAME and BY_NAME[f].group in groups]
     if not never:
         return []

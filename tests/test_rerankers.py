@@ -300,3 +300,13 @@ def test_hgb_fits_when_a_row_feature_is_missing_in_every_training_row(law):
     np.testing.assert_array_equal(
         res.models[0].predict_phat(probe), res.models[0].predict_phat(frame)
     )
+
+
+def test_the_prior_split_is_checked_and_needs_prompts() -> None:
+    frame = frame_of("sampling")
+    with pytest.raises(ValueError, match=r"rerank\.prior_split"):
+        fit_reranker(frame, "base", "lgbm", "sampling", n_threads=1, capacity=FAST,
+                     prior_split="bogus")  # fmt: skip
+    with pytest.raises(ValueError, match="prior_split=prompt needs the frame's prompt_id"):
+        fit_reranker(frame.drop(columns="prompt_id"), "base", "lgbm", "sampling", n_threads=1,
+                     capacity=FAST)  # fmt: skip

@@ -44,6 +44,7 @@ from rerank.fit.design import (
 )
 from rerank.fit.token_prior import (
     DEFAULT_PSEUDO_COUNT,
+    PRIOR_SPLITS,
     PriorColumn,
     TokenPrior,
     token_prior_features,
@@ -52,6 +53,7 @@ from rerank.forest.jit import batch_phat, jit_forest
 from rerank.forest.table import ForestError, forest_of
 from rerank.forest.walk import compile_forest
 from selection.rules import MODEL_KINDS
+from specrank.checks import check_choice
 from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 
@@ -163,6 +165,15 @@ def _labels(frame: pd.DataFrame, law: str) -> np.ndarray:
     return frame[col].to_numpy(dtype=np.float64)
 
 
+def _prior_groups(prior_split: str, prompts: np.ndarray | None) -> np.ndarray | None:
+    """The groups the token prior alternates (`rerank.fit.token_prior`): the prompts, or
+    None to alternate by row."""
+    check_choice("rerank.prior_split", prior_split, PRIOR_SPLITS)
+    if prior_split == "prompt" and prompts is None:
+        raise ValueError("rerank.prior_split=prompt needs the frame's prompt_id column")
+    return prompts if prior_split == "prompt" else None
+
+
 def _check_args(frame: pd.DataFrame, kind: str, law: str) -> None:
     if kind not in MODEL_KINDS:
         raise ValueError(f"kind must be one of {MODEL_KINDS}; got {kind!r}")
@@ -196,7 +207,7 @@ def fit_reranker(
     y = _labels(frame, law)
     tokens = frame["token"].to_numpy()
     groups = frame["prompt_id"].to_numpy() if "prompt_id" in frame.columns else None
-    by_prompt = groups if prior_split == "prompt" else None
+    by_prompt = _prior_groups(prior_split, groups)
     prior, full = token_prior_features(tokens, y, np.ones(len(frame), bool), pseudo_count,
                                        by_prompt)  # fmt: skip
     X = design_matrix(frame, features, cats, prior)
@@ -291,7 +302,7 @@ def crossfit_predict(
     route = BATCH_ROUTE[kind] if route is None else route
     masks = list(fold_masks(folds))
     workers, fit_threads = fold_workers(n_threads, len(masks))
-    by_prompt = prompt_ids if prior_split == "prompt" else None
+    by_prompt = _prior_groups(prior_split, prompt_ids)
     priors = [token_prior_features(tokens, y, train, pseudo_count, by_prompt)
               for _, train, _ in masks]  # fmt: skip
     for (_, train, _), (prior, _) in zip(masks, priors, strict=True):
