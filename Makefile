@@ -56,6 +56,7 @@ bench: $(STAMP)  ## run the benchmarks (prints figures; paper-scale synthetic da
 	$(PY) -m bench.bench_forest
 	$(PY) -m bench.bench_record
 	$(PY) -m bench.bench_online
+	$(PY) -m bench.bench_scored
 
 gpu-check:  ## on a machine with one CUDA GPU: gpu tests + online speed benchmark, figures to one file
 	bash bench/gpu_check.sh

