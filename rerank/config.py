@@ -83,4 +83,25 @@ class RerankConfig:
     workers: int | None = None  # batches evaluated at once, one thread each (None: one per core)
 
 
-SECTIONS = {"rerank": RerankConfig}  # see specrank.config
+@dataclass
+class TransferConfig:
+    """`python -m rerank.transfer`: saved rerankers evaluated on a trace store, not refitted.
+
+    The store and every evaluation setting (budgets, substitutions, resamples, ...) come
+    from the `rerank` section, as `rerank.train` reads them.
+    """
+
+    # A folder of saved rerankers (a rerank.train run folder's `rerankers/`, holding
+    # <set>_<kind>_T<t>_fold<k>/), an MLflow URI of one (runs:/<run id>/rerankers), or
+    # latest: the newest such folder under outputs/.
+    rerankers: str = "latest"
+    # Which cross-fitting half's models: fold k was fitted on half 1 - k. On another suite
+    # either fold has seen none of its prompts; fold 0 by default.
+    fold: int = 0
+    # Prompts a loaded model was trained on (the store it was fitted on): skip = evaluate
+    # only the others (on the training store with fold k: exactly half k, out of fold);
+    # refuse = fail naming them.
+    seen_prompts: str = "skip"
+
+
+SECTIONS = {"rerank": RerankConfig, "transfer": TransferConfig}  # see specrank.config

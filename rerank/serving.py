@@ -44,8 +44,8 @@ ROW_READING = frozenset(
 )
 
 
-def reranker_folder(source: str, tracking_uri: str) -> Path:
-    """A local folder for `run.reranker`: the path itself, or an MLflow artifact downloaded."""
+def reranker_folder(source: str, tracking_uri: str, setting: str = "run.reranker") -> Path:
+    """A local folder for `setting`: the path itself, or an MLflow artifact downloaded."""
     if source.startswith(MLFLOW_SCHEMES):
         import mlflow  # only runs that name an MLflow URI pay for the import
 
@@ -56,7 +56,7 @@ def reranker_folder(source: str, tracking_uri: str) -> Path:
     path = project_path(source)
     if not path.is_dir():
         raise FileNotFoundError(
-            f"run.reranker: no such folder '{source}' (expected a folder written by "
+            f"{setting}: no such folder '{source}' (expected a folder written by "
             f"rerank.persist.save_reranker, or an MLflow URI like runs:/<id>/rerankers/<name>)"
         )
     return path
@@ -130,24 +130,32 @@ def unseen_prompts(model: FittedReranker, prompts: list[Prompt], seen: str) -> l
 
 
 def unknown_tasks(model: FittedReranker, prompts: list[Prompt]) -> dict[str, int]:
-    """Tasks of `prompts` the model never saw, with their prompt counts, each warned once.
+    """Tasks of `prompts` the model never saw, with their prompt counts, warned once."""
+    counts: dict[str, int] = {}
+    for p in prompts:
+        counts[p.task] = counts.get(p.task, 0) + 1
+    return unknown_task_counts(model, counts, "run.reranker")
+
+
+def unknown_task_counts(model: FittedReranker, prompts_per_task: Mapping[str, int],
+                        what: str) -> dict[str, int]:  # fmt: skip
+    """Of `prompts_per_task` (task -> prompts), the tasks the model never saw, warned once.
 
     The design matrix holds a task as its index among the model's training tasks; an
     unknown one is NaN there, so every split on `task` sends it the way missing values
     go: the model still predicts, but without the task it was fitted to condition on.
+    Empty when the model does not read `task`.
     """
     known = set(model.categories)
-    unknown: dict[str, int] = {}
-    for p in prompts:
-        if p.task not in known:
-            unknown[p.task] = unknown.get(p.task, 0) + 1
-    if unknown and "task" in model.features:
-        log.warning(
-            "run.reranker: the model never saw the task(s) %s (prompts: %s); it knows %s. "
-            "Their `task` feature is missing (NaN), so the trees send them the missing way",
-            sorted(unknown), [unknown[t] for t in sorted(unknown)], sorted(known),
-        )  # fmt: skip
-    return unknown if "task" in model.features else {}
+    unknown = {t: n for t, n in sorted(prompts_per_task.items()) if t not in known}
+    if not unknown or "task" not in model.features:
+        return {}
+    log.warning(
+        "%s: the model never saw the task(s) %s (prompts: %s); it knows %s. "
+        "Their `task` feature is missing (NaN), so the trees send them the missing way",
+        what, list(unknown), list(unknown.values()), sorted(known),
+    )  # fmt: skip
+    return unknown
 
 
 # Feature groups a decoder's scored set can never give it (`run.score`): under `tree` the

@@ -144,5 +144,7 @@ def run_rules(rerank: RerankConfig) -> set[str]:
     """Every rule the job reports, known from the settings before anything is fitted."""
     rules = {n for n, r in RULES.items() if r.offline is not None and n not in CALIBRATORS}
     rules |= {learned(fs, rerank.model.kind).name for fs in rerank.feature_sets}
-    rules |= {maker(row).name for maker in (substitution, mixture) for row in rerank.substitutions}
+    rules |= {substitution(row).name for row in rerank.substitutions}
+    if rerank.mixture_weights:  # rerank.transfer evaluates none (the weight is chosen by fold)
+        rules |= {mixture(row).name for row in rerank.substitutions}
     return rules | set(rerank.calibrators)

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -92,7 +93,7 @@ class TrainResult:
     comparisons: pd.DataFrame  # paired gains between two rules
 
 
-def _check_same_traces(features_dir: Path, traces_dir: Path) -> str:
+def check_same_traces(features_dir: Path, traces_dir: Path) -> str:
     """The candidate table must come from exactly these traces; returns their fingerprint."""
     traces_fp = trace_store(traces_dir).fingerprint()
     manifest = candidate_store(features_dir).manifest()
@@ -177,12 +178,17 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
     return Fitted(candidates, folds, preds, prediction_quality(candidates, preds), seconds)
 
 
-def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]) -> Evaluation:
+def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int],
+             dataset: ds.Dataset | None = None) -> Evaluation:  # fmt: skip
     """Every rule on the recorded pools at `budgets` (`rerank.settings.evaluated_budgets`),
-    out of fold, with paired bootstrap intervals (SPEC §9)."""
+    out of fold, with paired bootstrap intervals (SPEC §9).
+
+    `dataset`: the rounds to evaluate (default: the whole store `rerank.traces`).
+    """
     faults.phase("evaluating")
     folds, preds = fitted.folds, fitted.preds
-    dataset = trace_store(project_path(rerank.traces)).dataset()
+    if dataset is None:
+        dataset = trace_store(project_path(rerank.traces)).dataset()
     # Root selection after covered rounds only (a decoder without a root pass, App. D.10),
     # as a first factor; the per-depth calibration, as whole candidate scores.
     root_if_covered = RootIfCovered.from_dataset(dataset)
@@ -292,11 +298,21 @@ def run_record(
 ) -> RunRecord:
     """What the run logs: one parent run (params = `resolved_config`, logged verbatim) and a
     child run per fold (`specrank.run_record` logs it)."""
-    metrics = {
-        "time/total_s": total_seconds,
-        "time/fit_s": fitted.seconds,
-        "rounds": float(len(ev.per_round)),
-    }
+    metrics = {"time/total_s": total_seconds, "time/fit_s": fitted.seconds}
+    metrics |= evaluation_metrics(ev, fitted.quality)
+    tables, plots = written
+    return RunRecord(
+        tracking.tracking_uri, tracking.experiment, tracking.run_name, resolved_config, tags,
+        metrics, [*((t, "tables") for t in tables), *((p.name, "plots") for p in plots),
+                  ("rerankers", "rerankers")],
+        _run_children(fitted),
+    )  # fmt: skip
+
+
+def evaluation_metrics(ev: Evaluation, quality: pd.DataFrame) -> dict[str, float]:
+    """The values, gains and paired comparisons (round weighting) and the prediction
+    quality of every rule, as metric keys (`accepted/<law>/B<b>/<rule>`, ...)."""
+    metrics = {"rounds": float(len(ev.per_round))}
     for r in ev.summary[ev.summary["weighting"] == "round"].itertuples():
         for name in ("accepted", "gain", "gain_lo", "gain_hi", "node_budget"):
             if hasattr(r, name):  # node_budget: the draft budget reaching the rule's value
@@ -306,8 +322,11 @@ def run_record(
         metrics[metric_key("compare", r.law, f"B{r.budget}", pair)] = r.gain
         metrics[metric_key("compare_lo", r.law, f"B{r.budget}", pair)] = r.gain_lo
         metrics[metric_key("compare_hi", r.law, f"B{r.budget}", pair)] = r.gain_hi
-    metrics |= _quality_metrics(fitted.quality, "all")
-    tables, plots = written
+    return metrics | _quality_metrics(quality, "all")
+
+
+def _run_children(fitted: Fitted) -> list[ChildRun]:
+    """One child run per fold: its fit times, iteration counts and held-out quality."""
     children = []
     for fold in (0, 1):
         fold_metrics = {
@@ -320,12 +339,7 @@ def run_record(
         }
         children.append(ChildRun(f"fold-{fold}", {"fold": str(fold)}, params,
                                  fold_metrics | _quality_metrics(fitted.quality, fold)))  # fmt: skip
-    return RunRecord(
-        tracking.tracking_uri, tracking.experiment, tracking.run_name, resolved_config, tags,
-        metrics, [*((t, "tables") for t in tables), *((p.name, "plots") for p in plots),
-                  ("rerankers", "rerankers")],
-        children,
-    )  # fmt: skip
+    return children
 
 
 def train_and_evaluate(
@@ -336,7 +350,7 @@ def train_and_evaluate(
     `resolved_config` is only logged (MLflow params and artifact), never read.
     """
     check_settings(rerank)
-    fingerprint = _check_same_traces(project_path(rerank.features), project_path(rerank.traces))
+    fingerprint = check_same_traces(project_path(rerank.features), project_path(rerank.traces))
     budgets = store_budgets(rerank)
     t0 = time.perf_counter()
     fitted = fit(rerank, seed)

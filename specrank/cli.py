@@ -71,6 +71,7 @@ READS: dict[str, tuple[str, ...]] = {
     "decode.synth": ("synth", "synth_job", "pool", "select"),
     "features.extract": ("features",),
     "rerank.train": ("rerank", "mlflow"),
+    "rerank.transfer": ("rerank", "transfer", "mlflow"),
     "decode.pocket": ("pocket",),
     "decode.pocket.eagle3": ("pocket_eagle3",),
 }  # fmt: skip

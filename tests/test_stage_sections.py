@@ -34,6 +34,7 @@ MAINS = {
     "decode.synth": "recipes/synth/job.py",
     "features.extract": "features/extract.py",
     "rerank.train": "rerank/train.py",
+    "rerank.transfer": "rerank/transfer.py",
     "decode.pocket": "decode/pocket/__main__.py",
     "decode.pocket.eagle3": "recipes/pocket/eagle3.py",
 }
