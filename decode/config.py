@@ -41,15 +41,20 @@ def manifest_view(sections: dict) -> dict:
 
 # Rules the online decoder runs (SPEC §6). `covering` is the comparison decoder of
 # the paper's App. D.10 (leaf draws emitted as the continuation; one pass per round).
-# What a target pass scores (`decode.tree_pass.scored_set`), in the paper's words.
-SCORE_MODES = ("tree", "top_m", "frontier", "record", "pool")
-# the modes that give every pool edge's target probability (traces, offline values)
-EDGE_MODES = ("record", "pool")
 
 
 @dataclass
 class RunConfig:
     rule: str = "draft"  # a rule with an online route (selection.rules.online_rules)
+    # Several rules in one interleaved run (decode.compare), e.g. [draft, reranker:<folder>,
+    # root_draw]: every prompt is decoded by each, in an order rotating with the prompt, at
+    # select.budget and each of run.budgets; ratios of tau and tokens/s to the first rule with
+    # paired intervals. `reranker` alone reads run.reranker. Empty: run.rule alone.
+    rules: list[str] = field(default_factory=list)
+    # The per-round values of a rerank.train / rerank.transfer run (its folder, the
+    # per_round_values.parquet, or an MLflow URI) on a separate recording of the run's
+    # prompts: each rule's offline prediction beside its realized tau. None: not compared.
+    offline: str | None = None
     # rule=reranker: a folder written by rerank.persist.save_reranker (relative paths:
     # project root) or an MLflow artifact URI, e.g. runs:/<run id>/rerankers/rows_lgbm_T0_fold0.
     # Its law must match decode.temperature (T=0: the classifier; T>0: the regressor).

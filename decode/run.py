@@ -7,6 +7,7 @@
     python -m decode.run rule=pearl run.score=record run.record_traces=true   # + traces, offline values
     python -m decode.run rule=draft select.budget=8 run.budgets=[16]         # + budget elasticity
     python -m decode.run launcher=ray parallel.workers=8                     # prompts over 8 GPUs
+    python -m decode.run 'run.rules=[draft,reranker:<folder>,root_draw]'     # one interleaved run
 
 `rule=` and `reranker=` are short for `run.rule=` and `run.reranker=`. Every
 prompt is decoded twice in the same run, speculatively and target-only (the
@@ -19,7 +20,9 @@ every prompt is also decoded at those budgets (`online/B<b>/...`) and seed 003's
 budget elasticity d ln TPS = d ln tau + d ln eta between consecutive budgets is
 logged under `online/elasticity/B<b1>_B<b2>/...` with paired prompt-bootstrap
 intervals. Printed after the groups table: per-stage medians beside means, the
-elasticity, and the entropy split (from the target-only baseline).
+elasticity, and the entropy split (from the target-only baseline). With `run.rules`
+several rules decode every prompt in one interleaved run, compared with the first
+(`decode.compare`); `run.offline` puts an offline prediction beside each.
 """
 
 from __future__ import annotations
@@ -34,20 +37,37 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
-from decode.config import EDGE_MODES, RunConfig, manifest_view
+from decode.compare import (
+    RuleSpec,
+    combine_reports,
+    offline_metrics,
+    offline_prompt_sums,
+    offline_text,
+    offline_values,
+    paired_ratios,
+    plot_ratios,
+    ratios_text,
+    realized_vs_offline,
+    rule_specs,
+    unique_labels,
+)
+from decode.config import RunConfig, manifest_view
 from decode.inputs import check_job_launcher, check_prompts, resolve_inputs
 from decode.metrics import PromptTiming, round_table
 from decode.session import (
+    Arm,
     RunReport,
     TraceShards,
     decode_all,
     log_to_mlflow,
+    offline_name,
     print_report,
     rule_label,
+    run_budgets,
     summarize,
 )
-from decode.settings import OnlineSettings
-from decode.shard_workers import PairInfo, run_on_ray
+from decode.settings import OnlineSettings, for_rule
+from decode.shard_workers import PairInfo, pair_info, run_on_ray, with_predictors
 from decode.stream import DecodeSettings
 from pairs.config import DataConfig, ModelConfig
 from pairs.models import load_model_pair
@@ -57,13 +77,11 @@ from rerank.fit.models import FittedReranker
 from rerank.serving import (
     PREDICTORS,
     SEEN_PROMPTS,
-    OnlinePredictor,
     check_feature_availability,
     load_online_reranker,
     unknown_tasks,
     unseen_prompts,
 )
-from selection.rules import RULES
 from specrank.checks import check_choice, check_int
 from specrank.cli import expand_short_overrides, run_entry_point
 from specrank.config import MlflowConfig
@@ -88,32 +106,37 @@ def check_run(s: OnlineSettings, run: RunConfig, prompts_per_shard: int) -> None
     n_pool = pool_size(s.base.pool)
     for i, b in enumerate(run.budgets):
         check_int(f"run.budgets[{i}]", b, 1, n_pool)
-    if s.entry.predictor and not run.reranker:
-        raise ValueError("run.rule=reranker needs run.reranker=<folder or MLflow URI>; got none")
 
 
 def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: RunConfig,
                tracking: MlflowConfig | None, config: dict, out_dir: Path, seed: int = 0,
                prompts_per_shard: int = 8,
                parallel: ParallelConfig | None = None) -> RunReport:  # fmt: skip
-    """Load models, prompts and the reranker named by the configs; decode; report; log.
+    """Load models, prompts and the rerankers named by the configs; decode; report; log.
 
-    `parallel.backend=ray`: the prompts are decoded on Ray actors, `trace.prompts_per_shard`
-    at a time (`decode.shard_workers.run_on_ray`); the report is made here from all of them.
+    `s` holds the decode settings and `run.rule`'s; with `run.rules` every rule of the list
+    decodes every prompt in one interleaved run (`decode.compare`), each with `s`'s decode
+    settings. `parallel.backend=ray`: the prompts are decoded on Ray actors,
+    `trace.prompts_per_shard` at a time, every rule of a prompt on one actor
+    (`decode.shard_workers.run_on_ray`); the report is made here from all of them.
     """
     parallel = parallel or ParallelConfig()
-    _check_online(s, run, prompts_per_shard, parallel, model.device)
+    s.check()  # run.rule first: rule_specs reads its entry
+    specs = rule_specs(run.rules, s.rule, run.reranker)
+    settings = [s] if not run.rules else [for_rule(s, p.rule, run.record_traces) for p in specs]
+    _check_online(settings, run, prompts_per_shard, parallel, model.device)
+    # An MLflow URI resolves against the run's tracking store; a folder needs none.
+    uri = (tracking or MlflowConfig()).tracking_uri
+    offline = offline_values(run.offline, uri) if run.offline else None  # before any model
     if run.torch_threads is not None:
         torch.set_num_threads(run.torch_threads)
     model, prompts = _checked_prompts(model, data, s)
-    # An MLflow URI resolves against the run's tracking store; a folder needs none.
-    uri = (tracking or MlflowConfig()).tracking_uri
-    fitted = None
-    if s.entry.predictor:
-        fitted = load_online_reranker(run.reranker, s.base.decode.temperature, uri)
-        prompts = unseen_prompts(fitted, prompts, run.seen_prompts)
-        unknown_tasks(fitted, prompts)
-        check_feature_availability(fitted, run.score, run.allow_missing_features)
+    arms, names, prompts = _plan_arms(specs, settings, run, uri, prompts)
+    if offline is not None:  # every rule, budget and prompt must have its prediction: checked now
+        for name in names.values():
+            for b in run_budgets(s, run) if name else ():
+                offline_prompt_sums(offline, name, b, s.base.decode.temperature,
+                                    [p.id for p in prompts], run.offline)  # fmt: skip
     keys = ("model", "data", "pool", "select", "decode", "run")
     manifest = manifest_view({k: config.get(k) for k in keys})
 
@@ -124,35 +147,88 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
                            len(prompts))  # fmt: skip
 
     if parallel.backend == "ray":
-        timings, info = run_on_ray(model, prompts, s, run, uri, parallel, prompts_per_shard)
+        timings, info = run_on_ray(model, prompts, arms, run, uri, parallel, prompts_per_shard)
         traces = trace_shards(info.ids)
-        for i, timing in enumerate(timings[s.base.select.budget] if traces else ()):
+        for i, timing in enumerate(timings[arms[0].label][s.base.select.budget] if traces else ()):
             traces.add(i, timing)
     else:
-        timings, info, traces = _decode_here(model, prompts, s, run, fitted, trace_shards,
-                                             out_dir)  # fmt: skip
-    # summarize reads only the pair's eos ids, which PairInfo carries without weights.
-    report = summarize(timings, s, run, info, info.label, seed)
+        timings, info, traces = _decode_here(model, prompts, arms, run, uri, trace_shards, out_dir)
     if traces is not None:
         log.info("%d trace rows written to %s (%d finished shards of the same config kept)",
                  traces.rows, traces.store.root, traces.kept)  # fmt: skip
+    # summarize reads only the pair's eos ids, which PairInfo carries without weights.
+    reports = {a.label: summarize(timings[a.label], a.s, run, info, a.label, seed) for a in arms}
+    report = reports[arms[0].label]
+    if len(arms) > 1:
+        ratios = paired_ratios(timings, info.eos_ids, run.bootstrap_resamples, seed)
+        report = combine_reports(reports, ratios)
+    if offline is not None:
+        report.offline = realized_vs_offline(timings, names, offline, s.base.decode.temperature,
+                                             info.eos_ids, run.bootstrap_resamples, seed,
+                                             run.offline)  # fmt: skip
+        report.offline_source = run.offline
+        report.metrics |= offline_metrics(report.offline)
     if tracking is not None:
-        tags = {"rule": info.label, "score": s.score, "device": info.device}
-        if info.route is not None:
-            tags |= {"reranker": str(run.reranker), "predictor": info.route}
-        report.run_id = log_to_mlflow(report, tracking, config, tags, out_dir)
+        report.run_id = _log(report, arms, info, run, tracking, config, out_dir)
     return report
 
 
-def _check_online(s: OnlineSettings, run: RunConfig, prompts_per_shard: int,
+def _plan_arms(specs: list[RuleSpec], settings: list[OnlineSettings], run: RunConfig, uri: str,
+               prompts: list[Prompt]) -> tuple[list[Arm], dict[str, str | None], list[Prompt]]:  # fmt: skip
+    """The run's rules with their labels and offline names, and the prompts every one of them
+    may decode: each reranker is loaded with every check, its training prompts refused or
+    skipped for all rules (`run.seen_prompts`; the rules stay paired), its unseen tasks
+    warned, its features checked against `run.score`."""
+    fitted: list[FittedReranker | None] = []
+    for spec, st in zip(specs, settings, strict=True):
+        if spec.reranker is None:
+            fitted.append(None)
+            continue
+        f = load_online_reranker(spec.reranker, st.base.decode.temperature, uri)
+        prompts = unseen_prompts(f, prompts, run.seen_prompts)
+        unknown_tasks(f, prompts)
+        check_feature_availability(f, run.score, run.allow_missing_features)
+        fitted.append(f)
+    labels = unique_labels([rule_label(p.rule, f) for p, f in zip(specs, fitted, strict=True)])
+    arms = [Arm(label, st, p.reranker, f)
+            for label, st, p, f in zip(labels, settings, specs, fitted, strict=True)]  # fmt: skip
+    names = {a.label: offline_name(p.rule, f) for a, p, f in zip(arms, specs, fitted, strict=True)}
+    return arms, names, prompts
+
+
+def _log(report: RunReport, arms: list[Arm], info: PairInfo, run: RunConfig,
+         tracking: MlflowConfig, config: dict, out_dir: Path) -> str:  # fmt: skip
+    """The report's tables (and with several rules the ratios' plot) to MLflow."""
+    tags = {"rule": "+".join(a.label for a in arms), "score": arms[0].s.score,
+            "device": info.device}  # fmt: skip
+    sources = [a.reranker for a in arms if a.reranker]
+    if sources:
+        routes = sorted({r for r in info.routes.values() if r})
+        tags |= {"reranker": ",".join(sources), "predictor": ",".join(routes)}
+    if run.offline:
+        tags["offline"] = run.offline
+    plots: tuple[str, ...] = ()
+    if not report.compare.empty:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        plots = (plot_ratios(report.compare, out_dir / "online_compare.png").name,)
+    return log_to_mlflow(report, tracking, config, tags, out_dir, plots)
+
+
+def _check_online(settings: list[OnlineSettings], run: RunConfig, prompts_per_shard: int,
                   parallel: ParallelConfig, device: str) -> None:  # fmt: skip
     """Every setting, before anything loads; an online run cannot be split into job ranges."""
-    check_run(s, run, prompts_per_shard)
+    for st in settings:
+        check_run(st, run, prompts_per_shard)
     check_parallel(parallel, device)
     if parallel.parts > 1:
         raise ValueError(
             f"parallel.parts={parallel.parts}: an online run's report needs every prompt in one "
             f"process; spread decode.run over Ray workers (launcher=ray parallel.workers=N)"
+        )
+    if len(settings) > 1 and run.record_traces:
+        raise ValueError(
+            f"run.record_traces=true writes one rule's rounds, but run.rules names "
+            f"{len(settings)}; record each rule in its own run (run.rule=<rule>)"
         )
 
 
@@ -170,35 +246,31 @@ def _checked_prompts(model: ModelConfig, data: DataConfig,
 def _decode_here(
     model: ModelConfig,
     prompts: list[Prompt],
-    s: OnlineSettings,
+    arms: list[Arm],
     run: RunConfig,
-    fitted: FittedReranker | None,
+    uri: str,
     trace_shards: Callable[[dict], TraceShards | None],
     out_dir: Path,
-) -> tuple[dict[int, list[PromptTiming]], PairInfo, TraceShards | None]:
+) -> tuple[dict[str, dict[int, list[PromptTiming]]], PairInfo, TraceShards | None]:
     """Decode every prompt in this process; after a failure the finished ones are kept."""
     pair = load_model_pair(model)
-    predictor = None
-    if s.entry.predictor:
-        predictor = OnlinePredictor(fitted, pair.device, run.predictor)
+    arms = with_predictors(arms, pair, run, uri)
     traces = trace_shards(pair.ids)
     finished: list[PromptTiming] = []
+    primary = arms[0].s.base.select.budget
 
     def on_prompt(i: int, by_budget: dict[int, PromptTiming]) -> None:
-        finished.append(by_budget[s.base.select.budget])
+        finished.append(by_budget[primary])
         if traces is not None:
             traces.add(i, finished[-1])
 
     try:
         with torch.inference_mode():
-            timings = decode_all(pair, prompts, s, run, predictor, on_prompt)
+            timings = decode_all(pair, prompts, arms, run, on_prompt)
     except BaseException:
         keep_finished(out_dir, finished, len(prompts), traces)
         raise
-    route = None if predictor is None else predictor.route
-    info = PairInfo(pair.eos_ids, pair.ids, str(pair.device), rule_label(s.rule, predictor),
-                    route)  # fmt: skip
-    return timings, info, traces
+    return timings, pair_info(pair, arms), traces
 
 
 def keep_finished(out_dir: Path, finished: list[PromptTiming], n_prompts: int,
@@ -235,12 +307,10 @@ def main(cfg: DictConfig) -> None:
         decode=OmegaConf.to_object(cfg.decode),
     )
     # run.score=record reports realized vs offline expected values, which are computed from
-    # each round's trace row: build the rows then too (written only with record_traces).
-    entry = RULES.get(run.rule)  # an unknown rule is refused by check_run, naming the choices
-    build_rows = run.record_traces or (
-        run.score in EDGE_MODES and entry is not None and entry.has_offline_value
-    )
-    s = OnlineSettings(base, run.rule, run.score, build_rows, run.top_m)
+    # each round's trace row: for_rule builds the rows then too (written only with
+    # record_traces). An unknown rule is refused by check_run, naming the choices.
+    s = for_rule(OnlineSettings(base, run.rule, run.score, False, run.top_m), run.rule,
+                 run.record_traces)  # fmt: skip
     try:
         report = run_online(
             OmegaConf.to_object(cfg.model), OmegaConf.to_object(cfg.data), s, run,
@@ -251,6 +321,10 @@ def main(cfg: DictConfig) -> None:
     except TrackingError as err:  # the run's tables are complete: say how to log them later
         sys.exit(f"error: {err}")
     print_report(report)
+    if not report.compare.empty:
+        print(ratios_text(report.compare))
+    if not report.offline.empty:
+        print(offline_text(report.offline, report.offline_source))
     print(f"MLflow run {report.run_id}")
 
 

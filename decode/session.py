@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,7 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from decode.baseline import row_entropies
-from decode.config import EDGE_MODES, RunConfig
+from decode.config import RunConfig
 from decode.elasticity import budget_elasticity
 from decode.loop import decode_prompt
 from decode.metrics import (
@@ -42,7 +43,9 @@ from decode.round import STAGES
 from decode.settings import OnlineSettings
 from pairs.models import ModelPair
 from pairs.prompts import Prompt, encode_prompt
+from rerank.fit.models import FittedReranker
 from rerank.serving import OnlinePredictor
+from selection.policies import EDGE_MODES
 from selection.rules import learned
 from selection.rules import rule as rule_entry
 from specrank.config import MlflowConfig
@@ -53,6 +56,7 @@ from specrank.trace_schema import TRACE_SCHEMA, trace_store
 from specrank.tracking import metric_key
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
@@ -65,6 +69,11 @@ class RunReport:
     run_id: str | None
     elasticity: pd.DataFrame = field(default_factory=pd.DataFrame)  # consecutive budget pairs
     entropy: pd.DataFrame = field(default_factory=pd.DataFrame)  # task, entropy, half, source
+    # several rules (run.rules): tau and tokens/s ratios to the first (decode.compare)
+    compare: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # run.offline: realized tau beside the offline prediction (decode.compare)
+    offline: pd.DataFrame = field(default_factory=pd.DataFrame)
+    offline_source: str = ""
 
 
 def run_budgets(s: OnlineSettings, run: RunConfig) -> list[int]:
@@ -77,37 +86,70 @@ def at_budget(s: OnlineSettings, budget: int) -> OnlineSettings:
     return dataclasses.replace(s, base=dataclasses.replace(s.base, select=sel))
 
 
-def rule_label(rule: str, predictor: OnlinePredictor | None) -> str:
+def rule_label(rule: str, fitted: FittedReranker | None) -> str:
     """Rule name in metric keys: reranker runs name their model (e.g. reranker_rows_lgbm)."""
-    if not rule_entry(rule).predictor or predictor is None:
+    if not rule_entry(rule).predictor or fitted is None:
         return rule
-    return f"{rule}_{learned(predictor.model.feature_set, predictor.model.kind).name}"
+    return f"{rule}_{offline_name(rule, fitted)}"
+
+
+def offline_name(rule: str, fitted: FittedReranker | None) -> str | None:
+    """The rule's name in offline values (`rows_lgbm` for a fitted reranker); None when it
+    has no offline value."""
+    entry = rule_entry(rule)
+    if entry.predictor:
+        return None if fitted is None else learned(fitted.feature_set, fitted.kind).name
+    return rule if entry.offline is not None else None
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One rule of an online run: its label in tables and metrics, its settings, the source
+    of its reranker (rule=reranker) and, once loaded next to the models, its predictor."""
+
+    label: str
+    s: OnlineSettings
+    reranker: str | None = None
+    fitted: FittedReranker | None = None  # its reranker, loaded and checked
+    predictor: OnlinePredictor | None = None
+
+
+def arm_order(arms: list[T], position: int) -> list[T]:
+    """The rules' order at a prompt's run position: rotated by one each position, so two
+    rules alternate which goes first and each of n rules leads every n-th prompt."""
+    k = position % len(arms)
+    return arms[k:] + arms[:k]
 
 
 def decode_all(
     pair: ModelPair,
     prompts: list[Prompt],
-    s: OnlineSettings,
+    arms: list[Arm],
     run: RunConfig,
-    predictor: OnlinePredictor | None,
     on_prompt: Callable[[int, dict[int, PromptTiming]], None] | None = None,
-) -> dict[int, list[PromptTiming]]:
-    """Every budget's decode and the baseline of every prompt, after untimed warm-ups.
+    start: int = 0,
+) -> dict[str, dict[int, list[PromptTiming]]]:
+    """Every rule's decode at every budget and the baseline of every prompt, after untimed
+    warm-ups of each.
 
     Prompt by prompt: the baseline before (odd positions) or after (even) the speculative
-    decodes, whose budget order also reverses on odd positions. Returns budget -> timings.
-    `on_prompt(i, {budget: timing})` runs as each prompt is done (traces, partial results).
+    decodes; the rules in an order rotating with the position (`decode.compare.arm_order`),
+    each at every budget, the budget order reversed on odd positions. A prompt's position is
+    `start` + its index (a Ray shard passes its first prompt's run position, so the orders
+    are a single process's). The arms share the decode settings (`arms[0].s.base.decode`).
+    Returns label -> budget -> timings. `on_prompt(i, {budget: timing})` runs as each prompt
+    is done, with the first arm's timings (traces, partial results).
     """
-    dec = s.base.decode
-    budgets = run_budgets(s, run)
-    by_budget = {b: at_budget(s, b) for b in budgets}
+    dec = arms[0].s.base.decode
+    budgets = run_budgets(arms[0].s, run)
+    settings = {(a.label, b): at_budget(a.s, b) for a in arms for b in budgets}
     encoded = [encode_prompt(pair.tokenizer, p.text) for p in prompts]
 
-    def spec(i: int, b: int):
+    def spec(i: int, arm: Arm, b: int):
         p = prompts[i]
         return decode_prompt(
-            pair.target, pair.drafter, encoded[i], by_budget[b], pair.eos_ids, p.id, p.task,
-            predictor, category=p.category,
+            pair.target, pair.drafter, encoded[i], settings[arm.label, b], pair.eos_ids, p.id,
+            p.task, arm.predictor, category=p.category,
         )  # fmt: skip
 
     def base(i: int):
@@ -117,24 +159,27 @@ def decode_all(
         )  # fmt: skip
 
     for i in range(min(run.warmup_prompts, len(prompts))):
-        for b in budgets:
-            spec(i, b)
+        for arm in arms:
+            for b in budgets:
+                spec(i, arm, b)
         if run.baseline:
             base(i)
-    out: dict[int, list[PromptTiming]] = {b: [] for b in budgets}
-    for i in tqdm(
-        range(len(prompts)), desc=f"run {s.rule}", unit="prompt", disable=not run.progress
-    ):
-        if run.baseline and i % 2 == 1:
+    out: dict[str, dict[int, list[PromptTiming]]] = {
+        a.label: {b: [] for b in budgets} for a in arms
+    }
+    desc = f"run {'+'.join(a.label for a in arms)}"
+    for i in tqdm(range(len(prompts)), desc=desc, unit="prompt", disable=not run.progress):
+        pos = start + i
+        if run.baseline and pos % 2 == 1:
             b_out, b_ms = base(i)
-        runs = {b: spec(i, b) for b in (budgets if i % 2 == 0 else budgets[::-1])}
-        if run.baseline and i % 2 == 0:
+        runs = {(a.label, b): spec(i, a, b) for a in arm_order(arms, pos)
+                for b in (budgets if pos % 2 == 0 else budgets[::-1])}  # fmt: skip
+        if run.baseline and pos % 2 == 0:
             b_out, b_ms = base(i)
         if run.baseline:  # untimed: the target's row entropy at each baseline token
             n_eos = tokens_to_eos(b_out, pair.eos_ids)
             entropy = row_entropies(pair.target, encoded[i], b_out[:n_eos], dec.temperature)
-        for b in budgets:
-            r = runs[b]
+        for (label, b), r in runs.items():
             timing = PromptTiming(prompts[i].id, prompts[i].task, r, 0, 0.0)
             if run.baseline:
                 timing.baseline_tokens, timing.baseline_ms = n_eos, b_ms
@@ -142,9 +187,9 @@ def decode_all(
                 if dec.temperature == 0:  # an online check of losslessness (bf16 may flip argmaxes)
                     n = min(len(r.output), len(b_out))
                     timing.greedy_match = r.output[:n] == b_out[:n]
-            out[b].append(timing)
+            out[label][b].append(timing)
         if on_prompt is not None:
-            on_prompt(i, {b: t[-1] for b, t in out.items()})
+            on_prompt(i, {b: t[-1] for b, t in out[arms[0].label].items()})
     return out
 
 
@@ -258,8 +303,9 @@ def summarize(timings: dict[int, list[PromptTiming]], s: OnlineSettings, run: Ru
 
 
 def log_to_mlflow(report: RunReport, tracking: MlflowConfig, config: dict, tags: dict,
-                  out_dir: Path) -> str:  # fmt: skip
-    """The run's tables to `out_dir`, its record beside them, then the record to MLflow."""
+                  out_dir: Path, plots: tuple[str, ...] = ()) -> str:  # fmt: skip
+    """The run's tables to `out_dir`, its record beside them, then the record to MLflow.
+    `plots`: files already in `out_dir`, logged under `plots`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = {
         "online_rounds.parquet": lambda tmp: report.rounds.to_parquet(tmp, index=False),
@@ -271,17 +317,23 @@ def log_to_mlflow(report: RunReport, tracking: MlflowConfig, config: dict, tags:
             json.dumps(report.metrics, indent=1, sort_keys=True)
         ),
     }
+    for name, frame in (("online_compare.csv", report.compare),
+                        ("online_offline.csv", report.offline)):  # fmt: skip
+        if not frame.empty:
+            tables[name] = lambda tmp, f=frame: f.to_csv(tmp, index=False)
     for name, write in tables.items():
         atomic_write(out_dir / name, write)
+    artifacts = [(n, "tables") for n in tables] + [(n, "plots") for n in plots]
     record = RunRecord(tracking.tracking_uri, tracking.experiment, tracking.run_name, config,
-                       tags, report.metrics, [(n, "tables") for n in tables])  # fmt: skip
+                       tags, report.metrics, artifacts)  # fmt: skip
     write_record(out_dir, record)
     return log_or_explain(out_dir, tracking.tracking_uri)
 
 
 def print_report(report: RunReport) -> None:
-    """The groups table, then per-stage medians and means, the elasticity, the entropy split."""
-    cols = ["budget", "group", "prompts", "rounds", "tau", "tokens_per_s",
+    """The groups table, then per-stage medians and means, the elasticity, the entropy split;
+    with several rules each row names its rule and the paired ratios follow."""
+    cols = ["rule", "budget", "group", "prompts", "rounds", "tau", "tokens_per_s",
             "baseline_tokens_per_s", "speedup"]  # fmt: skip
     print(report.groups[[c for c in cols if c in report.groups]].to_string(index=False))
     every = report.groups[report.groups["group"] == "all"]
@@ -289,15 +341,16 @@ def print_report(report: RunReport) -> None:
     rows = []
     for _, g in every.iterrows():
         for stat, key in (("median", "ms_per_round_median"), ("mean", "ms_per_round")):
-            rows.append({"budget": g["budget"], "ms per round": stat,
-                         **{st: g[f"{key}/{st}"] for st in stages}})  # fmt: skip
+            rows.append({**({"rule": g["rule"]} if "rule" in g else {}), "budget": g["budget"],
+                         "ms per round": stat, **{st: g[f"{key}/{st}"] for st in stages}})  # fmt: skip
     ms = pd.DataFrame(rows)
     print(ms.to_string(index=False, float_format="%.3f"))
     if not report.elasticity.empty:
-        cols = ["from_budget", "to_budget"] + [
+        cols = ["rule", "from_budget", "to_budget"] + [
             f"d_ln_{q}{x}" for q in ("tps", "tau", "eta") for x in ("", "_lo", "_hi")
         ]
         print("budget elasticity: d ln TPS = d ln tau + d ln eta (eta = TPS / tau)")
+        cols = [c for c in cols if c in report.elasticity]
         print(report.elasticity[cols].to_string(index=False, float_format="%.4f"))
     if not report.entropy.empty:
         print(f"entropy split (from the {report.entropy['source'].iloc[0]}):")

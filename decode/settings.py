@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
-from decode.config import EDGE_MODES, SCORE_MODES
 from decode.stream import DecodeSettings
+from selection.policies import EDGE_MODES, SCORE_MODES
 from selection.ranking import Levels
-from selection.rules import Rule, online_rules, rule
+from selection.rules import RULES, Rule, online_rules, rule
 from tree.pool import level_sizes
 
 
@@ -18,7 +19,7 @@ class OnlineSettings:
 
     base: DecodeSettings = field(default_factory=DecodeSettings)
     rule: str = "draft"
-    score: str = "tree"  # SCORE_MODES (see decode.config)
+    score: str = "tree"  # SCORE_MODES (selection.policies)
     record: bool = False  # build trace rows (TRACE_SCHEMA) for every round
     top_m: int = 100  # M of score=top_m
 
@@ -51,6 +52,17 @@ class OnlineSettings:
                 f"run.record_traces=true is not supported for run.rule={self.rule} (its rounds "
                 "emit a tree leaf as the continuation, which the trace schema cannot express)"
             )
+
+
+def for_rule(s: OnlineSettings, name: str, record_traces: bool) -> OnlineSettings:
+    """`s` for the rule `name`: trace rows built when the run records traces, or when its
+    scored set gives every pool edge and the rule has an offline value (realized vs
+    expected needs each round's row). An unknown name is kept, for `check` to refuse."""
+    entry = RULES.get(name)
+    build = record_traces or (
+        s.score in EDGE_MODES and entry is not None and entry.has_offline_value
+    )
+    return dataclasses.replace(s, rule=name, record=build)
 
 
 def levels_of(s: DecodeSettings) -> Levels:

@@ -21,11 +21,10 @@ import torch
 from decode.config import RunConfig
 from decode.metrics import PromptTiming
 from decode.recording import RecordReport, ShardRecorder, plan_shards, recording_settings
-from decode.session import decode_all, rule_label
-from decode.settings import OnlineSettings
+from decode.session import Arm, decode_all
 from decode.stream import DecodeSettings
 from pairs.config import ModelConfig
-from pairs.models import load_model_pair
+from pairs.models import ModelPair, load_model_pair
 from pairs.prompts import Prompt
 from rerank.serving import OnlinePredictor, load_online_reranker
 from specrank.claims import new_owner
@@ -120,57 +119,80 @@ class PairInfo:
     eos_ids: frozenset[int]
     ids: dict[str, str]
     device: str
-    label: str  # rule_label of the worker's predictor
-    route: str | None  # the predictor's route (rule=reranker)
+    routes: dict[str, str | None]  # each rule's predictor route (label -> None without one)
+
+
+def with_predictors(arms: list[Arm], pair: ModelPair, run: RunConfig,
+                    tracking_uri: str | None = None) -> list[Arm]:  # fmt: skip
+    """The arms with their rerankers' predictors next to `pair` (on its device,
+    `run.predictor`), each from the arm's loaded model or else loaded from its source."""
+    out = []
+    for a in arms:
+        if a.reranker is not None:
+            fitted = a.fitted or load_online_reranker(
+                a.reranker, a.s.base.decode.temperature, tracking_uri
+            )
+            a = dataclasses.replace(
+                a, predictor=OnlinePredictor(fitted, pair.device, run.predictor)
+            )
+        out.append(a)
+    return out
+
+
+def pair_info(pair: ModelPair, arms: list[Arm]) -> PairInfo:
+    routes = {a.label: None if a.predictor is None else a.predictor.route for a in arms}
+    return PairInfo(pair.eos_ids, pair.ids, str(pair.device), routes)
 
 
 class RunWorker:
-    """One online-run actor: its model pair (and reranker), decoding shards of prompts."""
+    """One online-run actor: its model pair (and rerankers), decoding shards of prompts, every
+    rule of a prompt here."""
 
-    def __init__(self, model: ModelConfig, s: OnlineSettings, run: RunConfig,
-                 shards: dict[str, list[Prompt]], tracking_uri: str | None) -> None:  # fmt: skip
+    def __init__(self, model: ModelConfig, arms: list[Arm], run: RunConfig,
+                 shards: dict[str, tuple[int, list[Prompt]]],
+                 tracking_uri: str | None) -> None:  # fmt: skip
         if run.torch_threads is not None:
             torch.set_num_threads(run.torch_threads)
         self.pair = load_model_pair(model)
-        self.predictor = None
-        if s.entry.predictor:
-            fitted = load_online_reranker(run.reranker, s.base.decode.temperature, tracking_uri)
-            self.predictor = OnlinePredictor(fitted, self.pair.device, run.predictor)
-        self.s, self.shards = s, shards
+        self.arms = with_predictors(arms, self.pair, run, tracking_uri)
+        self.shards = shards
         self.run = dataclasses.replace(run, progress=False)
         self.owner = new_owner()
 
     def info(self) -> PairInfo:
-        route = None if self.predictor is None else self.predictor.route
-        return PairInfo(self.pair.eos_ids, self.pair.ids, str(self.pair.device),
-                        rule_label(self.s.rule, self.predictor), route)  # fmt: skip
+        return pair_info(self.pair, self.arms)
 
-    def __call__(self, shard_id: str) -> dict[int, list[PromptTiming]]:
+    def __call__(self, shard_id: str) -> dict[str, dict[int, list[PromptTiming]]]:
+        start, prompts = self.shards[shard_id]
         with torch.inference_mode():
-            out = decode_all(self.pair, self.shards[shard_id], self.s, self.run, self.predictor)
+            out = decode_all(self.pair, prompts, self.arms, self.run, start=start)
         # Warm-up decodes once per worker (its first shard), not before every shard.
         self.run = dataclasses.replace(self.run, warmup_prompts=0)
         return out
 
 
-def run_on_ray(model: ModelConfig, prompts: list[Prompt], s: OnlineSettings, run: RunConfig,
-               tracking_uri: str | None, parallel: ParallelConfig,
-               prompts_per_shard: int) -> tuple[dict[int, list[PromptTiming]], PairInfo]:  # fmt: skip
-    """Every prompt's timings at every budget, decoded on Ray actors shard by shard, in prompt order.
+def run_on_ray(model: ModelConfig, prompts: list[Prompt], arms: list[Arm], run: RunConfig,
+               tracking_uri: str | None, parallel: ParallelConfig, prompts_per_shard: int,
+               ) -> tuple[dict[str, dict[int, list[PromptTiming]]], PairInfo]:  # fmt: skip
+    """Every rule's timings at every budget of every prompt, decoded on Ray actors shard by
+    shard, in prompt order.
 
-    With an even `prompts_per_shard` each prompt keeps its single-process position
-    parity, so the baseline-before/after alternation of `decode_all` is unchanged.
+    A shard's prompts keep their single-process positions (`decode_all`'s `start`), so the
+    baseline-before/after alternation and the rules' order are a single process's.
     """
     shards = {
-        f"{j:05d}": prompts[k : k + prompts_per_shard]
+        f"{j:05d}": (k, prompts[k : k + prompts_per_shard])
         for j, k in enumerate(range(0, len(prompts), prompts_per_shard))
     }
-    factory = functools.partial(RunWorker, model, s, run, shards, tracking_uri)
+    # each actor loads the rerankers from their sources, as the driver did
+    bare = [dataclasses.replace(a, fitted=None, predictor=None) for a in arms]
+    factory = functools.partial(RunWorker, model, bare, run, shards, tracking_uri)
     dealt = deal(list(shards), factory, parallel, model.device.startswith("cuda"),
-                 sizes={k: len(v) for k, v in shards.items()}, progress=run.progress,
-                 desc=f"run {s.rule}", unit="prompt")  # fmt: skip
-    timings: dict[int, list[PromptTiming]] = {}
+                 sizes={k: len(v[1]) for k, v in shards.items()}, progress=run.progress,
+                 desc=f"run {'+'.join(a.label for a in arms)}", unit="prompt")  # fmt: skip
+    timings: dict[str, dict[int, list[PromptTiming]]] = {}
     for part in dealt.results.values():  # shard order = prompt order
-        for budget, ts in part.items():
-            timings.setdefault(budget, []).extend(ts)
+        for label, by_budget in part.items():
+            for budget, ts in by_budget.items():
+                timings.setdefault(label, {}).setdefault(budget, []).extend(ts)
     return timings, dealt.infos[0]

@@ -72,6 +72,13 @@ class RerankConfig:
     comparisons: list[str] | None = None
     sweep: bool = False  # evaluate the SPEC budget sweep too
     top_m: int = 0  # restrict every rule to the M highest-ranked candidates (0: whole pool)
+    # The scored-set policy of the decoder the figures are for (the words of run.score,
+    # selection.policies): what each round's pass scores beside its tree, in the rule's own
+    # order. It sets App. D.10's decoder without a root pass (root_if_covered: its own trees'
+    # coverage) and draft_scored (draft's tree as large as the pass's scored prefixes).
+    # tree = the default decoder's (run.score=tree); experiment=paper: top_m with M = 100.
+    score: str = "tree"
+    score_top_m: int = 100  # M of score=top_m (App. D.10's M = 100)
     # Report tables beside the rule values (rerank.evaluate.reports): retained-row agreement, coverage of
     # scored sets, draw-rule tree sizes, from the evaluation's own pass over the traces.
     reports: bool = True

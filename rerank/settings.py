@@ -19,12 +19,14 @@ from rerank.config import (
     RerankConfig,
     RerankModelConfig,
 )
+from rerank.evaluate.policy import MATCHED_AS_RECORDED
 from rerank.evaluate.values import RETAINED_ROWS
 from rerank.fit.boosting import Capacity
 from rerank.fit.crossfit import SCHEMES
 from rerank.fit.models import FEATURE_SETS
 from rerank.fit.token_prior import PRIOR_SPLITS
 from rerank.report.comparisons import DEFAULT_COMPARISONS, check_comparisons, parse_comparisons
+from selection.policies import SCORE_MODES
 from selection.rules import MODEL_KINDS, RULES, learned, mixture, substitution
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
 from specrank.paths import project_path
@@ -75,6 +77,21 @@ def check_settings(rerank: RerankConfig) -> None:
     check_choice("rerank.prior_split", rerank.prior_split, PRIOR_SPLITS)
     check_ints("rerank.budgets", rerank.budgets, 1)
     check_int("rerank.top_m", rerank.top_m, 0)
+    check_choice("rerank.score", rerank.score, SCORE_MODES)
+    check_int("rerank.score_top_m", rerank.score_top_m, 1)
+    if "rows_matched" in rerank.feature_sets and rerank.score not in ("tree", *MATCHED_AS_RECORDED):
+        raise ValueError(
+            f"rerank.feature_sets has rows_matched, whose matched row a decoder under "
+            f"rerank.score={rerank.score} holds after other rounds than the recording's; that "
+            f"availability is not simulated yet: use rerank.score=tree or record, or leave "
+            f"rows_matched out of rerank.feature_sets"
+        )
+    if rerank.top_m and rerank.score != "tree":
+        raise ValueError(
+            f"rerank.score={rerank.score} prices a decoder's own trees over the whole pool, but "
+            f"rerank.top_m={rerank.top_m} restricts every rule to the draft top {rerank.top_m}: "
+            f"set one of them (rerank.score=tree or rerank.top_m=0)"
+        )
     check_int("rerank.n_resamples", rerank.n_resamples, 1)
     check_int("rerank.calibration_edges", rerank.calibration_edges, 1)
     check_int("rerank.chunk_rounds", rerank.chunk_rounds, 1)

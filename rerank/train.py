@@ -33,8 +33,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from features.schema import candidate_store
 from rerank.config import RerankConfig
-from rerank.evaluate.coverage import RootIfCovered
+from rerank.evaluate.policy import PolicyRounds, for_policy, policy_text, with_scored_prefixes
 from rerank.evaluate.pool_chunks import ROUND_KEYS
+from rerank.evaluate.recorded import recorded_budgets, with_recorded_budget
 from rerank.evaluate.reports import ReportAccumulators
 from rerank.evaluate.values import EvalPlan, PromptCurves, evaluate_traces
 from rerank.fit.models import LABEL_OF_LAW
@@ -152,7 +153,7 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
         rows = dataset.to_table(
             filter=pc.field("temperature") == pa.scalar(temperature, pa.float32())
         )
-        frame = rows.to_pandas()
+        frame = for_policy(rows.to_pandas(), rerank.score)  # the rows the decoder would hold
         del rows
         release_freed_heap()  # the Arrow table's buffers, now converted
         return frame
@@ -189,9 +190,10 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     folds, preds = fitted.folds, fitted.preds
     if dataset is None:
         dataset = trace_store(project_path(rerank.traces)).dataset()
-    # Root selection after covered rounds only (a decoder without a root pass, App. D.10),
-    # as a first factor; the per-depth calibration, as whole candidate scores.
-    root_if_covered = RootIfCovered.from_dataset(dataset)
+    # The scored-set policy: App. D.10's decoder without a root pass and draft at the scored
+    # count, from draft's and root's own trees (rerank.evaluate.policy); the per-depth
+    # calibration, as whole candidate scores.
+    policy = PolicyRounds(budgets, rerank.score, rerank.score_top_m)
     extra = None
     if "per_depth" in rerank.calibrators:
         maps = fit_per_depth_maps(
@@ -212,26 +214,31 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     acc = ReportAccumulators(budgets) if rerank.reports else None
     per_round = evaluate_traces(
         dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves,
-        first_factor=root_if_covered.first_factors, consumers=[acc] if acc else [],
+        consumers=[policy, *([acc] if acc else [])],
         workers=rerank.workers or len(os.sched_getaffinity(0)),
     )  # fmt: skip
+    per_round = policy.apply(per_round)
     release_freed_heap()  # the chunks' blocks, kept for reuse while the pass ran
     per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
     per_round, mix_weights = choose_mixture_weights(per_round)
     draws = law_draws(per_round, rerank.n_resamples, seed, curves=curves)  # one set of resamples
-    summary = summarise_draws(draws)
-    comparisons = compare(draws, comparison_pairs(rerank))
+    recorded = recorded_budgets(dataset)  # every table names the budget its rounds came from
+    summary = with_recorded_budget(summarise_draws(draws), recorded)
+    summary = with_scored_prefixes(summary, per_round)
+    comparisons = with_recorded_budget(compare(draws, comparison_pairs(rerank)), recorded)
     variants = variant_table(summary, comparisons, fitted.quality, preds.rules)
     variants = variants[variants["budget"].isin(rerank.budgets)]
-    table = "\n".join(
-        [results_table(summary), comparisons_table(comparisons), variants_text(variants)]
-    )
-    groups = breakdown_gains(per_round, rerank.n_resamples, seed)
+    table = "\n".join([results_table(summary), policy_text(summary, rerank.score,
+                       rerank.score_top_m), comparisons_table(comparisons),
+                       variants_text(variants)])  # fmt: skip
+    groups = with_recorded_budget(breakdown_gains(per_round, rerank.n_resamples, seed), recorded)
     reports = acc.tables(per_round, rerank.n_resamples, seed) if acc else {}
+    reports = {k: with_recorded_budget(v, recorded) for k, v in reports.items()}
     reports["halves"] = halves_table(fitted.candidates, folds).reset_index()  # keeps `task`
     reports["variants"] = variants
+    by_group = with_recorded_budget(breakdowns(per_round), recorded)
     return Evaluation(
-        per_round, summary, comparisons, breakdowns(per_round), groups, mix_weights, table, reports
+        per_round, summary, comparisons, by_group, groups, mix_weights, table, reports
     )
 
 

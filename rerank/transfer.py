@@ -41,6 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from features.schema import candidate_store
 from rerank.config import RerankConfig, TransferConfig
+from rerank.evaluate.policy import for_policy
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.design import design_matrix
 from rerank.fit.models import BATCH_ROUTE, FEATURE_SETS, FittedReranker, feature_list
@@ -187,7 +188,7 @@ def predict_store(rerank: RerankConfig, loaded: Loaded, fold: int, seen: str,
     parts = []
     for temperature in store_ts:
         at = kept & (pc.field("temperature") == pa.scalar(temperature, pa.float32()))
-        frame = dataset.to_table(filter=at).to_pandas()
+        frame = for_policy(dataset.to_table(filter=at).to_pandas(), rerank.score)
         out = frame[[*ROUND_KEYS, "cand_index"]].copy()
         out["fold"] = np.int8(fold)
         for fs, rule in zip(loaded.feature_sets, rules, strict=True):

@@ -33,7 +33,10 @@ from dataclasses import dataclass, field, replace
 #   first_factor  a first-level log factor given per round (learned, calibrated, substituted)
 #   scores        whole candidate scores given per round (per-depth calibration)
 #   derived       computed from other rules' curves in the summary (matched-size PEARL)
-OFFLINE_ROUTES = ("draft", "oracle", "lead", "draw", "pearl", "first_factor", "scores", "derived")
+#   policy        computed from draft's and root's trees under the scored-set policy
+#                 (rerank.evaluate.policy: App. D.10's decoder, draft at the scored count)
+OFFLINE_ROUTES = ("draft", "oracle", "lead", "draw", "pearl", "first_factor", "scores", "derived",
+                  "policy")  # fmt: skip
 # online tree routes (decode.tree_pass.rank_and_tree):
 #   draft         draft selection's top-B tree
 #   first_factor  top-B under a first-level factor computed before verification
@@ -127,8 +130,19 @@ _FIXED = (
     Rule("pearl_commit", "draw", "draw", "draw", rows=("root",), draw_tree="descendants"),
     # PEARL with its pre-draw budget raised until its mean tree size is root-draw's
     Rule("pearl_matched", "draw", "derived", "derived", rows=("root",)),
-    # root selection after a covered round, draft otherwise: a decoder without a root pass
-    Rule("root_if_covered", "exact", "control", "first_factor", rows=("matched",)),
+    # root selection after a covered round, draft otherwise: a decoder without a root pass,
+    # covered as its own trees are under the policy (App. D.10)
+    Rule(
+        "root_if_covered",
+        "exact",
+        "control",
+        "policy",
+        rows=("matched",),
+        compare=("draft_scored",),
+    ),
+    # draft selection's tree as large as the prefixes the policy's pass scores: the decoder
+    # that is never covered and scores no more prefixes (App. D.10's Theorem 2)
+    Rule("draft_scored", "exact", "control", "policy"),  # plotted beside root_if_covered
     # App. D.10's covering decoder: its rounds emit a tree leaf as the continuation
     Rule("covering", "draw", "control", None, "covering", draw_tree="descendants", traces=False),
     Rule("iso_q1", "calibrators", "control", "first_factor", compare=("rank_control",)),

@@ -19,7 +19,7 @@ import torch
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.evaluate.coverage import RootIfCovered
+from rerank.evaluate.policy import PolicyRounds
 from rerank.evaluate.pool_chunks import ROUND_KEYS, RoundCodes, chunk_of, iter_trace_chunks
 from rerank.evaluate.reports import ReportAccumulators
 from rerank.evaluate.values import EvalPlan, PromptCurves, evaluate_traces
@@ -230,23 +230,22 @@ def test_round_codes_find_what_a_multiindex_finds(strings):
 
 
 def test_threaded_evaluation_equals_one_chunk_at_a_time(traces):
-    held = RootIfCovered.from_dataset(traces)
     plan = EvalPlan([2, 8], substitutions=["cache", "prev"], mixture_weights=[0.5],
                     curve_rules=["root"])  # fmt: skip
     out = {}
     for workers in (1, 2):
         curves, acc = PromptCurves(), ReportAccumulators([2, 8])
+        policy = PolicyRounds([2, 8], "top_m", 100)
         per_round = evaluate_traces(traces, plan, chunk_rounds=30, curves=curves,
-                                    first_factor=held.first_factors, consumers=[acc],
-                                    workers=workers)  # fmt: skip
-        out[workers] = per_round, curves, acc.tables(per_round, 20, 0)
+                                    consumers=[policy, acc], workers=workers)  # fmt: skip
+        out[workers] = policy.apply(per_round), curves, acc.tables(per_round, 20, 0)
     pd.testing.assert_frame_equal(out[1][0], out[2][0])
     for name, store in out[1][1].sums.items():
         for key, row in store.items():
             np.testing.assert_array_equal(out[2][1].sums[name][key], row)
     for name, table in out[1][2].items():
         pd.testing.assert_frame_equal(table, out[2][2][name])
-    # the root-after-covered rule as a first factor: root where held, draft elsewhere
+    # the decoder without a root pass: root where it holds the row, draft elsewhere
     per_round = out[1][0]
     assert (per_round["root_if_covered@B8"] != per_round["draft@B8"]).any()
 

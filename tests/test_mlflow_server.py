@@ -32,8 +32,8 @@ from recipes.synth.job import write_synthetic_traces
 from rerank.config import RerankConfig, RerankModelConfig
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.persist import load_reranker
+from rerank.report.runs import read_csv_table
 from rerank.train import train_and_evaluate
-from specrank.bootstrap import fill_notes
 from specrank.config import MlflowConfig
 from specrank.trace_schema import trace_store
 from tree.config import PoolConfig, SelectConfig
@@ -154,7 +154,7 @@ def test_train_logs_to_a_real_tracking_server(stores, tmp_path):
         assert {f"tables/{f}" for f in expected} <= set(tables)
         assert (server_root / "artifacts" / prefix / "tables" / "summary.csv").is_file()
         assert not (Path.cwd() / "mlartifacts" / prefix).exists()
-        summary = fill_notes(pd.read_csv(BytesIO(download("tables/summary.csv"))))
+        summary = read_csv_table(BytesIO(download("tables/summary.csv")))  # as the notebook reads
         pd.testing.assert_frame_equal(
             summary, result.summary.reset_index(drop=True), check_dtype=False, rtol=1e-12
         )

@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from decode.baseline import autoregressive_decode
-from decode.config import SCORE_MODES
 from decode.loop import decode_prompt
 from decode.settings import OnlineSettings
 from pairs.prompts import encode_prompt
 from rerank.fit.models import fit_reranker
 from rerank.serving import OnlinePredictor
+from selection.policies import SCORE_MODES
 from selection.rules import online_rules
 from tests.candidate_frames import FAST, make_candidate_frame
 from tests.online_fixtures import PROMPTS, SMALL_POOL, fitted_reranker, settings, tiny_vocab_models

@@ -110,22 +110,29 @@ def test_ray_recording_equals_single_process_at_both_laws(hydra_conf, ray_cluste
 
 
 def test_online_run_on_ray_decodes_what_one_process_decodes(ray_cluster, tmp_path):
+    """Two rules in one run, 4 prompts in shards of 3: each prompt's rules on one actor, in the
+    single process's order (the second shard starts at position 3), the same rounds."""
     model = tiny_model_config(tmp_path / "models", "llama")
     path = tmp_path / "prompts.jsonl"
     path.write_text("".join(json.dumps({"id": p.id, "task": p.task, "prompt": p.text}) + "\n"
                             for p in PROMPTS[:4]))  # fmt: skip
     data = DataConfig(name="tiny", sources=[PromptSource(kind="jsonl", path=str(path))])
-    run = RunConfig(rule="draft", warmup_prompts=1, bootstrap_resamples=50, progress=False)
+    run = RunConfig(rules=["draft", "root"], warmup_prompts=1, bootstrap_resamples=50,
+                    progress=False)  # fmt: skip
     s = settings("draft", 1.0, max_new_tokens=12)
     reports = {}
     for name, p in (("one", None), ("ray", ParallelConfig(backend="ray", workers=2))):
         with one_thread():
             reports[name] = run_online(model, data, s, run, None, {}, tmp_path / name,
-                                       prompts_per_shard=2, parallel=p)  # fmt: skip
-    keep = ["prompt_id", "round_index", "tau", "accepted", "tree_size", "passes", "root_entropy"]
+                                       prompts_per_shard=3, parallel=p)  # fmt: skip
+    keep = ["rule", "prompt_id", "round_index", "tau", "accepted", "tree_size", "passes",
+            "root_entropy"]  # fmt: skip
+    assert set(reports["one"].rounds["rule"]) == {"draft", "root"}
     assert reports["ray"].rounds[keep].equals(reports["one"].rounds[keep])
     assert reports["ray"].prompts["tokens"].tolist() == reports["one"].prompts["tokens"].tolist()
-    assert reports["ray"].metrics["online/tau"] == reports["one"].metrics["online/tau"]
+    for rule in ("draft", "root"):
+        key = f"online/{rule}/tau"
+        assert reports["ray"].metrics[key] == reports["one"].metrics[key]
 
 
 # -- the debug suite (slow): Ray with a worker killed mid-run, and submitit_local jobs ---------

@@ -8,16 +8,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from rerank.evaluate.coverage import RootIfCovered, coverage_table
+from rerank.evaluate.coverage import coverage_table
 from rerank.evaluate.draw_sizes import draw_size_table, size_means
 from rerank.evaluate.reports import report_tables
 from rerank.evaluate.row_agreement import row_agreement
-from rerank.evaluate.values import EvalPlan, evaluate_traces
-from selection.context import pool_context
-from selection.pool_batch import pool_batch_from_table
-from selection.values import rule_scores
 from specrank.trace_schema import TRACE_SCHEMA
-from tests.fake_traces import random_trace
 
 U = 0.125  # draft log-prob unit: sums of multiples of 1/8 are exact in float32, so ties are exact
 
@@ -124,51 +119,6 @@ def test_trie_coverage_greedy_is_zero_one():
     assert cov(t, 7, "frontier1") == 0.0
     assert cov(t, 7, "frontier2") == 1.0
     assert cov(t, 7, "pool") == 1.0
-
-
-# -- root_if_covered (issue 14.7) -------------------------------------------------------
-
-
-def test_root_if_covered_held_mask_by_key():
-    rows = [
-        trace_row(prompt_id=p, round_index=r, covered=c)
-        for p, flags in (("p0", [True, False, True]), ("p1", [False, True, True]))
-        for r, c in enumerate(flags)
-    ]
-    table = pa.Table.from_pylist(rows[::-1], schema=TRACE_SCHEMA)  # any order
-    rule = RootIfCovered.from_dataset(ds.dataset(table))
-    held = dict(zip(zip(table["prompt_id"].to_pylist(), table["round_index"].to_pylist(), strict=True),
-                    rule.held(table), strict=True))  # fmt: skip
-    assert held == {("p0", 0): False, ("p0", 1): True, ("p0", 2): False,
-                    ("p1", 0): False, ("p1", 1): False, ("p1", 2): True}  # fmt: skip
-
-
-def test_root_if_covered_is_root_after_covered_else_draft_across_chunks():
-    table = random_trace(3, n_prompts=4, n_rounds=6, level_sizes=[4, 6, 5])
-    temperature = np.where(np.array(table["prompt_id"].to_pylist()) == "p1", 0.0, 1.0)
-    table = table.set_column(
-        table.schema.get_field_index("temperature"),
-        "temperature",
-        pa.array(temperature, pa.float32()),
-    )
-    data = ds.dataset(table)
-    rule = RootIfCovered.from_dataset(data)
-    per_round = evaluate_traces(data, EvalPlan([2, 5], rules=["draft", "root"], substitutions=[]),
-                                extra_factor=rule, chunk_rounds=5)  # fmt: skip
-    covered = {(p, r): c for p, r, c in zip(table["prompt_id"].to_pylist(),
-               table["round_index"].to_pylist(), table["covered"].to_pylist(), strict=True)}  # fmt: skip
-    held = np.array([covered.get((p, r - 1), False) for p, r in
-                     zip(per_round["prompt_id"], per_round["round_index"], strict=True)])  # fmt: skip
-    assert held.any() and (~held).any()
-    for b in (2, 5):
-        want = np.where(held, per_round[f"root@B{b}"], per_round[f"draft@B{b}"])
-        np.testing.assert_array_equal(per_round[f"root_if_covered@B{b}"], want)
-    # the scores themselves: the root rule's exactly where held, draft's elsewhere
-    pool = pool_batch_from_table(table)
-    ctx = pool_context(pool)
-    got, h = rule.scores(pool, table), rule.held(table)
-    np.testing.assert_array_equal(got[h].numpy(), rule_scores(ctx, "root")[h].numpy())
-    np.testing.assert_array_equal(got[~h].numpy(), ctx.draft[~h].numpy())
 
 
 # -- retained-row agreement (issue 14.6) ------------------------------------------------

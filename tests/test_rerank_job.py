@@ -76,6 +76,23 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
     d = result.summary[result.summary["rule"] == "draft"]
     assert (d[["gain", "gain_lo", "gain_hi"]].to_numpy() == 0).all()
     assert "gain vs draft" in result.table and "draft B" in result.table
+    # the default decoder's policy (tree): every pass scores its tree alone, so the decoder
+    # without a root pass is never covered and draft at the scored count is draft
+    rw0 = result.summary[result.summary["weighting"] == "round"].set_index(
+        ["law", "budget", "rule"]
+    )
+    for law in ("greedy", "sampling"):
+        for b in (8, 59):
+            assert rw0.loc[(law, b, "root_if_covered"), "gain"] == 0.0
+            assert rw0.loc[(law, b, "draft_scored"), "accepted"] == pytest.approx(
+                rw0.loc[(law, b, "draft"), "accepted"])  # fmt: skip
+            n_pool = result.per_round["scored/draft@B" + str(b)].max()
+            assert (rw0.loc[(law, b), "scored_prefixes"] == min(b, n_pool)).all()
+    assert "scored set: rerank.score=tree" in result.table
+    # every table names the budget its rounds were recorded at (the fake store's select.budget)
+    for frame in (result.summary, result.comparisons, result.breakdowns):
+        assert set(frame["recorded_budget"]) == {str(SELECT.budget)}
+    assert f"features from rounds recorded at B={SELECT.budget}" in result.table
     # the paper's paired claims, every law, budget and weighting, printed after the table
     pairs = set(zip(result.comparisons["a"], result.comparisons["b"], strict=True))
     learned = ("base_lgbm", "rows_lgbm", "rows_extra_lgbm", "rows_matched_lgbm")
@@ -83,6 +100,7 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
                      ("root", "draft"), ("root_draw", "pearl"), ("root_draw", "pearl_matched"),
                      ("pearl", "pearl_commit"), ("rows_extra_lgbm", "rows_lgbm"),
                      ("rows_matched_lgbm", "rows_lgbm"), ("rows_matched_lgbm", "rows_extra_lgbm"),
+                     ("root_if_covered", "draft_scored"),
                      *((r, "rank_control") for r in (*learned, "iso_q1", "per_depth"))}  # fmt: skip
     assert len(result.comparisons) == len(pairs) * 2 * 2 * 3  # laws x budgets x weightings
     assert "paired comparisons" in result.table

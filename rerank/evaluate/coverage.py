@@ -14,10 +14,8 @@ the recorded edge probabilities, for these scored sets (paper Table 21, App. D.1
   frontier<K>   Q = T ∪ the K best draft-ranked frontier candidates
   frontier      Q = T ∪ the complete frontier (= `pool`'s coverage, fewer prefixes)
 
-`RootIfCovered` is the decoder without a separate root pass as an
-`evaluate_traces` extra rule: exact root selection in rounds whose previous
-round (same prompt, temperature, recording rule and budget) was covered — its
-root row was then already computed — and draft ranking otherwise.
+The decoder without a separate root pass, covered as its own trees are under the
+run's policy, is `rerank.evaluate.policy`'s.
 """
 
 from __future__ import annotations
@@ -27,14 +25,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
-from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
-from selection.pool_batch import PoolBatch
-from selection.ranking import replace_first_factor
+from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
 from selection.rules import parse_value_key, value_key
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
 from specrank.laws import law_columns
@@ -180,63 +175,3 @@ def coverage_table(
     for chunk in iter_pool_chunks(dataset, chunk_rounds, COVERAGE_COLUMNS):
         acc.add(chunk)
     return acc.table(n_resamples, seed)
-
-
-class RootIfCovered:
-    """`extra_factor` rule "root_if_covered": root selection after a covered round, draft otherwise.
-
-    The previous round may lie in another chunk (or shard), so the `covered`
-    flags of all rounds are read once up front (keys and one bool: a few MB at
-    paper scale) and looked up by (prompt, temperature, rule, budget, round - 1).
-    A round without a recorded predecessor (round 0, or a gap) keeps draft ranking.
-    """
-
-    name = "root_if_covered"
-
-    def __init__(self, keys: pd.DataFrame, covered: np.ndarray) -> None:
-        self.codes = RoundCodes(keys[ROUND_KEYS])
-        self.index = pd.Index(self.codes.encode(keys))
-        if not self.index.is_unique:  # (builds the hash table lookups from threads share)
-            raise ValueError("the trace store holds a round twice; cannot find previous rounds")
-        self.covered = np.asarray(covered, dtype=bool)
-
-    @classmethod
-    def from_dataset(cls, dataset: ds.Dataset) -> RootIfCovered:
-        table = dataset.to_table(columns=[*ROUND_KEYS, "covered"])
-        return cls(table.select(ROUND_KEYS).to_pandas(), table["covered"].to_numpy())
-
-    def held(self, table: pa.Table, keys: pd.DataFrame | None = None) -> np.ndarray:
-        """[R] bool: the previous round was covered, so this round holds its root row.
-
-        `keys`: the table's ROUND_KEYS when already converted from Arrow.
-        """
-        keys = table.select(ROUND_KEYS).to_pandas() if keys is None else keys
-        at = self.index.get_indexer(self.codes.encode(keys, shift=-1))
-        return np.where(at >= 0, self.covered[np.maximum(at, 0)], False)
-
-    def first_factor(
-        self,
-        pool: PoolBatch,
-        table: pa.Table,
-        width: int | None = None,
-        keys: pd.DataFrame | None = None,
-    ) -> Tensor:
-        """[R, width]: log p under the law where held, NaN (keeps log q) elsewhere (the first
-        `width` pool columns; None: all)."""
-        held = torch.from_numpy(self.held(table, keys))[:, None]
-        law = pool.law_edge_prob()[:, :width]
-        return torch.where(held, torch.log(law), torch.nan)
-
-    def first_factors(
-        self, pool: PoolBatch, table: pa.Table, width: int, keys: pd.DataFrame
-    ) -> dict[str, Tensor]:
-        """The rule as an `evaluate_traces` first factor (`first_factor=`)."""
-        return {self.name: self.first_factor(pool, table, width, keys)}
-
-    def scores(self, pool: PoolBatch, table: pa.Table) -> Tensor:
-        """[R, P]: exact root first factor (log p under the law) where held, draft factor elsewhere."""
-        first = self.first_factor(pool, table)
-        return replace_first_factor(pool.draft_logprob, pool.depth, first, pool.parent)
-
-    def __call__(self, pool: PoolBatch, table: pa.Table) -> dict[str, Tensor]:
-        return {self.name: self.scores(pool, table)}

@@ -20,12 +20,14 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import mlflow
 import pandas as pd
 from mlflow.entities import Run, RunStatus
 from mlflow.exceptions import MlflowException
 
+from rerank.evaluate.recorded import RECORDED
 from rerank.fit.models import FEATURE_SETS
 from selection.rules import learned, parse_value_key, value_key
 from specrank.bootstrap import WEIGHTINGS, fill_notes
@@ -254,10 +256,11 @@ def long_breakdowns(breakdowns: pd.DataFrame) -> pd.DataFrame:
     return long[[*keys, "rule", "budget", "accepted"]]  # the columns of a long one
 
 
-def read_csv_table(path: Path | str) -> pd.DataFrame:
+def read_csv_table(path: Path | str | IO) -> pd.DataFrame:
     """A logged CSV table as written: an interval's `_note` (empty when it has bounds) stays
-    text, where `read_csv` alone would read the empty notes as NaN."""
-    return fill_notes(pd.read_csv(path))
+    text, where `read_csv` alone would read the empty notes as NaN; the recorded budget
+    stays text ("59", or "8,59" for a store mixing recordings)."""
+    return fill_notes(pd.read_csv(path, dtype={RECORDED: str}))
 
 
 def load_results_text(run_id: str, tracking_uri: str, dst: str | Path | None = None) -> str:

@@ -48,8 +48,9 @@ from specrank.laws import law_columns
 
 
 def value_columns(frame: pd.DataFrame) -> list[str]:
-    """The per-round table's rule-value columns (`selection.rules.value_key`)."""
-    return [c for c in frame.columns if parse_value_key(c) and not c.startswith("size/")]
+    """The per-round table's rule-value columns (`selection.rules.value_key`), without the
+    per-rule auxiliaries (`size/`, `held/`, `scored/`, `<kind>/<rule>@B<b>`)."""
+    return [c for c in frame.columns if (p := parse_value_key(c)) and "/" not in p[0]]
 
 
 def _weighted_mixture(col: str) -> tuple[str, float, int] | None:
@@ -345,8 +346,11 @@ def results_table(summary: pd.DataFrame, weighting: str = "round") -> str:
             + (f"{'draft B':>9}" if node else "")
             for b in budgets
         )
+        source = ""
+        if "recorded_budget" in part:  # rerank.evaluate.recorded: what the features came from
+            source = f", features from rounds recorded at B={part['recorded_budget'].iloc[0]}"
         lines += [f"\n== {law}: {part['rounds'].iloc[0]:,} rounds, {part['prompts'].iloc[0]} prompts "
-                  f"({weighting}-weighted) ==", header, "-" * len(header)]  # fmt: skip
+                  f"({weighting}-weighted{source}) ==", header, "-" * len(header)]  # fmt: skip
         notes = []
         for rule in part["rule"].unique():
             line = f"{rule:<16}"

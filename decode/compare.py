@@ -1,0 +1,290 @@
+"""Several rules in one online run (`run.rules`): who decodes, and the paired comparison.
+
+    python -m decode.run 'run.rules=[draft,reranker:<folder>,root_draw]'
+
+Each entry of `run.rules` is an online rule (`selection.rules.online_rules`) or
+`reranker:<folder or MLflow URI>` (bare `reranker` reads `run.reranker`). Every prompt
+is decoded by every rule at select.budget and at each of `run.budgets` (rules x
+budgets decodes a prompt), the rules in an order rotating with the prompt's position
+(`decode.session.arm_order`) and the budgets reversed on odd positions, after `run.warmup_prompts` untimed decodes
+of every rule; the target-only baseline once per prompt. So two rules' speeds meet the
+machine's load alike. `run.seen_prompts` applies to every reranker of the list: a
+prompt any of them was trained on is refused, or skipped for all rules (the rules
+stay paired). On Ray a shard's prompts, every rule of each, run on one worker.
+
+Per rule and budget: tokens per pass (tau), tokens/s and stage times (the per-rule
+groups tables), and against the first rule the paired prompt-bootstrap intervals of
+the ratios of tau and of tokens/s (`paired_ratios`). With run.score=record|pool each
+rule's realized value stands beside its offline expected value at the same rounds.
+With `run.offline` (the per-round values of a `rerank.train` or `rerank.transfer` run
+on a separate recording of the same prompts) each rule's realized tau stands beside the
+offline prediction for the same prompts, with realized minus predicted and its paired
+interval (`realized_vs_offline`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from decode.metrics import PromptTiming, prompt_table
+from decode.session import RunReport
+from selection.rules import online_rules, value_key
+from selection.rules import rule as rule_entry
+from specrank.bootstrap import percentile_interval, resample_weights
+from specrank.laws import law_name
+from specrank.paths import project_path
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """One rule of the run: its `run.rule` name and, for `reranker`, the model's source."""
+
+    rule: str
+    reranker: str | None = None
+
+
+def rule_specs(rules: list[str], rule: str, reranker: str | None) -> list[RuleSpec]:
+    """`run.rules` parsed (or `run.rule` alone when empty), every entry checked by name; a
+    reranker entry without a model source is refused."""
+    if not rules:
+        if rule_entry(rule).predictor and not reranker:
+            raise ValueError(f"run.rule={rule} needs run.reranker=<folder or MLflow URI>; got none")
+        return [RuleSpec(rule, reranker if rule_entry(rule).predictor else None)]
+    out = []
+    for i, entry in enumerate(rules):
+        name, sep, source = str(entry).partition(":")
+        predictor = name in online_rules() and rule_entry(name).predictor
+        if name not in online_rules() or (sep and not predictor) or (sep and not source):
+            raise ValueError(
+                f"The 'run.rules[{i}]' must be one of {list(online_rules())} or "
+                f"reranker:<folder or MLflow URI>. Got {entry!r} instead."
+            )
+        if predictor and not source:
+            if not reranker:
+                raise ValueError(f"run.rules[{i}]=reranker names no model and run.reranker is "
+                                 f"unset; write reranker:<folder or MLflow URI>")  # fmt: skip
+            source = reranker
+        out.append(RuleSpec(name, source or None))
+    if len(set(out)) < len(out):
+        raise ValueError(f"The 'run.rules' must not repeat a rule. Got {list(rules)!r} instead.")
+    return out
+
+
+def unique_labels(labels: list[str]) -> list[str]:
+    """Labels made unique in order (`reranker_rows_lgbm`, `reranker_rows_lgbm_2`, ...)."""
+    out: list[str] = []
+    for label in labels:
+        k, name = 1, label
+        while name in out:
+            k += 1
+            name = f"{label}_{k}"
+        out.append(name)
+    return out
+
+
+def paired_ratios(timings: dict[str, dict[int, list[PromptTiming]]], eos_ids: frozenset[int],
+                  n_resamples: int, seed: int) -> pd.DataFrame:  # fmt: skip
+    """Per rule and budget: tau, tokens/s and their ratios to the first rule's, paired.
+
+    tau = emitted tokens / rounds and tokens/s = tokens / time, each summed over the
+    prompts; every resample draws prompts (the same draws for every rule and budget),
+    and a ratio is the rule's statistic over the first rule's in the same draw.
+    """
+    labels = list(timings)
+    first = labels[0]
+    rows = []
+    for budget in timings[first]:
+        tables = {r: prompt_table(timings[r][budget], eos_ids) for r in labels}
+        ids = tables[first]["prompt_id"].tolist()
+        for r in labels:
+            if tables[r]["prompt_id"].tolist() != ids:
+                raise ValueError(f"rules {first} and {r} decoded other prompts: not paired")
+        w = resample_weights(len(ids), n_resamples, seed)
+        stats = {r: _stats(t, w) for r, t in tables.items()}
+        for r in labels:
+            row = {"rule": r, "budget": budget, "prompts": len(ids)}
+            for name in ("tau", "tokens_per_s"):
+                point, draws = stats[r][name]
+                base_point, base_draws = stats[first][name]
+                row[name] = point
+                iv = percentile_interval(point / base_point, draws / base_draws)
+                row[f"{name}_ratio"] = iv.estimate
+                row[f"{name}_ratio_lo"], row[f"{name}_ratio_hi"] = iv.low, iv.high
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _stats(t: pd.DataFrame, w: np.ndarray) -> dict[str, tuple[float, np.ndarray]]:
+    """(point, per-resample draws) of tau and tokens/s of one rule's prompt table."""
+    out = {}
+    for name, num, den, scale in (("tau", "emitted", "rounds", 1.0),
+                                  ("tokens_per_s", "tokens", "ms", 1000.0)):  # fmt: skip
+        a, b = t[num].to_numpy(np.float64), t[den].to_numpy(np.float64)
+        out[name] = (scale * a.sum() / b.sum(), scale * (w @ a) / (w @ b))
+    return out
+
+
+def combine_reports(reports: dict[str, RunReport], ratios: pd.DataFrame) -> RunReport:
+    """One report of several rules: their tables stacked with a `rule` column, each rule's
+    metrics under `online/<label>/...` (its offline and realized values keep their
+    rule-named keys), the ratios to the first rule under `compare/B<b>/<label>/...`."""
+
+    def stacked(name: str) -> pd.DataFrame:
+        parts = [getattr(r, name).assign(rule=label) for label, r in reports.items()]
+        return pd.concat([p for p in parts if not p.empty] or [pd.DataFrame()], ignore_index=True)
+
+    metrics: dict[str, float] = {}
+    for label, r in reports.items():
+        for k, v in r.metrics.items():
+            metrics["online/" + label + k[len("online") :] if k.startswith("online/") else k] = v
+    for row in ratios.to_dict("records"):
+        for k, v in row.items():
+            if k.startswith(("tau", "tokens_per_s")) and np.isfinite(v):
+                metrics[f"compare/B{row['budget']}/{row['rule']}/{k}"] = float(v)
+    first = next(iter(reports.values()))
+    return RunReport(stacked("rounds"), stacked("prompts"), stacked("groups"), {}, metrics, None,
+                     stacked("elasticity"), first.entropy, compare=ratios)  # fmt: skip
+
+
+def offline_metrics(table: pd.DataFrame) -> dict[str, float]:
+    """`offline/B<b>/<label>/...`: the offline prediction beside the realized tau."""
+    out = {}
+    for row in table.to_dict("records"):
+        for k in ("realized_tau", "offline_tau", "realized_minus_offline",
+                  "realized_minus_offline_lo", "realized_minus_offline_hi"):  # fmt: skip
+            if np.isfinite(row[k]):
+                out[f"offline/B{row['budget']}/{row['rule']}/{k}"] = float(row[k])
+    return out
+
+
+def offline_text(table: pd.DataFrame, source: str) -> str:
+    """Realized tau beside the offline prediction for the same prompts, as printed."""
+    lines = [f"realized tau beside the offline prediction of {source} (same prompts; paired "
+             f"prompt bootstrap of realized - offline):"]  # fmt: skip
+    for r in table.itertuples():
+        lines.append(
+            f"  B={r.budget:<3d} {r.rule:<28s} realized {r.realized_tau:6.3f}  offline "
+            f"{r.offline_tau:6.3f}  diff {r.realized_minus_offline:+.3f} "
+            f"[{r.realized_minus_offline_lo:+.3f}, {r.realized_minus_offline_hi:+.3f}]"
+        )
+    return "\n".join(lines)
+
+
+def ratios_text(table: pd.DataFrame) -> str:
+    """The paired comparison as printed: ratio [95% CI] of tau and tokens/s to the first rule."""
+    first = table["rule"].iloc[0]
+    lines = [f"rules in one interleaved run, against {first} (paired prompt bootstrap; the "
+             f"intervals hold the prompts' draws and the fitted models fixed):"]  # fmt: skip
+    for r in table.itertuples():
+        lines.append(
+            f"  B={r.budget:<3d} {r.rule:<28s} tau {r.tau:6.3f}  x{r.tau_ratio:.3f} "
+            f"[{r.tau_ratio_lo:.3f}, {r.tau_ratio_hi:.3f}]   tokens/s {r.tokens_per_s:7.2f}  "
+            f"x{r.tokens_per_s_ratio:.3f} [{r.tokens_per_s_ratio_lo:.3f}, "
+            f"{r.tokens_per_s_ratio_hi:.3f}]"
+        )
+    return "\n".join(lines)
+
+
+def plot_ratios(table: pd.DataFrame, path: Path) -> Path:
+    """The ratios of tau and tokens/s to the first rule, with their intervals, per budget."""
+    from rerank.report.plot_style import new_figure, save
+
+    fig = new_figure(9.0, 3.2)
+    axes = fig.subplots(1, 2)
+    budgets = sorted(table["budget"].unique())
+    rules = list(dict.fromkeys(table["rule"]))
+    for ax, name in zip(axes, ("tau", "tokens_per_s"), strict=True):
+        for j, rule in enumerate(rules):
+            part = table[table["rule"] == rule].set_index("budget").loc[budgets]
+            x = np.arange(len(budgets)) + 0.8 * (j - (len(rules) - 1) / 2) / max(len(rules), 1)
+            y = part[f"{name}_ratio"].to_numpy()
+            err = [y - part[f"{name}_ratio_lo"].to_numpy(), part[f"{name}_ratio_hi"].to_numpy() - y]
+            ax.errorbar(x, y, yerr=err, fmt="o", capsize=3, label=rule)
+        ax.axhline(1.0, color="0.5", lw=0.8)
+        ax.set_xticks(np.arange(len(budgets)), [f"B={b}" for b in budgets])
+        ax.set_title(f"{'tau' if name == 'tau' else 'tokens/s'} / {rules[0]}", fontsize=9)
+    axes[0].legend(fontsize=7)
+    save(fig, path)
+    return path
+
+
+# -- the offline prediction beside the realized tau ------------------------------------------------
+
+
+def offline_values(source: str, tracking_uri: str | None = None) -> pd.DataFrame:
+    """The per-round values of `run.offline`: a run folder of rerank.train / rerank.transfer
+    (its `per_round_values.parquet`), that file, or an MLflow URI of either."""
+    if source.startswith(("runs:/", "mlflow-artifacts:/")):
+        import mlflow  # only runs that name an MLflow URI pay for the import
+
+        from specrank.tracking import resolve_tracking_uri
+
+        uri = resolve_tracking_uri(tracking_uri) if tracking_uri else None
+        path = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, tracking_uri=uri))
+    else:
+        path = project_path(source)
+    if path.is_dir():
+        path = path / "per_round_values.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"run.offline: no such file '{path}' (expected the folder of a rerank.train or "
+            f"rerank.transfer run, or its per_round_values.parquet)"
+        )
+    return pd.read_parquet(path)
+
+
+def offline_prompt_sums(values: pd.DataFrame, rule: str, budget: int, temperature: float,
+                        prompt_ids: list[str], source: str) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Per prompt (in `prompt_ids`' order): summed offline tau (value + 1) and rounds of
+    `rule` at `budget` under the run's law. Refuses a table that lacks the column, the law
+    or any of the prompts, naming them."""
+    col = value_key(rule, budget)
+    if col not in values:
+        have = sorted(c for c in values.columns if "@B" in c)
+        raise ValueError(f"run.offline={source}: no offline value {col!r} (rule {rule} at "
+                         f"B={budget}); it holds {have[:12]}{' ...' if len(have) > 12 else ''}")  # fmt: skip
+    part = values[np.isclose(values["temperature"].to_numpy(np.float64), temperature)]
+    if part.empty:
+        raise ValueError(f"run.offline={source}: no rounds of the {law_name(temperature)} law "
+                         f"(T={temperature})")  # fmt: skip
+    grouped = part.groupby("prompt_id")[col].agg(["sum", "size"])
+    missing = [p for p in prompt_ids if p not in grouped.index]
+    if missing:
+        raise ValueError(f"run.offline={source}: {len(missing)} of the run's {len(prompt_ids)} "
+                         f"prompts have no recorded rounds there (e.g. {missing[:3]}); record "
+                         f"those prompts and evaluate them (rerank.transfer)")  # fmt: skip
+    g = grouped.loc[prompt_ids]
+    return (g["sum"] + g["size"]).to_numpy(np.float64), g["size"].to_numpy(np.float64)
+
+
+def realized_vs_offline(timings: dict[str, dict[int, list[PromptTiming]]],
+                        offline_names: dict[str, str | None], values: pd.DataFrame,
+                        temperature: float, eos_ids: frozenset[int], n_resamples: int, seed: int,
+                        source: str) -> pd.DataFrame:  # fmt: skip
+    """Per rule and budget: realized tau, the offline prediction for the same prompts, and
+    realized minus predicted with a prompt-bootstrap interval (each resample draws the same
+    prompts for both; each is a ratio of sums over the drawn prompts' rounds).
+    `offline_names`: label -> the rule's offline name (None: the rule has none, skipped)."""
+    rows = []
+    for label, by_budget in timings.items():
+        name = offline_names.get(label)
+        if name is None:
+            continue
+        for budget, ts in by_budget.items():
+            t = prompt_table(ts, eos_ids)
+            ids = t["prompt_id"].tolist()
+            off, off_rounds = offline_prompt_sums(values, name, budget, temperature, ids, source)
+            real, real_rounds = t["emitted"].to_numpy(np.float64), t["rounds"].to_numpy(np.float64)
+            w = resample_weights(len(ids), n_resamples, seed)
+            point = real.sum() / real_rounds.sum() - off.sum() / off_rounds.sum()
+            draws = (w @ real) / (w @ real_rounds) - (w @ off) / (w @ off_rounds)
+            iv = percentile_interval(point, draws)
+            rows.append({"rule": label, "offline_rule": name, "budget": budget,
+                         "prompts": len(ids), "realized_tau": real.sum() / real_rounds.sum(),
+                         "offline_tau": off.sum() / off_rounds.sum(), **iv.columns(
+                             "realized_minus_offline")})  # fmt: skip
+    return pd.DataFrame(rows)

@@ -1,0 +1,227 @@
+"""A scored-set policy offline (`rerank.score`, the words of `run.score`: selection.policies)
+and App. D.10's decoder without a root pass under it.
+
+Coverage of a tree T under a policy (paper Eq. 5): the pass scores Q ⊇ T, where Q \\ T is
+the policy's set taken in the rule's own order (top_m: the next M after T; frontier: every
+candidate whose parent is in T or the root; record: the recording pass's `cand_scored`;
+pool: all). The emitted address leaves T through its frontier F, so the round is covered
+with probability cov(T) = sum of P(u) over u in Q ∩ F, from the recorded path probabilities
+(greedy: 1 on the target's greedy path, so cov is 1 exactly when the greedy exit is scored).
+`draft_scored` is draft selection's tree of as many nodes as draft's pass scores prefixes
+(B + M under top_m): the decoder that is never covered and scores no more (Theorem 2).
+Every pool edge's probability is recorded (`record`/`pool` recordings score every parent),
+so any policy's coverage is exact at the recorded contexts.
+
+`root_if_covered` (App. D.10): root selection in rounds that hold the root row, because the
+previous round was covered, and draft selection otherwise, including the first round of each
+generation. Each round verifies the tree of the rule it uses and scores Q of that tree in
+that rule's order. With h_t the probability that round t holds the row (0 at a series' first
+round and after a gap in the recorded round indices):
+
+    c_t = h_t cov(T_root,t) + (1 - h_t) cov(T_draft,t)        h_t+1 = c_t
+    V_t = h_t V_root,t + (1 - h_t) V_draft,t
+
+At T = 0 each cov is 0 or 1, so h_t is whether the previous round was covered. At T > 0 it
+is exact at the recorded contexts by total probability: round t's draws are independent of
+whether it holds the row. A pass scores n_T + |Q \\ T| prefixes beside the root (`scored/`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+from numba import njit
+from torch import Tensor
+
+from features.registry import FEATURES
+from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk
+from selection.context import PoolContext
+from selection.policies import SCORE_MODES
+from selection.ranking import rank_order, ranks_of_order
+from selection.rules import BASELINE, parse_value_key, value_key
+from selection.values import rule_scores
+from specrank.laws import law_name
+
+ROOT_IF_COVERED = "root_if_covered"
+DRAFT_SCORED = "draft_scored"
+ROOT = "root"  # the rule a round that holds the root row selects with
+
+
+def own_tree_coverage(ctx: PoolContext, order: Tensor, budget: int, policy: str, top_m: int,
+                      scored: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """(coverage, tree size, prefixes scored outside the tree) per round of the tree of the
+    first `budget` in `order` under `policy` ([R] float64, int64, int64). `scored`: the
+    recording's `cand_scored` ([R, P], for `record`)."""
+    pool, valid = ctx.pool, ctx.pool.valid
+    rank = ranks_of_order(order)
+    in_tree = (rank < budget) & valid
+    outside = valid & ~in_tree
+    parent_in = torch.gather(in_tree, -1, pool.parent.clamp(min=0))
+    frontier = outside & ((pool.parent < 0) | parent_in)
+    if policy == "tree":
+        q = torch.zeros_like(outside)
+    elif policy == "top_m":
+        q = outside & (rank < budget + top_m)
+    elif policy == "frontier":
+        q = frontier
+    elif policy == "record":
+        if scored is None:
+            raise ValueError("rerank.score=record needs the recording's cand_scored column")
+        q = outside & scored
+    elif policy == "pool":
+        q = outside
+    else:
+        raise ValueError(f"The 'rerank.score' must be one of {list(SCORE_MODES)}. Got {policy!r}.")
+    cov = torch.where(frontier & q, ctx.path_prob, 0.0).sum(-1, dtype=torch.float64)
+    return cov, in_tree.sum(-1), q.sum(-1)
+
+
+@dataclass
+class PolicyRounds:
+    """Per round and budget: the coverage and scored prefixes of draft's and root's own trees
+    under the policy, chunk by chunk (a `ChunkConsumer` of the evaluation pass)."""
+
+    budgets: Sequence[int]
+    policy: str
+    top_m: int = 100
+    parts: list[pd.DataFrame] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.policy not in SCORE_MODES:
+            raise ValueError(
+                f"The 'rerank.score' must be one of {list(SCORE_MODES)}. Got {self.policy!r}."
+            )
+        if self.policy == "top_m" and self.top_m < 1:
+            raise ValueError(f"The 'rerank.score_top_m' must be >= 1. Got {self.top_m}.")
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return ("cand_scored",) if self.policy == "record" else ()
+
+    def part(self, chunk: PoolChunk) -> pd.DataFrame:
+        ctx = chunk.ctx
+        scored = chunk.scored if self.policy == "record" else None
+        orders = {BASELINE: chunk.order, ROOT: rank_order(rule_scores(ctx, ROOT), ctx.restrict)}
+        cols: dict[str, np.ndarray] = {}
+        for b in self.budgets:
+            for name, order in orders.items():
+                cov, n_tree, extra = own_tree_coverage(ctx, order, b, self.policy, self.top_m,
+                                                       scored)  # fmt: skip
+                cols[value_key(f"cov/{name}", b)] = cov.numpy()
+                cols[value_key(f"scored/{name}", b)] = (n_tree + extra).double().numpy()
+            # draft's tree as large as its pass's scored prefixes: the first n in draft order
+            n = torch.from_numpy(cols[value_key(f"scored/{BASELINE}", b)]).long()
+            cum = chunk.path_prob_ordered.cumsum(-1, dtype=torch.float64)
+            at = torch.gather(cum, -1, (n - 1).clamp(min=0)[:, None])[:, 0]
+            cols[value_key(DRAFT_SCORED, b)] = torch.where(n > 0, at, 0.0).numpy()
+        keys = chunk.keys[ROUND_KEYS].reset_index(drop=True)
+        return pd.concat([keys, pd.DataFrame(cols)], axis=1)
+
+    def merge(self, part: pd.DataFrame) -> None:
+        self.parts.append(part)
+
+    def apply(self, per_round: pd.DataFrame) -> pd.DataFrame:
+        """`per_round` (the pass's rounds, in the same chunk order) with `root_if_covered@B`,
+        its held probability `held/root_if_covered@B`, `draft_scored@B` and the scored
+        prefixes per pass of draft's tree and root_if_covered's (`scored/<rule>@B`)."""
+        frame = pd.concat(self.parts, ignore_index=True)
+        if not frame[ROUND_KEYS].equals(per_round[ROUND_KEYS].reset_index(drop=True)):
+            raise ValueError("the policy's rounds are not the evaluation pass's rounds")
+        order = np.lexsort([frame[k].to_numpy() for k in reversed(ROUND_KEYS)])
+        keys = frame.iloc[order]
+        same = np.ones(len(keys), dtype=bool)
+        for k in ROUND_KEYS[:-1]:
+            v = keys[k].to_numpy()
+            same[1:] &= v[1:] == v[:-1]
+        same[0] = False
+        r = keys["round_index"].to_numpy(np.int64)
+        follows = same & np.concatenate([[False], r[1:] == r[:-1] + 1])
+        out = per_round.copy()
+        for b in self.budgets:
+            cov_d = frame[value_key(f"cov/{BASELINE}", b)].to_numpy()[order]
+            cov_r = frame[value_key(f"cov/{ROOT}", b)].to_numpy()[order]
+            held = np.empty(len(frame))
+            held[order] = _held(follows, cov_d, cov_r)
+            draft, root = out[value_key(BASELINE, b)].to_numpy(), out[value_key(ROOT, b)].to_numpy()
+            out[value_key(ROOT_IF_COVERED, b)] = held * root + (1.0 - held) * draft
+            out[value_key(f"held/{ROOT_IF_COVERED}", b)] = held
+            s_d = frame[value_key(f"scored/{BASELINE}", b)].to_numpy()
+            s_r = frame[value_key(f"scored/{ROOT}", b)].to_numpy()
+            out[value_key(f"scored/{BASELINE}", b)] = s_d
+            out[value_key(DRAFT_SCORED, b)] = frame[value_key(DRAFT_SCORED, b)].to_numpy()
+            out[value_key(f"scored/{ROOT_IF_COVERED}", b)] = held * s_r + (1.0 - held) * s_d
+        return out
+
+
+@njit(cache=True)
+def _held(follows: np.ndarray, cov_draft: np.ndarray, cov_root: np.ndarray) -> np.ndarray:
+    """h_t of the module doc over rounds sorted by series and round index: 0 where a round
+    does not follow the previous one, else the previous round's coverage."""
+    out = np.zeros(len(follows))
+    h = 0.0
+    for i in range(len(follows)):
+        if not follows[i]:
+            h = 0.0
+        out[i] = h
+        h = h * cov_root[i] + (1.0 - h) * cov_draft[i]
+    return out
+
+
+def with_scored_prefixes(summary: pd.DataFrame, per_round: pd.DataFrame) -> pd.DataFrame:
+    """`summary` with `scored_prefixes`: the mean prefixes a rule's pass scores beside the root
+    under the policy (round-weighted, at every weighting): root_if_covered's from its own
+    trees, every other rule's from draft's tree (exact for tree, top_m and pool, whose count
+    does not depend on the tree; frontier and record count draft's tree's)."""
+    means = {}
+    for temperature, part in per_round.groupby("temperature"):
+        law = law_name(float(temperature))
+        for c in part.columns:
+            if c.startswith("scored/") and (p := parse_value_key(c.removeprefix("scored/"))):
+                means[(law, p[1], p[0])] = float(part[c].mean())
+
+    def count(row: pd.Series) -> float:
+        own = means.get((row["law"], row["budget"], row["rule"]))
+        return own if own is not None else means.get((row["law"], row["budget"], BASELINE), np.nan)
+
+    out = summary.copy()
+    out["scored_prefixes"] = out.apply(count, axis=1) if len(out) else np.nan
+    return out
+
+
+def policy_text(summary: pd.DataFrame, policy: str, top_m: int) -> str:
+    """The scored set the figures are for, and each budget's prefixes per pass."""
+    what = f"rerank.score={policy}" + (f", M={top_m}" if policy == "top_m" else "")
+    lines = [f"scored set: {what}; prefixes scored per pass beside the root, draft's tree "
+             f"({ROOT_IF_COVERED}'s own trees):"]  # fmt: skip
+    sub = summary[summary["weighting"] == "round"] if "weighting" in summary else summary
+    for (law, b), part in sub.groupby(["law", "budget"], sort=False):
+        by_rule = part.set_index("rule")["scored_prefixes"]
+        own = by_rule.get(ROOT_IF_COVERED, np.nan)
+        lines.append(f"  {law} B={b}: {by_rule.get(BASELINE, np.nan):.1f} ({own:.1f}); "
+                     f"{DRAFT_SCORED} = draft at that count")  # fmt: skip
+    return "\n".join(lines)
+
+
+# The feature groups whose rows a policy decides: the matched row exists only when the
+# previous pass scored the emitted address (features.registry group "matched").
+POLICY_GROUPS = ("matched",)
+# Policies under which the matched row's availability is the recording's (record) or never
+# (tree); under the others it would need the previous round's own set, not simulated yet.
+MATCHED_AS_RECORDED = ("record",)
+
+
+def for_policy(frame: pd.DataFrame, policy: str) -> pd.DataFrame:
+    """The candidate rows as a decoder under `policy` has them: under `tree` the matched row
+    is never there (Theorem 1: the emitted address is never a verified prefix), so its
+    features are missing (NaN), in fitting and prediction alike; under `record` they are the
+    recording's own. Other policies are refused by the settings check."""
+    if policy in MATCHED_AS_RECORDED:
+        return frame
+    cols = [f.name for f in FEATURES if f.group in POLICY_GROUPS and f.name in frame]
+    if not cols:
+        return frame
+    return frame.assign(**{c: np.nan for c in cols})

@@ -1,0 +1,43 @@
+"""Which budget's recording a table's features came from (issue 28 point 3).
+
+Offline values at every budget are computed on the rounds of one recording: its round
+contexts, `prev_accepted` and `tokens_before`, and the retained rows (same-token row,
+token-keyed cache writes, token-only rows) all come from the trees the recording verified,
+at its `select.budget`. A decoder at another budget builds them from its own trees. So
+every evaluation table names the recorded budget of its law beside its `budget` column
+(`recorded_budget`; "8,59" for a store mixing recordings), and the printed table says it.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from specrank.laws import law_name
+
+RECORDED = "recorded_budget"
+
+
+def recorded_budgets(dataset: ds.Dataset) -> dict[str, str]:
+    """Law name -> the budget(s) its rounds were recorded at, ascending, comma-joined."""
+    table = dataset.to_table(columns=["temperature", "budget"])
+    pairs = pc.unique(pc.binary_join_element_wise(
+        pc.cast(table["temperature"], "string"), pc.cast(table["budget"], "string"), "|"
+    ))  # fmt: skip
+    out: dict[str, set[int]] = {}
+    for pair in pairs.to_pylist():
+        t, b = pair.split("|")
+        out.setdefault(law_name(float(t)), set()).add(int(b))
+    return {law: ",".join(str(b) for b in sorted(bs)) for law, bs in out.items()}
+
+
+def with_recorded_budget(frame: pd.DataFrame, budgets: dict[str, str]) -> pd.DataFrame:
+    """`frame` with the recorded budget of each row's law beside its law columns; a frame
+    without a `law` column is returned as it is."""
+    if "law" not in frame or RECORDED in frame:
+        return frame
+    at = list(frame.columns).index("target_temperature" if "target_temperature" in frame else "law")
+    out = frame.copy()
+    out.insert(at + 1, RECORDED, out["law"].map(budgets))
+    return out

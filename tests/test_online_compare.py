@@ -1,0 +1,183 @@
+"""Rules compared in one online run (`run.rules`, decode.compare): order, pairing, ratios, the
+offline prediction beside the realized tau, and the refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+
+import decode.session as session
+from decode.compare import offline_prompt_sums, rule_specs
+from decode.config import RunConfig
+from decode.metrics import expected_values
+from decode.run import run_online
+from decode.session import Arm, arm_order, decode_all
+from pairs.config import DataConfig, PromptSource
+from pairs.prompts import Prompt
+from specrank.config import MlflowConfig
+from specrank.trace_schema import trace_store
+from tests.online_fixtures import PROMPTS, fitted_reranker, settings
+from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
+
+
+def _data(tmp_path: Path, prompts: list[Prompt]) -> DataConfig:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": p.id, "task": p.task, "prompt": p.text}) + "\n"
+                            for p in prompts))  # fmt: skip
+    return DataConfig(name="tiny", sources=[PromptSource(kind="jsonl", path=str(path))])
+
+
+def test_rule_order_rotates_with_the_prompt_position():
+    assert [arm_order(["a", "b"], i) for i in range(4)] == [["a", "b"], ["b", "a"]] * 2
+    leads = [arm_order(["a", "b", "c"], i)[0] for i in range(6)]
+    assert leads == ["a", "b", "c", "a", "b", "c"]
+    assert sorted(arm_order(["a", "b", "c"], 4)) == ["a", "b", "c"]  # every rule, once
+
+
+def test_decode_all_alternates_the_rules_across_prompts(tmp_path, monkeypatch):
+    """The decoding loop itself, not only the helper: which rule decodes first at each prompt
+    (and at a Ray shard's `start`), every rule and budget once per prompt."""
+    pair = tiny_pair(tmp_path / "models", "llama")
+    calls: list[tuple[str, str, int]] = []
+    real = session.decode_prompt
+
+    def spy(target, drafter, prompt, s, *args, **kw):
+        calls.append((args[1], s.rule, s.base.select.budget))  # (prompt id, rule, budget)
+        return real(target, drafter, prompt, s, *args, **kw)
+
+    monkeypatch.setattr(session, "decode_prompt", spy)
+    arms = [Arm("draft", settings("draft", max_new_tokens=4)),
+            Arm("root", settings("root", max_new_tokens=4))]  # fmt: skip
+    run = RunConfig(warmup_prompts=0, baseline=False, progress=False, budgets=[3])
+    with one_thread():
+        out = decode_all(pair, PROMPTS[:4], arms, run)
+    firsts = [next(r for p, r, _ in calls if p == q.id) for q in PROMPTS[:4]]
+    assert firsts == ["draft", "root", "draft", "root"]
+    for q in PROMPTS[:4]:
+        assert sorted((r, b) for p, r, b in calls if p == q.id) == [
+            ("draft", 3), ("draft", 6), ("root", 3), ("root", 6)
+        ]  # fmt: skip
+    assert {label: sorted(b) for label, b in out.items()} == {"draft": [3, 6], "root": [3, 6]}
+    calls.clear()
+    with one_thread():
+        decode_all(pair, PROMPTS[:2], arms, run, start=3)  # a shard starting at position 3
+    assert [next(r for p, r, _ in calls if p == q.id) for q in PROMPTS[:2]] == ["root", "draft"]
+
+
+def test_rules_in_one_run_are_paired_and_logged(tmp_path):
+    """draft, a fitted reranker and root decode every prompt at T=0: each rule's output is the
+    target's greedy output; the ratios are the rules' own tau over draft's, recomputed here from
+    the prompt tables; the first rule's ratio is 1; tables, plot and metrics reach MLflow."""
+    model_cfg = tiny_model_config(tmp_path / "models", "llama")
+    with one_thread():
+        saved = fitted_reranker(tmp_path / "rr", tiny_pair(tmp_path / "models", "llama"), 0.0)
+    tracking = MlflowConfig(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", experiment="cmp")
+    run = RunConfig(rules=["draft", f"reranker:{saved}", "root"], warmup_prompts=1,
+                    bootstrap_resamples=200, progress=False, seen_prompts="allow")  # fmt: skip
+    s = settings("draft", max_new_tokens=16)
+    config = {"run": dataclasses.asdict(run)}
+    with one_thread():
+        report = run_online(model_cfg, _data(tmp_path, PROMPTS[:4]), s, run, tracking, config,
+                            tmp_path / "out")  # fmt: skip
+    labels = ["draft", "reranker_rows_lgbm", "root"]
+    table = report.compare.set_index("rule")
+    assert list(table.index) == labels and (table["prompts"] == 4).all()
+    for label in labels:
+        p = report.prompts[report.prompts["rule"] == label]
+        assert p["prompt_id"].tolist() == [q.id for q in PROMPTS[:4]]
+        assert table.loc[label, "tau"] == pytest.approx(p["emitted"].sum() / p["rounds"].sum())
+        m = report.metrics
+        assert m[f"online/{label}/greedy_output_matches_baseline"] == 1.0
+        assert m[f"online/{label}/tau"] == pytest.approx(table.loc[label, "tau"])
+        row = table.loc[label]
+        for name in ("tau_ratio", "tokens_per_s_ratio"):
+            assert row[f"{name}_lo"] <= row[name] <= row[f"{name}_hi"]
+    draft_tau = table.loc["draft", "tau"]
+    assert table.loc["root", "tau_ratio"] == pytest.approx(table.loc["root", "tau"] / draft_tau)
+    first = table.loc["draft"]
+    assert (first["tau_ratio"], first["tau_ratio_lo"], first["tau_ratio_hi"]) == (1.0, 1.0, 1.0)
+    assert report.metrics["compare/B6/root/tau_ratio"] == table.loc["root", "tau_ratio"]
+    assert set(report.groups["rule"]) == set(labels)
+    data = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri).get_run(report.run_id)
+    assert data.data.tags["rule"] == "+".join(labels) and data.data.tags["reranker"] == str(saved)
+    client = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri)
+    logged = {f.path for d in ("tables", "plots") for f in client.list_artifacts(report.run_id, d)}
+    assert {"tables/online_compare.csv", "plots/online_compare.png"} <= logged
+
+
+def test_offline_prediction_of_a_separate_recording_meets_the_realized_tau(tmp_path):
+    """A separate recording of the same prompts (decode.record's rounds, draft at B=6, T=0)
+    gives each rule's offline prediction. Draft's recorded rounds are the online rounds, so
+    realized equals predicted exactly; root's prediction is its own offline mean."""
+    pair = tiny_pair(tmp_path / "models", "llama")
+    model_cfg = tiny_model_config(tmp_path / "models", "llama")
+    with one_thread():
+        fitted_reranker(tmp_path / "rr", pair, 0.0)  # records PROMPTS at B=6, T=0 into rr/traces
+    rows = trace_store(tmp_path / "rr" / "traces").dataset().to_table().to_pylist()
+    frame = pd.DataFrame({"prompt_id": [r["prompt_id"] for r in rows],
+                          "temperature": [r["temperature"] for r in rows]})  # fmt: skip
+    frame["draft@B6"] = expected_values(rows, "draft", 6)
+    frame["root@B6"] = expected_values(rows, "root", 6)
+    path = tmp_path / "offline.parquet"
+    frame.drop(columns="root@B6").to_parquet(path)
+    run = RunConfig(rules=["draft", "root"], offline=str(path), warmup_prompts=0,
+                    baseline=False, bootstrap_resamples=100, progress=False)  # fmt: skip
+    s = settings("draft")  # 24 new tokens, as the recording
+    data = _data(tmp_path, PROMPTS)
+    with pytest.raises(ValueError, match=r"no offline value 'root@B6' \(rule root at B=6\)"):
+        run_online(model_cfg, data, s, run, None, {}, tmp_path / "o0")  # before any decode
+    frame.to_parquet(path)
+    with one_thread():
+        report = run_online(model_cfg, data, s, run, None, {}, tmp_path / "o")
+    off = report.offline.set_index("rule")
+    assert off.loc["draft", "realized_minus_offline"] == pytest.approx(0.0, abs=1e-12)
+    assert off.loc["draft", "realized_minus_offline_lo"] == pytest.approx(0.0, abs=1e-12)
+    assert off.loc["draft", "realized_minus_offline_hi"] == pytest.approx(0.0, abs=1e-12)
+    assert off.loc["root", "offline_tau"] == pytest.approx(1 + frame["root@B6"].mean())
+    assert report.metrics["offline/B6/root/offline_tau"] == off.loc["root", "offline_tau"]
+
+
+def test_offline_values_refuse_missing_prompts_and_laws():
+    values = pd.DataFrame({"prompt_id": ["p0", "p0", "p1"], "temperature": [0.0] * 3,
+                           "draft@B8": [1.0, 2.0, 0.0]})  # fmt: skip
+    sums, rounds = offline_prompt_sums(values, "draft", 8, 0.0, ["p1", "p0"], "x")
+    assert sums.tolist() == [1.0, 5.0] and rounds.tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match=r"1 of the run's 2 prompts .*\['p9'\]"):
+        offline_prompt_sums(values, "draft", 8, 0.0, ["p0", "p9"], "x")
+    with pytest.raises(ValueError, match=r"no rounds of the sampling law"):
+        offline_prompt_sums(values, "draft", 8, 1.0, ["p0"], "x")
+    with pytest.raises(ValueError, match=r"no offline value 'root@B8'.*\['draft@B8'\]"):
+        offline_prompt_sums(values, "root", 8, 0.0, ["p0"], "x")
+
+
+def test_rule_lists_are_checked_by_name():
+    assert rule_specs([], "draft", None)[0].rule == "draft"
+    specs = rule_specs(["draft", "reranker", "reranker:b"], "draft", "a")
+    assert [(p.rule, p.reranker) for p in specs] == [("draft", None), ("reranker", "a"),
+                                                     ("reranker", "b")]  # fmt: skip
+    with pytest.raises(ValueError, match=r"run.rules\[1\]' must be one of"):
+        rule_specs(["draft", "oracle"], "draft", None)
+    with pytest.raises(ValueError, match=r"run.rules\[0\]' must be one of .*'draft:x'"):
+        rule_specs(["draft:x"], "draft", None)
+    with pytest.raises(ValueError, match="must not repeat a rule"):
+        rule_specs(["draft", "draft"], "draft", None)
+    with pytest.raises(ValueError, match=r"run.rules\[0\]=reranker names no model"):
+        rule_specs(["reranker"], "draft", None)
+    with pytest.raises(ValueError, match=r"run\.rule=reranker needs run\.reranker"):
+        rule_specs([], "reranker", None)
+
+
+def test_several_rules_refuse_trace_recording(tmp_path):
+    model_cfg = tiny_model_config(tmp_path / "models", "llama")
+    run = RunConfig(rules=["draft", "root"], score="record", record_traces=True,
+                    traces_out=str(tmp_path / "t"), progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match=r"record_traces=true writes one rule's rounds.*names 2"):
+        run_online(model_cfg, _data(tmp_path, PROMPTS[:2]), settings("draft", score="record"),
+                   run, None, {}, tmp_path / "o")  # fmt: skip
+    assert not np.any([p.exists() for p in (tmp_path / "t", tmp_path / "o")])

@@ -1,0 +1,171 @@
+"""Scored-set policies offline (rerank.evaluate.policy): coverage of a rule's own tree against
+hand-computed values and against the recorder's own coverage flag, App. D.10's recursion,
+root_if_covered and draft_scored through the evaluation pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+from decode.loop import decode_prompt
+from decode.recording import record_traces
+from features.registry import FEATURES
+from features.schema import candidate_store
+from pairs.prompts import encode_prompt
+from rerank.config import RerankConfig
+from rerank.evaluate.policy import PolicyRounds, _held, for_policy, own_tree_coverage
+from rerank.evaluate.pool_chunks import chunk_of
+from rerank.evaluate.values import EvalPlan, evaluate_traces
+from rerank.serving import OnlinePredictor, load_online_reranker
+from rerank.settings import check_settings
+from selection.ranking import rank_order
+from selection.values import rule_scores
+from specrank.trace_schema import TRACE_SCHEMA, trace_store
+from tests.fake_traces import random_trace
+from tests.online_fixtures import PROMPTS, fitted_reranker, settings
+from tests.test_reports import IDX, NAMES, trace_row
+from tests.tiny_models import one_thread, tiny_pair
+
+
+def _cov(row: dict, budget: int, policy: str, top_m: int = 100) -> tuple[float, int, int]:
+    chunk = chunk_of(pa.Table.from_pylist([row], schema=TRACE_SCHEMA))
+    cov, n_tree, extra = own_tree_coverage(chunk.ctx, chunk.order, budget, policy, top_m,
+                                           chunk.scored)  # fmt: skip
+    return float(cov[0]), int(n_tree[0]), int(extra[0])
+
+
+def test_spec_trie_coverage_under_each_policy():
+    """SPEC §10 trie, IID uniform binary target, T = the draft top-7 {a, b, aa, ab, ba, aaa,
+    aab}; the draft order continues baa, bab, aba, abb, bb, bba, bbb. The frontier of T is
+    baa, bab, aba, abb (1/8 each) and bb (1/4): 3/4 (exits below aaa, aab leave the pool)."""
+    scored = [n in ("a", "b", "aa", "ab", "ba", "aaa", "aab", "bb", "bba") for n in NAMES]
+    row = trace_row(cand_scored=scored)
+    assert _cov(row, 7, "tree") == (0.0, 7, 0)  # Theorem 1
+    assert _cov(row, 7, "top_m", 1) == pytest.approx((1 / 8, 7, 1))  # baa
+    assert _cov(row, 7, "top_m", 3) == pytest.approx((3 / 8, 7, 3))  # + bab, aba
+    assert _cov(row, 7, "top_m", 5) == pytest.approx((3 / 4, 7, 5))  # + abb, bb
+    assert _cov(row, 7, "top_m", 100) == pytest.approx((3 / 4, 7, 7))  # bba, bbb: not frontier
+    assert _cov(row, 7, "frontier") == pytest.approx((3 / 4, 7, 5))
+    assert _cov(row, 7, "pool") == pytest.approx((3 / 4, 7, 7))
+    assert _cov(row, 7, "record") == pytest.approx((1 / 4, 7, 2))  # bb; bba's parent is outside
+    # B=3: T = {a, b, aa}; frontier aaa, aab (1/8), ab, ba, bb (1/4): every exit in the pool
+    assert _cov(row, 3, "pool")[0] == pytest.approx(1.0)
+    assert _cov(row, 3, "top_m", 2)[0] == pytest.approx(1 / 8 + 1 / 4)  # aaa, ab
+
+
+def test_greedy_coverage_is_the_greedy_exit_in_the_scored_set():
+    """Greedy path b -> ba -> bab leaves T (B=7) at bab, the second outside it."""
+    argmax = [0] * len(NAMES)
+    argmax[IDX["b"]], argmax[IDX["ba"]] = 0, 1
+    row = trace_row(temperature=0.0, root_argmax=1, cand_target_argmax=argmax)
+    assert _cov(row, 7, "top_m", 1)[0] == 0.0
+    assert _cov(row, 7, "top_m", 2)[0] == 1.0
+    assert _cov(row, 7, "frontier")[0] == 1.0
+
+
+def test_recorded_coverage_is_the_recorders_flag(tmp_path):
+    """The paper's check (App. D.10): under `record`, draft's own tree at the recorded budget is
+    covered exactly in the greedy rounds the recorder flagged covered."""
+    pair = tiny_pair(tmp_path / "models", "llama")
+    with one_thread():
+        record_traces(tmp_path / "t", pair, PROMPTS, settings().base, 4, {}, progress=False)
+    table = trace_store(tmp_path / "t").dataset().to_table()
+    chunk = chunk_of(table)
+    budget = int(table["budget"][0].as_py())
+    cov, _, _ = own_tree_coverage(chunk.ctx, chunk.order, budget, "record", 0, chunk.scored)
+    flags = np.array(table["covered"].to_pylist())
+    assert flags.any() and (~flags).any()
+    np.testing.assert_array_equal(cov.numpy() == 1.0, flags)
+    assert set(np.unique(cov.numpy())) <= {0.0, 1.0}
+
+
+def test_held_probability_recursion_by_hand():
+    """h_0 = 0; h_t+1 = h_t cov_root + (1 - h_t) cov_draft; 0 again where a series restarts."""
+    follows = np.array([False, True, True, False, True])
+    cov_d = np.array([0.5, 0.2, 1.0, 0.3, 0.0])
+    cov_r = np.array([0.9, 0.4, 0.0, 0.6, 0.1])
+    np.testing.assert_allclose(_held(follows, cov_d, cov_r), [0.0, 0.5, 0.3, 0.0, 0.3])
+
+
+def _evaluate(table: pa.Table, policy: str, top_m: int = 3) -> pd.DataFrame:
+    acc = PolicyRounds([2, 5], policy, top_m)
+    plan = EvalPlan([2, 5], rules=["draft", "root"], substitutions=[])
+    per_round = evaluate_traces(ds.dataset(table), plan, chunk_rounds=5, consumers=[acc])
+    return acc.apply(per_round)
+
+
+def test_root_if_covered_uses_its_own_trees_across_chunks():
+    """Greedy rounds: the row is held after a round whose own tree (draft's, or root's when
+    that round held the row) was covered; the value is root's there and draft's elsewhere."""
+    table = random_trace(3, n_prompts=4, n_rounds=6, level_sizes=[4, 6, 5])
+    table = table.set_column(table.schema.get_field_index("temperature"), "temperature",
+                             pa.array(np.zeros(len(table)), pa.float32()))  # fmt: skip
+    out = _evaluate(table, "top_m")
+    chunk = chunk_of(table)
+    orders = {"draft": chunk.order, "root": rank_order(rule_scores(chunk.ctx, "root"))}
+    for b in (2, 5):
+        cov = {n: own_tree_coverage(chunk.ctx, o, b, "top_m", 3)[0].numpy()
+               for n, o in orders.items()}  # fmt: skip
+        held = out[f"held/root_if_covered@B{b}"].to_numpy()
+        assert set(np.unique(held)) <= {0.0, 1.0}  # greedy: the row is held or it is not
+        assert held.any() or b == 5
+        keys = list(zip(table["prompt_id"].to_pylist(), table["round_index"].to_pylist(),
+                        strict=True))  # fmt: skip
+        at = {k: i for i, k in enumerate(keys)}  # the rows are shuffled
+        for i, (p, r) in enumerate(keys):
+            j = at.get((p, r - 1))
+            want = 0.0 if j is None else cov["root" if held[j] else "draft"][j]
+            assert held[i] == want, (p, r)
+        want = np.where(held == 1, out[f"root@B{b}"], out[f"draft@B{b}"])
+        np.testing.assert_array_equal(out[f"root_if_covered@B{b}"], want)
+        assert out[f"scored/draft@B{b}"].eq(min(b + 3, 15)).all()  # B + M, within 15 nodes
+
+
+def test_tree_policy_is_never_covered_and_draft_scored_is_a_larger_draft_tree():
+    table = random_trace(4, n_prompts=3, n_rounds=5, level_sizes=[4, 6, 5])
+    tree = _evaluate(table, "tree")
+    for b in (2, 5):
+        assert (tree[f"held/root_if_covered@B{b}"] == 0).all()
+        np.testing.assert_array_equal(tree[f"root_if_covered@B{b}"], tree[f"draft@B{b}"])
+        np.testing.assert_allclose(tree[f"draft_scored@B{b}"], tree[f"draft@B{b}"])
+    top = _evaluate(table, "top_m", 3)
+    wide = evaluate_traces(ds.dataset(table), EvalPlan([5, 8], rules=["draft"], substitutions=[]))
+    np.testing.assert_allclose(top["draft_scored@B2"], wide["draft@B5"])  # B + M = 5
+    np.testing.assert_allclose(top["draft_scored@B5"], wide["draft@B8"])
+
+
+def test_policy_settings_are_checked():
+    with pytest.raises(ValueError, match=r"rerank.score' must be one of .*'everything'"):
+        check_settings(RerankConfig(score="everything"))
+    with pytest.raises(ValueError, match=r"rerank.score_top_m"):
+        check_settings(RerankConfig(score="top_m", score_top_m=0))
+    with pytest.raises(ValueError, match=r"rerank.top_m=50 restricts"):
+        check_settings(RerankConfig(score="pool", top_m=50, feature_sets=["base", "rows"]))
+
+
+def test_under_tree_the_matched_row_is_missing_online_and_offline(tmp_path):
+    """A tree-only decoder never holds the matched row (Theorem 1): online its features are
+    missing in every round; offline `for_policy(tree)` removes the recorded ones, and only them."""
+    pair = tiny_pair(tmp_path / "models", "llama")
+    matched = [f.name for f in FEATURES if f.group == "matched"]
+    with one_thread():
+        path = fitted_reranker(tmp_path / "rr", pair, 0.0, feature_set="rows_matched")
+        predictor = OnlinePredictor(load_online_reranker(str(path), 0.0, "unused"), pair.device)
+        s = settings("reranker", 0.0, score="tree", max_new_tokens=32)
+        rounds = [x for p in PROMPTS[:4] for x in decode_prompt(
+            pair.target, pair.drafter, encode_prompt(pair.tokenizer, p.text), s, frozenset(),
+            p.id, p.task, predictor, keep_features=True).rounds]  # fmt: skip
+    assert len(rounds) > 10
+    for name in matched:
+        assert all(np.isnan(np.asarray(x.features[name], dtype=float)).all() for x in rounds)
+    frame = candidate_store(tmp_path / "rr" / "features").read().to_pandas()
+    assert np.isfinite(frame["matched_logprob"].to_numpy(float)).any()  # recorded: some rounds
+    masked = for_policy(frame, "tree")
+    assert masked[matched].isna().all().all()
+    pd.testing.assert_frame_equal(masked.drop(columns=matched), frame.drop(columns=matched))
+    assert for_policy(frame, "record") is frame
+    with pytest.raises(ValueError, match=r"rows_matched.*rerank.score=pool.*not simulated"):
+        check_settings(RerankConfig(score="pool"))
