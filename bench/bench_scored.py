@@ -26,6 +26,7 @@ import torch
 from bench.bench_online import load_pair, settings, suite_prompts
 from decode.loop import decode_prompt
 from decode.metrics import PromptTiming, round_table
+from decode.session import arm_order
 from decode.settings import OnlineSettings
 from decode.stream import DecodeSettings
 from pairs.models import ModelPair
@@ -55,8 +56,7 @@ def bench_scored(pair: ModelPair, prompts: list[Prompt], base: DecodeSettings,
             one(0, label)
         runs: dict[str, list[PromptTiming]] = {a[0]: [] for a in arms}
         for i in range(len(prompts)):
-            k = i % len(arms)
-            for label, _, _ in arms[k:] + arms[:k]:
+            for label, _, _ in arm_order(arms, i):
                 runs[label].append(
                     PromptTiming(prompts[i].id, prompts[i].task, one(i, label), 0, 0.0)
                 )

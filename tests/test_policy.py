@@ -169,3 +169,24 @@ def test_under_tree_the_matched_row_is_missing_online_and_offline(tmp_path):
     assert for_policy(frame, "record") is frame
     with pytest.raises(ValueError, match=r"rows_matched.*rerank.score=pool.*not simulated"):
         check_settings(RerankConfig(score="pool"))
+
+
+def test_the_matched_row_follows_exactly_the_covered_rounds_online(tmp_path):
+    """Under a policy that scores beyond the tree (here the recorder's, whose rows say which
+    rounds were covered), the matched row is there in round t exactly when round t-1's
+    emitted address was scored."""
+    pair = tiny_pair(tmp_path / "models", "llama")
+    with one_thread():
+        path = fitted_reranker(tmp_path / "rr", pair, 0.0, feature_set="rows_matched")
+        predictor = OnlinePredictor(load_online_reranker(str(path), 0.0, "unused"), pair.device)
+        s = settings("reranker", 0.0, score="record", record=True, max_new_tokens=32)
+        runs = [decode_prompt(pair.target, pair.drafter, encode_prompt(pair.tokenizer, p.text), s,
+                              frozenset(), p.id, p.task, predictor, keep_features=True)
+                for p in PROMPTS[:4]]  # fmt: skip
+    held, covered = [], []
+    for run in runs:
+        for prev, x in zip(run.rounds, run.rounds[1:], strict=False):
+            held.append(bool(np.isfinite(np.asarray(x.features["matched_logprob"], float)).any()))
+            covered.append(bool(prev.fields["covered"]))
+    assert any(covered) and not all(covered)
+    assert held == covered

@@ -1,0 +1,112 @@
+"""`python -m bench.offline_online`: does the offline figure predict the online one, and what
+does a learned rule pay off in tokens/s (issue 28's goals), on a suite the models never saw.
+
+    python -m bench.offline_online --rerankers outputs/train/<date>/<time>/rerankers
+    python -m bench.offline_online --rerankers <dir> --prompts 100 --temperature 1
+    python -m bench.offline_online --rerankers <dir> --score top_m --top-m 32
+
+Each step is the project's own command (a subprocess), in one folder (--out):
+1. the suite: --prompts prompts of `data=heldout`, as many per task, each task's taken
+   round-robin over its categories in file order (`suite.jsonl`);
+2. `decode.record` of them at --budget and --temperature: draft's trees at the budget an
+   online decoder runs, so the features are that budget's (issue 28 point 3);
+3. `features.extract`, then `rerank.transfer` of --rerankers (fold 0; fitted on another
+   suite) at --budget: the offline prediction per round. A rule that reads no matched row
+   (draft, rows) keeps its trees and features whatever else a pass scores, so its offline
+   value is the same under every policy; the transfer runs under `rerank.score=--score`
+   where it simulates the saved models' every feature set (tree, record), else under tree;
+4. `decode.run run.rules=[draft, reranker:<fold 0 of --feature-set>]` on the same prompts
+   under `run.score=--score`, with `run.offline=` the transfer run: both rules decode every
+   prompt in alternating order in one run, and it prints tokens per pass and tokens/s
+   against draft with paired prompt-bootstrap intervals, and each rule's realized minus
+   predicted tau with its interval.
+The figures are CPU figures on this machine: run it alone and give the load beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from pairs.config import DataConfig
+from pairs.prompts import Prompt, load_prompts
+from rerank.evaluate.policy import MATCHED_AS_RECORDED
+from selection.policies import SCORE_MODES
+from specrank.paths import CONF_DIR, project_path
+
+
+def heldout_subset(n: int) -> list[Prompt]:
+    """n prompts of `data=heldout`, as many per task (the first tasks take the remainder),
+    each task's taken round-robin over its categories in file order."""
+    raw = OmegaConf.merge(
+        OmegaConf.structured(DataConfig), OmegaConf.load(CONF_DIR / "data/heldout.yaml")
+    )
+    by_task: dict[str, dict[str, list[Prompt]]] = {}
+    for p in load_prompts(OmegaConf.to_object(raw)):
+        by_task.setdefault(p.task, {}).setdefault(p.category, []).append(p)
+    out = []
+    for i, cats in enumerate(by_task.values()):
+        want = n // len(by_task) + (i < n % len(by_task))
+        queues = [list(c) for c in cats.values()]
+        while want and any(queues):
+            for q in queues:
+                if q and want:
+                    out.append(q.pop(0))
+                    want -= 1
+    return out
+
+
+def _run(args: list[str], log: Path) -> None:
+    """One project command, its output to `log`; a failure stops the bench naming the log."""
+    with log.open("w") as f:
+        rc = subprocess.run(
+            [sys.executable, "-m", *args], stdout=f, stderr=subprocess.STDOUT
+        ).returncode
+    if rc != 0:
+        sys.exit(f"{args[0]} failed (exit {rc}); its output: {log}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rerankers", required=True, help="a rerank.train run's rerankers/ folder")
+    ap.add_argument("--feature-set", default="rows", help="the learned rule against draft")
+    ap.add_argument("--prompts", type=int, default=100)
+    ap.add_argument("--budget", type=int, default=8)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--score", choices=SCORE_MODES, default="tree")
+    ap.add_argument("--top-m", type=int, default=100, help="M of --score top_m")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--out", default="bench_out/offline_online")
+    a = ap.parse_args(argv)
+    out = project_path(a.out) / f"t{a.temperature:g}_b{a.budget}_{a.score}"
+    out.mkdir(parents=True, exist_ok=True)
+    suite = out / "suite.jsonl"
+    suite.write_text("".join(json.dumps({"id": p.id, "task": p.task, "prompt": p.text}) + "\n"
+                             for p in heldout_subset(a.prompts)))  # fmt: skip
+    data = ["data.name=heldout_subset", f"data.sources=[{{kind:jsonl,path:'{suite}'}}]"]
+    law = [f"select.budget={a.budget}", f"decode.temperature={a.temperature:g}",
+           f"decode.max_new_tokens={a.max_new_tokens}"]  # fmt: skip
+    traces, features = out / "traces", out / "features"
+    _run(["decode.record", *data, *law, f"paths.traces={traces}", "trace.progress=false",
+          f"hydra.run.dir={out / 'record'}"], out / "record.log")  # fmt: skip
+    _run(["features.extract", f"traces={traces}", f"out={features}"], out / "extract.log")
+    model = f"{a.feature_set}_lgbm_T{a.temperature:g}_fold0"
+    offline_score = a.score if a.score in ("tree", *MATCHED_AS_RECORDED) else "tree"
+    policy = [f"rerank.score={offline_score}", f"rerank.score_top_m={a.top_m}"]
+    _run(["rerank.transfer", f"transfer.rerankers={a.rerankers}", f"paths.traces={traces}",
+          f"paths.features={features}", f"rerank.budgets=[{a.budget}]", *policy,
+          f"hydra.run.dir={out / 'transfer'}"], out / "transfer.log")  # fmt: skip
+    reranker = Path(a.rerankers) / model
+    _run(["decode.run", f"run.rules=[draft,reranker:{reranker}]", *data, *law,
+          f"run.score={a.score}", f"run.top_m={a.top_m}", f"run.offline={out / 'transfer'}",
+          "run.progress=false", f"hydra.run.dir={out / 'online'}"], out / "online.log")  # fmt: skip
+    print((out / "online.log").read_text())
+
+
+if __name__ == "__main__":
+    main()
