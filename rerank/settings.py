@@ -10,7 +10,7 @@ the boosting capacity of `rerank.fit.boosting`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rerank.config import (
@@ -79,13 +79,7 @@ def check_settings(rerank: RerankConfig) -> None:
     check_int("rerank.top_m", rerank.top_m, 0)
     check_choice("rerank.score", rerank.score, SCORE_MODES)
     check_int("rerank.score_top_m", rerank.score_top_m, 1)
-    if "rows_matched" in rerank.feature_sets and rerank.score not in ("tree", *MATCHED_AS_RECORDED):
-        raise ValueError(
-            f"rerank.feature_sets has rows_matched, whose matched row a decoder under "
-            f"rerank.score={rerank.score} holds after other rounds than the recording's; that "
-            f"availability is not simulated yet: use rerank.score=tree or record, or leave "
-            f"rows_matched out of rerank.feature_sets"
-        )
+    check_policy_sets(rerank.feature_sets, rerank.score)
     if rerank.top_m and rerank.score != "tree":
         raise ValueError(
             f"rerank.score={rerank.score} prices a decoder's own trees over the whole pool, but "
@@ -98,6 +92,18 @@ def check_settings(rerank: RerankConfig) -> None:
     if rerank.workers is not None:
         check_int("rerank.workers", rerank.workers, 1)
     comparison_pairs(rerank)  # parsed and checked against the run's rules
+
+
+def check_policy_sets(feature_sets: Sequence[str], score: str,
+                      what: str = "rerank.feature_sets") -> None:  # fmt: skip
+    """Refuse a feature set whose rows the policy `rerank.score` decides in a way the offline
+    evaluation does not simulate yet (rows_matched's matched row beyond tree and record)."""
+    if "rows_matched" in feature_sets and score not in ("tree", *MATCHED_AS_RECORDED):
+        raise ValueError(
+            f"{what} has rows_matched, whose matched row a decoder under rerank.score={score} "
+            f"holds after other rounds than the recording's; that availability is not "
+            f"simulated yet: use rerank.score=tree or record, or leave rows_matched out"
+        )
 
 
 def store_pool_size(manifest: Mapping[str, Any], store: object) -> int:

@@ -49,7 +49,7 @@ from rerank.fit.persist import SIDECAR, RerankerLoadError, load_reranker, read_s
 from rerank.fit.predict import FirstFactorPredictions
 from rerank.fit.quality import prediction_quality
 from rerank.serving import reranker_folder, unknown_task_counts
-from rerank.settings import check_settings, comparison_pairs, store_budgets
+from rerank.settings import check_policy_sets, check_settings, comparison_pairs, store_budgets
 from rerank.train import (
     FITTED_COLUMNS,
     Evaluation,
@@ -226,13 +226,14 @@ class TransferResult:
 def transfer(rerank: RerankConfig, settings: TransferConfig, tracking: MlflowConfig,
              resolved_config: dict, seed: int, out_dir: Path) -> TransferResult:  # fmt: skip
     """Load, predict, evaluate, write tables, log the run: `rerank.train` without its fits."""
-    check_settings(rerank)
+    check_settings(replace(rerank, feature_sets=[]))  # the sets are the saved models' (below)
     check_int("transfer.fold", settings.fold, 0, 1)
     check_choice("transfer.seen_prompts", settings.seen_prompts, SEEN)
     fingerprint = check_same_traces(project_path(rerank.features), project_path(rerank.traces))
     budgets = store_budgets(rerank)
     t0 = time.perf_counter()
     loaded = load_rerankers(settings.rerankers, settings.fold, tracking.tracking_uri)
+    check_policy_sets(loaded.feature_sets, rerank.score, f"transfer.rerankers={loaded.folder}")
     # the run's rules are the loaded models' and those that need no fit: no calibration
     # control, and no mixture (its weight is chosen on the other half, which has no rows)
     rerank = replace(rerank, feature_sets=loaded.feature_sets, calibrators=[],
