@@ -88,7 +88,8 @@ def unique_labels(labels: list[str]) -> list[str]:
 
 def paired_ratios(timings: dict[str, dict[int, list[PromptTiming]]], eos_ids: frozenset[int],
                   n_resamples: int, seed: int) -> pd.DataFrame:  # fmt: skip
-    """Per rule and budget: tau, tokens/s and their ratios to the first rule's, paired.
+    """Per rule and budget: tau, tokens/s and their ratios to the first rule's, paired, and the
+    mean prefixes a pass scored beside the root.
 
     tau = emitted tokens / rounds and tokens/s = tokens / time, each summed over the
     prompts; every resample draws prompts (the same draws for every rule and budget),
@@ -106,7 +107,10 @@ def paired_ratios(timings: dict[str, dict[int, list[PromptTiming]]], eos_ids: fr
         w = resample_weights(len(ids), n_resamples, seed)
         stats = {r: _stats(t, w) for r, t in tables.items()}
         for r in labels:
-            row = {"rule": r, "budget": budget, "prompts": len(ids)}
+            rounds = [x for p in timings[r][budget] for x in p.run.rounds]
+            # what a pass of the rule costs: prefixes scored beside the root (run.score)
+            scored = float(np.mean([x.scored for x in rounds])) if rounds else float("nan")
+            row = {"rule": r, "budget": budget, "prompts": len(ids), "scored_prefixes": scored}
             for name in ("tau", "tokens_per_s"):
                 point, draws = stats[r][name]
                 base_point, base_draws = stats[first][name]
@@ -181,7 +185,8 @@ def ratios_text(table: pd.DataFrame) -> str:
              f"intervals hold the prompts' draws and the fitted models fixed):"]  # fmt: skip
     for r in table.itertuples():
         lines.append(
-            f"  B={r.budget:<3d} {r.rule:<28s} tau {r.tau:6.3f}  x{r.tau_ratio:.3f} "
+            f"  B={r.budget:<3d} {r.rule:<28s} scored {r.scored_prefixes:5.1f}  "
+            f"tau {r.tau:6.3f}  x{r.tau_ratio:.3f} "
             f"[{r.tau_ratio_lo:.3f}, {r.tau_ratio_hi:.3f}]   tokens/s {r.tokens_per_s:7.2f}  "
             f"x{r.tokens_per_s_ratio:.3f} [{r.tokens_per_s_ratio_lo:.3f}, "
             f"{r.tokens_per_s_ratio_hi:.3f}]"

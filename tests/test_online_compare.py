@@ -98,6 +98,9 @@ def test_rules_in_one_run_are_paired_and_logged(tmp_path):
         row = table.loc[label]
         for name in ("tau_ratio", "tokens_per_s_ratio"):
             assert row[f"{name}_lo"] <= row[name] <= row[f"{name}_hi"]
+    rounds = report.rounds.groupby("rule")["scored"].mean()  # what each pass scored: its tree
+    assert table["scored_prefixes"].to_dict() == pytest.approx(rounds.to_dict())
+    assert (table["scored_prefixes"] <= 6).all()  # run.score=tree at B=6
     draft_tau = table.loc["draft", "tau"]
     assert table.loc["root", "tau_ratio"] == pytest.approx(table.loc["root", "tau"] / draft_tau)
     first = table.loc["draft"]
