@@ -32,11 +32,11 @@ import pandas as pd
 
 from decode.metrics import PromptTiming, prompt_table
 from decode.session import RunReport
+from rerank.serving import local_path
 from selection.rules import online_rules, value_key
 from selection.rules import rule as rule_entry
 from specrank.bootstrap import percentile_interval, resample_weights
 from specrank.laws import law_name
-from specrank.paths import project_path
 
 
 @dataclass(frozen=True)
@@ -220,18 +220,10 @@ def plot_ratios(table: pd.DataFrame, path: Path) -> Path:
 # -- the offline prediction beside the realized tau ------------------------------------------------
 
 
-def offline_values(source: str, tracking_uri: str | None = None) -> pd.DataFrame:
+def offline_values(source: str, tracking_uri: str) -> pd.DataFrame:
     """The per-round values of `run.offline`: a run folder of rerank.train / rerank.transfer
     (its `per_round_values.parquet`), that file, or an MLflow URI of either."""
-    if source.startswith(("runs:/", "mlflow-artifacts:/")):
-        import mlflow  # only runs that name an MLflow URI pay for the import
-
-        from specrank.tracking import resolve_tracking_uri
-
-        uri = resolve_tracking_uri(tracking_uri) if tracking_uri else None
-        path = Path(mlflow.artifacts.download_artifacts(artifact_uri=source, tracking_uri=uri))
-    else:
-        path = project_path(source)
+    path = local_path(source, tracking_uri)
     if path.is_dir():
         path = path / "per_round_values.parquet"
     if not path.is_file():

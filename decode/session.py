@@ -133,7 +133,7 @@ def decode_all(
     warm-ups of each.
 
     Prompt by prompt: the baseline before (odd positions) or after (even) the speculative
-    decodes; the rules in an order rotating with the position (`decode.compare.arm_order`),
+    decodes; the rules in an order rotating with the position (`arm_order`),
     each at every budget, the budget order reversed on odd positions. A prompt's position is
     `start` + its index (a Ray shard passes its first prompt's run position, so the orders
     are a single process's). The arms share the decode settings (`arms[0].s.base.decode`).

@@ -44,8 +44,9 @@ ROW_READING = frozenset(
 )
 
 
-def reranker_folder(source: str, tracking_uri: str, setting: str = "run.reranker") -> Path:
-    """A local folder for `setting`: the path itself, or an MLflow artifact downloaded."""
+def local_path(source: str, tracking_uri: str) -> Path:
+    """`source` on this machine: an MLflow artifact URI downloaded, else the path itself
+    (relative to the project root)."""
     if source.startswith(MLFLOW_SCHEMES):
         import mlflow  # only runs that name an MLflow URI pay for the import
 
@@ -53,8 +54,13 @@ def reranker_folder(source: str, tracking_uri: str, setting: str = "run.reranker
 
         uri = resolve_tracking_uri(tracking_uri)
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=source, tracking_uri=uri))
-    path = project_path(source)
-    if not path.is_dir():
+    return project_path(source)
+
+
+def reranker_folder(source: str, tracking_uri: str, setting: str = "run.reranker") -> Path:
+    """A local folder for `setting`: the path itself, or an MLflow artifact downloaded."""
+    path = local_path(source, tracking_uri)
+    if not source.startswith(MLFLOW_SCHEMES) and not path.is_dir():
         raise FileNotFoundError(
             f"{setting}: no such folder '{source}' (expected a folder written by "
             f"rerank.persist.save_reranker, or an MLflow URI like runs:/<id>/rerankers/<name>)"

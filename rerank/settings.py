@@ -19,7 +19,7 @@ from rerank.config import (
     RerankConfig,
     RerankModelConfig,
 )
-from rerank.evaluate.policy import MATCHED_AS_RECORDED
+from rerank.evaluate.policy import MATCHED_AS_RECORDED, policy_dependent
 from rerank.evaluate.values import RETAINED_ROWS
 from rerank.fit.boosting import Capacity
 from rerank.fit.crossfit import SCHEMES
@@ -96,13 +96,16 @@ def check_settings(rerank: RerankConfig) -> None:
 
 def check_policy_sets(feature_sets: Sequence[str], score: str,
                       what: str = "rerank.feature_sets") -> None:  # fmt: skip
-    """Refuse a feature set whose rows the policy `rerank.score` decides in a way the offline
-    evaluation does not simulate yet (rows_matched's matched row beyond tree and record)."""
-    if "rows_matched" in feature_sets and score not in ("tree", *MATCHED_AS_RECORDED):
+    """Refuse a feature set reading a row the policy `rerank.score` decides in a way the
+    offline evaluation does not simulate yet (the matched row beyond tree and record)."""
+    if score in ("tree", *MATCHED_AS_RECORDED):
+        return
+    sets = [fs for fs in feature_sets if policy_dependent(FEATURE_SETS[fs])]
+    if sets:
         raise ValueError(
-            f"{what} has rows_matched, whose matched row a decoder under rerank.score={score} "
+            f"{what} has {sets}, whose matched row a decoder under rerank.score={score} "
             f"holds after other rounds than the recording's; that availability is not "
-            f"simulated yet: use rerank.score=tree or record, or leave rows_matched out"
+            f"simulated yet: use rerank.score=tree or record, or leave {sets} out"
         )
 
 

@@ -105,7 +105,10 @@ class PolicyRounds:
     def part(self, chunk: PoolChunk) -> pd.DataFrame:
         ctx = chunk.ctx
         scored = chunk.scored if self.policy == "record" else None
-        orders = {BASELINE: chunk.order, ROOT: rank_order(rule_scores(ctx, ROOT), ctx.restrict)}
+        orders = {BASELINE: chunk.order}
+        if self.policy != "tree":  # under tree no tree is covered (Theorem 1): root's order
+            orders[ROOT] = rank_order(rule_scores(ctx, ROOT), ctx.restrict)  # is not needed
+        cum = chunk.path_prob_ordered.cumsum(-1, dtype=torch.float64)  # draft's value curve
         cols: dict[str, np.ndarray] = {}
         for b in self.budgets:
             for name, order in orders.items():
@@ -113,9 +116,11 @@ class PolicyRounds:
                                                        scored)  # fmt: skip
                 cols[value_key(f"cov/{name}", b)] = cov.numpy()
                 cols[value_key(f"scored/{name}", b)] = (n_tree + extra).double().numpy()
+            if ROOT not in orders:  # the same tree size, never covered
+                cols[value_key(f"cov/{ROOT}", b)] = np.zeros(len(chunk.table))
+                cols[value_key(f"scored/{ROOT}", b)] = cols[value_key(f"scored/{BASELINE}", b)]
             # draft's tree as large as its pass's scored prefixes: the first n in draft order
             n = torch.from_numpy(cols[value_key(f"scored/{BASELINE}", b)]).long()
-            cum = chunk.path_prob_ordered.cumsum(-1, dtype=torch.float64)
             at = torch.gather(cum, -1, (n - 1).clamp(min=0)[:, None])[:, 0]
             cols[value_key(DRAFT_SCORED, b)] = torch.where(n > 0, at, 0.0).numpy()
         keys = chunk.keys[ROUND_KEYS].reset_index(drop=True)
@@ -214,6 +219,12 @@ POLICY_GROUPS = ("matched",)
 MATCHED_AS_RECORDED = ("record",)
 
 
+def policy_dependent(features: Sequence[str]) -> list[str]:
+    """Of `features`, those whose row the policy decides (POLICY_GROUPS in the registry)."""
+    groups = {f.name: f.group for f in FEATURES}
+    return [f for f in features if groups.get(f) in POLICY_GROUPS]
+
+
 def for_policy(frame: pd.DataFrame, policy: str) -> pd.DataFrame:
     """The candidate rows as a decoder under `policy` has them: under `tree` the matched row
     is never there (Theorem 1: the emitted address is never a verified prefix), so its
@@ -221,7 +232,7 @@ def for_policy(frame: pd.DataFrame, policy: str) -> pd.DataFrame:
     recording's own. Other policies are refused by the settings check."""
     if policy in MATCHED_AS_RECORDED:
         return frame
-    cols = [f.name for f in FEATURES if f.group in POLICY_GROUPS and f.name in frame]
+    cols = policy_dependent(frame.columns)
     if not cols:
         return frame
     return frame.assign(**{c: np.nan for c in cols})

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from rerank.evaluate.recorded import RECORDED
 from rerank.evaluate.values import PromptCurves
 from selection.rules import (
     BASELINE,
@@ -347,8 +348,8 @@ def results_table(summary: pd.DataFrame, weighting: str = "round") -> str:
             for b in budgets
         )
         source = ""
-        if "recorded_budget" in part:  # rerank.evaluate.recorded: what the features came from
-            source = f", features from rounds recorded at B={part['recorded_budget'].iloc[0]}"
+        if RECORDED in part:  # rerank.evaluate.recorded: what the features came from
+            source = f", features from rounds recorded at B={part[RECORDED].iloc[0]}"
         lines += [f"\n== {law}: {part['rounds'].iloc[0]:,} rounds, {part['prompts'].iloc[0]} prompts "
                   f"({weighting}-weighted{source}) ==", header, "-" * len(header)]  # fmt: skip
         notes = []
