@@ -151,7 +151,10 @@ def run_job(root: Path, overrides: list[str], tmp: Path, rss_limit_gb: float = 7
     checkout (e.g. `git archive <rev> | tar -x -C <dir>`) is timed on the same data.
     A child whose resident memory passes `rss_limit_gb` is stopped (a shared machine).
     """
-    cmd = [sys.executable, "-m", "rerank.train", *overrides,
+    # a timed job fits every model: no finished fit of an earlier run is taken (a tree
+    # from before resumable fits has no such setting)
+    fresh = ["rerank.fits=null"] if (root / "rerank" / "fit" / "resume.py").exists() else []
+    cmd = [sys.executable, "-m", "rerank.train", *overrides, *fresh,
            f"mlflow.tracking_uri=sqlite:///{tmp}/mlflow.db", f"hydra.run.dir={tmp}/run"]  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL)

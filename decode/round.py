@@ -33,6 +33,7 @@ from decode.tree_pass import Planned, Verified, select_step, verify_step
 from pairs.eagle3.pool import grow_pool_eagle3
 from pairs.models import Drafter
 from rerank.serving import OnlinePredictor
+from selection.policies import NO_TOKEN_ONLY
 from selection.ranking import Levels
 from selection.rules import Rule
 from tree import retained as R
@@ -157,7 +158,8 @@ def commit_step(
         )  # fmt: skip
     elif rows_needed:
         rr = round_rows(root, host, path, cont)
-        stream.prev = retain_rows(rr, v.logits, stream.row_cache, round_index)
+        keep_only = s.score not in NO_TOKEN_ONLY  # under tree: as the offline masking
+        stream.prev = retain_rows(rr, v.logits, stream.row_cache, round_index, keep_only)
     if x1 and stream.prev is not None:
         # The next root's address (X1, continuation) lies outside the pool and its retained
         # rows cannot be named in the pool's terms; X1's own row is kept under X1.

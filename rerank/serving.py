@@ -164,10 +164,11 @@ def unknown_task_counts(model: FittedReranker, prompts_per_task: Mapping[str, in
     return unknown
 
 
-# Feature groups a decoder's scored set can never give it (`run.score`): under `tree` the
+# Feature groups a decoder's scored set never gives it (`run.score`): under `tree` the
 # emitted address (the accepted path and the continuation) is never a verified prefix, so a
-# round never holds the matched row (issue 28 measured 0% of online rounds).
-NEVER_UNDER_SCORE = {"tree": ("matched",)}  # every other policy can hold the address
+# round never holds the matched row (issue 28 measured 0% of online rounds), and the decoder
+# keeps no token-only row (selection.policies.NO_TOKEN_ONLY, as offline).
+NEVER_UNDER_SCORE = {"tree": ("matched", "token_only")}
 
 
 def check_feature_availability(model: FittedReranker, score: str, allow: bool) -> list[str]:
@@ -183,7 +184,7 @@ def check_feature_availability(model: FittedReranker, score: str, allow: bool) -
         return []
     what = (
         f"run.reranker: {len(never)} of its features are always missing under run.score="
-        f"{score} ({', '.join(groups)} row: the scored set never holds the emitted address): "
+        f"{score} (its {' and '.join(groups)} rows; see rerank.serving.NEVER_UNDER_SCORE): "
         f"{never}"
     )
     if not allow:

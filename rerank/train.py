@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -33,9 +34,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from features.schema import candidate_store
 from rerank.config import RerankConfig
-from rerank.evaluate.policy import PolicyRounds, for_policy, policy_text, with_scored_prefixes
+from rerank.evaluate.policy import PolicyRounds, for_policy, policy_text
 from rerank.evaluate.pool_chunks import ROUND_KEYS
-from rerank.evaluate.recorded import recorded_budgets, with_recorded_budget
+from rerank.evaluate.recorded import labelled_table, recorded_budgets
 from rerank.evaluate.reports import ReportAccumulators
 from rerank.evaluate.values import EvalPlan, PromptCurves, evaluate_traces
 from rerank.fit.models import LABEL_OF_LAW
@@ -49,6 +50,7 @@ from rerank.fit.predict import (
     predict_first_factors,
 )
 from rerank.fit.quality import prediction_quality
+from rerank.fit.resume import FitFolder
 from rerank.report.breakdowns import breakdown_gains, breakdowns
 from rerank.report.comparisons import compare, comparisons_table
 from rerank.report.plots import write_plots
@@ -174,6 +176,7 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
         capacity=model_capacity(rerank.model),
         law_frame=law_frame,
         prior_split=rerank.prior_split,
+        fits=None if rerank.fits is None else FitFolder(project_path(rerank.fits)),
     )
     seconds = time.perf_counter() - t0
     return Fitted(candidates, folds, preds, prediction_quality(candidates, preds), seconds)
@@ -193,7 +196,9 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     # The scored-set policy: App. D.10's decoder without a root pass and draft at the scored
     # count, from draft's and root's own trees (rerank.evaluate.policy); the per-depth
     # calibration, as whole candidate scores.
-    policy = PolicyRounds(budgets, rerank.score, rerank.score_top_m)
+    policy = PolicyRounds(
+        budgets, rerank.score, rerank.score_top_m, f"rerank.traces={rerank.traces}"
+    )
     extra = None
     if "per_depth" in rerank.calibrators:
         maps = fit_per_depth_maps(
@@ -222,21 +227,20 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
     per_round, mix_weights = choose_mixture_weights(per_round)
     draws = law_draws(per_round, rerank.n_resamples, seed, curves=curves)  # one set of resamples
-    recorded = recorded_budgets(dataset)  # every table names the budget its rounds came from
-    summary = with_recorded_budget(summarise_draws(draws), recorded)
-    summary = with_scored_prefixes(summary, per_round)
-    comparisons = with_recorded_budget(compare(draws, comparison_pairs(rerank)), recorded)
+    labelled = partial(labelled_table, recorded=recorded_budgets(dataset), per_round=per_round)
+    summary = labelled(summarise_draws(draws))
+    comparisons = labelled(compare(draws, comparison_pairs(rerank)))
     variants = variant_table(summary, comparisons, fitted.quality, preds.rules)
     variants = variants[variants["budget"].isin(rerank.budgets)]
     table = "\n".join([results_table(summary), policy_text(summary, rerank.score,
-                       rerank.score_top_m), comparisons_table(comparisons),
+                       rerank.score_top_m, policy.simulable_share), comparisons_table(comparisons),
                        variants_text(variants)])  # fmt: skip
-    groups = with_recorded_budget(breakdown_gains(per_round, rerank.n_resamples, seed), recorded)
+    groups = labelled(breakdown_gains(per_round, rerank.n_resamples, seed))
     reports = acc.tables(per_round, rerank.n_resamples, seed) if acc else {}
-    reports = {k: with_recorded_budget(v, recorded) for k, v in reports.items()}
+    reports = {k: labelled(v) for k, v in reports.items()}
     reports["halves"] = halves_table(fitted.candidates, folds).reset_index()  # keeps `task`
     reports["variants"] = variants
-    by_group = with_recorded_budget(breakdowns(per_round), recorded)
+    by_group = labelled(breakdowns(per_round))
     return Evaluation(
         per_round, summary, comparisons, by_group, groups, mix_weights, table, reports
     )

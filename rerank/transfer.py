@@ -193,7 +193,7 @@ def predict_store(rerank: RerankConfig, loaded: Loaded, fold: int, seen: str,
         out["fold"] = np.int8(fold)
         for fs, rule in zip(loaded.feature_sets, rules, strict=True):
             model = loaded.models[temperature][fs]
-            # as rerank.fit.models.crossfit_predict predicts a held-out row
+            # as rerank.fit.halves.crossfit_predict predicts a held-out row
             prior = model.token_prior.transform(frame["token"].to_numpy())
             X = design_matrix(frame, model.features, model.categories, prior)
             out[rule] = model.predict_matrix(X, n_threads, route=BATCH_ROUTE[model.kind])

@@ -33,6 +33,8 @@ class PathsConfig:
     traces: str = "data_out/traces"  # trace store written by decode.record
     synthetic: str = "data_out/synthetic_traces"  # trace store written by recipes.synth
     features: str = "data_out/features"  # candidate table written by features.extract
+    # finished fits of rerank.train, for a rerun (rerank.fits): beside the table they fit on
+    fits: str = "${paths.features}.fits"
 
 
 @dataclass

@@ -12,7 +12,8 @@ Both do nothing unless their environment variable is set (one lookup per call).
 
 Points: `shard_write` (a shard's temp file is written, not yet renamed: `ShardStore`),
 `shard_marker` (the shard is renamed, its completion marker not yet written),
-`table_write` (a results table's temp file is written: `specrank.files.atomic_write`) and
+`table_write` (a results table's temp file is written: `specrank.files.atomic_write`),
+`fit_saved` (a finished fit is kept for a rerun: `rerank.fit.resume`) and
 `run_logging` (an MLflow run is started, nothing logged to it yet: `specrank.run_record`).
 """
 

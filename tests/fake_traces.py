@@ -82,6 +82,7 @@ def random_round(
     prev_row = [None if pool["cand_token"][i] == root_token else v for i, v in enumerate(prev_row)]
     has_cache = rng.random() < 0.7
     accepted = [0, *[i for i in range(n1, n) if pool["cand_parent"][i] == 0][:1]]
+    parents = set(pool["cand_parent"])
     return {
         "prompt_id": prompt_id,
         "task": ["writing", "coding"][hash(prompt_id) % 2],
@@ -95,7 +96,8 @@ def random_round(
         "root_token": root_token,
         **pool,
         "cand_target_prob": [float(x) for x in rng.uniform(0, 0.5, size=n).astype(np.float32)],
-        "cand_scored": [bool(x) for x in rng.random(n) < 0.5],
+        # a recording pass scores every parent (SPEC §4), and more
+        "cand_scored": [bool(x) or i in parents for i, x in enumerate(rng.random(n) < 0.5)],
         "cand_in_tree": [bool(x) for x in rng.random(n) < 0.3],
         "cand_target_argmax": [int(x) for x in rng.integers(-1, VOCAB, size=n)],
         "root_argmax": int(rng.integers(0, VOCAB)),

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rerank.fit.crossfit import check_grouped, fold_masks, prompt_halves
-from rerank.fit.models import crossfit_predict, fit_reranker
+from rerank.fit.halves import crossfit_predict
+from rerank.fit.models import fit_reranker
 from rerank.fit.token_prior import (
     PriorColumn,
     TokenPrior,

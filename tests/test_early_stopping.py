@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 from rerank.fit.boosting import Capacity, fit_estimator
 from rerank.fit.crossfit import check_grouped, inner_validation, prompt_halves
 from rerank.fit.design import design_matrix
-from rerank.fit.models import LABEL_OF_LAW, crossfit_predict, feature_list
+from rerank.fit.halves import crossfit_predict
+from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.token_prior import token_prior_features
 from rerank.settings import model_capacity
 from tests.candidate_frames import make_candidate_frame

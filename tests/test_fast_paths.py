@@ -25,7 +25,8 @@ from rerank.evaluate.reports import ReportAccumulators
 from rerank.evaluate.values import EvalPlan, PromptCurves, evaluate_traces
 from rerank.fit.boosting import Capacity
 from rerank.fit.design import design_matrix
-from rerank.fit.models import crossfit_predict, fit_reranker
+from rerank.fit.halves import crossfit_predict
+from rerank.fit.models import fit_reranker
 from rerank.fit.predict import (
     EDGE_COLUMNS,
     fit_per_depth_maps,

@@ -135,7 +135,7 @@ def test_runs_are_found_and_their_tables_read_back(logged, tmp_path):
     assert list(both["summary"]["run"].cat.categories) == list(runs["run"])
     # every fitted feature set lines up across model kinds: `rows_lgbm` is shown as `rows`
     fitted = RerankConfig().feature_sets
-    assert fitted == ["base", "rows", "rows_extra", "rows_matched"]  # the run fitted all four
+    assert fitted == ["base", "rows", "rows_extra"]  # the run fitted all three
     kinded = {f"{s}_lgbm" for s in fitted}
     assert kinded <= set(results[0].summary["rule"])
     renamed = set(results[0].summary["rule"]) - kinded | set(fitted)

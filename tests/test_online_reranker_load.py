@@ -133,10 +133,11 @@ def test_a_reranker_reading_rows_the_scored_set_never_gives_is_refused(saved, ca
         check_feature_availability(matched, "tree", allow=False)
     msg = str(err.value)
     assert "always missing under run.score=tree" in msg
-    assert "['matched_logprob', 'matched_gap']" in msg  # the token-only rows can be present
+    # the decoder under tree keeps neither the matched nor a token-only row (NO_TOKEN_ONLY)
+    assert "['matched_logprob', 'matched_gap', 'token_only_count']" in msg
     assert "run.allow_missing_features=true" in msg
     assert check_feature_availability(matched, "pool", allow=False) == []
     with caplog.at_level("WARNING", logger="rerank.serving"):
         assert check_feature_availability(matched, "tree", allow=True) == [
-            "matched_logprob", "matched_gap"]  # fmt: skip
+            "matched_logprob", "matched_gap", "token_only_count"]  # fmt: skip
     assert "decoded anyway" in caplog.text

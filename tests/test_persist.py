@@ -15,7 +15,8 @@ from sklearn.preprocessing import FunctionTransformer
 
 from features.schema import CANDIDATE_VERSION
 from rerank.fit.crossfit import prompt_halves
-from rerank.fit.models import FittedReranker, crossfit_predict, feature_list
+from rerank.fit.halves import crossfit_predict
+from rerank.fit.models import FittedReranker, feature_list
 from rerank.fit.persist import (
     MODEL_FILES,
     SIDECAR,

@@ -146,11 +146,13 @@ def test_policy_settings_are_checked():
         check_settings(RerankConfig(score="pool", top_m=50, feature_sets=["base", "rows"]))
 
 
-def test_under_tree_the_matched_row_is_missing_online_and_offline(tmp_path):
-    """A tree-only decoder never holds the matched row (Theorem 1): online its features are
-    missing in every round; offline `for_policy(tree)` removes the recorded ones, and only them."""
+def test_under_tree_the_matched_and_token_only_rows_are_absent_online_and_offline(tmp_path):
+    """A tree-only decoder never holds the matched row (Theorem 1) and keeps no token-only
+    row (NO_TOKEN_ONLY): online their features are absent in every round (count 0, the rest
+    missing); offline `for_policy(tree)` gives the recorded rows exactly those values, and
+    changes nothing else."""
     pair = tiny_pair(tmp_path / "models", "llama")
-    matched = [f.name for f in FEATURES if f.group == "matched"]
+    absent = [f.name for f in FEATURES if f.group in ("matched", "token_only")]
     with one_thread():
         path = fitted_reranker(tmp_path / "rr", pair, 0.0, feature_set="rows_matched")
         predictor = OnlinePredictor(load_online_reranker(str(path), 0.0, "unused"), pair.device)
@@ -159,16 +161,23 @@ def test_under_tree_the_matched_row_is_missing_online_and_offline(tmp_path):
             pair.target, pair.drafter, encode_prompt(pair.tokenizer, p.text), s, frozenset(),
             p.id, p.task, predictor, keep_features=True).rounds]  # fmt: skip
     assert len(rounds) > 10
-    for name in matched:
-        assert all(np.isnan(np.asarray(x.features[name], dtype=float)).all() for x in rounds)
+    for name in absent:
+        values = np.concatenate([np.asarray(x.features[name], dtype=float) for x in rounds])
+        if name == "token_only_count":
+            assert (values == 0).all()
+        else:
+            assert np.isnan(values).all(), name
     frame = candidate_store(tmp_path / "rr" / "features").read().to_pandas()
     assert np.isfinite(frame["matched_logprob"].to_numpy(float)).any()  # recorded: some rounds
+    assert (frame["token_only_count"] > 0).any()
     masked = for_policy(frame, "tree")
-    assert masked[matched].isna().all().all()
-    pd.testing.assert_frame_equal(masked.drop(columns=matched), frame.drop(columns=matched))
+    assert (masked["token_only_count"] == 0).all()
+    assert masked[[c for c in absent if c != "token_only_count"]].isna().all().all()
+    pd.testing.assert_frame_equal(masked.drop(columns=absent), frame.drop(columns=absent))
+    assert masked["token_only_count"].dtype == frame["token_only_count"].dtype
     assert for_policy(frame, "record") is frame
     with pytest.raises(ValueError, match=r"rows_matched.*rerank.score=pool.*not simulated"):
-        check_settings(RerankConfig(score="pool"))
+        check_settings(RerankConfig(score="pool", feature_sets=["rows", "rows_matched"]))
 
 
 def test_the_matched_row_follows_exactly_the_covered_rounds_online(tmp_path):
@@ -190,3 +199,52 @@ def test_the_matched_row_follows_exactly_the_covered_rounds_online(tmp_path):
             covered.append(bool(prev.fields["covered"]))
     assert any(covered) and not all(covered)
     assert held == covered
+
+
+def test_a_store_whose_parents_were_not_all_scored_is_refused_naming_store_and_policy():
+    """A policy beyond `tree` reads the path probability of candidates whose parent the
+    recording may not have scored; such a round cannot be simulated, and the store is
+    refused. Under `tree` (never covered) it is simulated, in every round."""
+    table = random_trace(5, n_prompts=3, n_rounds=4, level_sizes=[4, 6, 5])
+    assert _evaluate(table, "top_m")["draft@B2"].notna().all()  # every parent scored
+    scored = table["cand_scored"].to_pylist()
+    parent = table["cand_parent"].to_pylist()
+    first_parent = parent[0].index(next(p for p in parent[0] if p >= 0))
+    scored[0] = [False if i == parent[0][first_parent] else x for i, x in enumerate(scored[0])]
+    table = table.set_column(table.schema.get_field_index("cand_scored"), "cand_scored",
+                             pa.array(scored, table.schema.field("cand_scored").type))  # fmt: skip
+    for policy in ("top_m", "frontier", "record", "pool"):
+        acc = PolicyRounds([2, 5], policy, 3, store="rerank.traces=demo")
+        plan = EvalPlan([2, 5], rules=["draft", "root"], substitutions=[])
+        per_round = evaluate_traces(ds.dataset(table), plan, chunk_rounds=5, consumers=[acc])
+        with pytest.raises(
+            ValueError,
+            match=rf"rerank.traces=demo cannot simulate rerank.score="
+            rf"{policy}: in 8.3% of its rounds",
+        ):  # 1 of 12
+            acc.apply(per_round)
+    acc = PolicyRounds([2, 5], "tree", store="rerank.traces=demo")
+    plan = EvalPlan([2, 5], rules=["draft", "root"], substitutions=[])
+    acc.apply(evaluate_traces(ds.dataset(table), plan, chunk_rounds=5, consumers=[acc]))
+    assert acc.simulable_share == 1.0
+
+
+def test_a_rows_reranker_decodes_alike_under_tree_and_top_m(tmp_path):
+    """`rows` reads no row the policy decides (the cache and same-token rows come from the
+    verified tree): under top_m it predicts, selects and emits exactly as under tree at T=0,
+    and only scores M more prefixes a pass, so its tau under top_m is its tau under tree
+    (issue 28's goal under top_m, for the rules that need no extra scoring)."""
+    pair = tiny_pair(tmp_path / "models", "llama")
+    with one_thread():
+        path = fitted_reranker(tmp_path / "rr", pair, 0.0, feature_set="rows")
+        predictor = OnlinePredictor(load_online_reranker(str(path), 0.0, "unused"), pair.device)
+        runs = {score: [decode_prompt(
+            pair.target, pair.drafter, encode_prompt(pair.tokenizer, p.text),
+            settings("reranker", 0.0, score=score, top_m=4, max_new_tokens=32), frozenset(),
+            p.id, p.task, predictor).rounds for p in PROMPTS[:4]] for score in ("tree", "top_m")}  # fmt: skip
+    tree, top = ([x for rounds in runs[s] for x in rounds] for s in ("tree", "top_m"))
+    assert len(tree) == len(top) > 10
+    for a, b in zip(tree, top, strict=True):
+        assert a.emitted == b.emitted and a.tree_size == b.tree_size
+        np.testing.assert_array_equal(a.first_logprob, b.first_logprob)
+        assert b.scored == a.scored + 4  # the pool holds more than 4 outside a 6-node tree

@@ -88,18 +88,25 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
                 rw0.loc[(law, b, "draft"), "accepted"])  # fmt: skip
             n_pool = result.per_round["scored/draft@B" + str(b)].max()
             assert (rw0.loc[(law, b), "scored_prefixes"] == min(b, n_pool)).all()
-    assert "scored set: rerank.score=tree" in result.table
+    assert "scored set: rerank.score=tree, simulated in 100.0% of the rounds" in result.table
+    # ... and every table by rule gives each rule's prefixes per pass (a comparison: both)
+    cmp0 = result.comparisons[result.comparisons["weighting"] == "round"]
+    for side in ("a", "b"):
+        want = [rw0.loc[(r.law, r.budget, getattr(r, side)), "scored_prefixes"]
+                for r in cmp0.itertuples()]  # fmt: skip
+        np.testing.assert_array_equal(cmp0[f"scored_prefixes_{side}"], want)
+    gains = pd.read_csv(tmp_path / "out" / "breakdown_gains.csv")
+    assert gains["scored_prefixes"].notna().all()
     # every table names the budget its rounds were recorded at (the fake store's select.budget)
     for frame in (result.summary, result.comparisons, result.breakdowns):
         assert set(frame["recorded_budget"]) == {str(SELECT.budget)}
     assert f"features from rounds recorded at B={SELECT.budget}" in result.table
     # the paper's paired claims, every law, budget and weighting, printed after the table
     pairs = set(zip(result.comparisons["a"], result.comparisons["b"], strict=True))
-    learned = ("base_lgbm", "rows_lgbm", "rows_extra_lgbm", "rows_matched_lgbm")
+    learned = ("base_lgbm", "rows_lgbm", "rows_extra_lgbm")  # rows_matched: not by default
     assert pairs == {("rows_lgbm", "base_lgbm"), ("rows_lgbm", "draft"), ("base_lgbm", "draft"),
                      ("root", "draft"), ("root_draw", "pearl"), ("root_draw", "pearl_matched"),
                      ("pearl", "pearl_commit"), ("rows_extra_lgbm", "rows_lgbm"),
-                     ("rows_matched_lgbm", "rows_lgbm"), ("rows_matched_lgbm", "rows_extra_lgbm"),
                      ("root_if_covered", "draft_scored"),
                      *((r, "rank_control") for r in (*learned, "iso_q1", "per_depth"))}  # fmt: skip
     assert len(result.comparisons) == len(pairs) * 2 * 2 * 3  # laws x budgets x weightings
@@ -113,7 +120,7 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
         == halves.iloc[-1][["prompts_0", "prompts_1"]].tolist()
     )
     assert set(variants["rule"]) == {*learned, "rank_control", "iso_q1"}
-    assert len(variants) == 6 * 2 * 2 and variants["squared_error"].notna().all()
+    assert len(variants) == 5 * 2 * 2 and variants["squared_error"].notna().all()
     control = variants[variants["rule"] == "rank_control"]
     assert (control["gain_over_control"] == 0).all()
     assert variants["gain_over_control"].notna().all() and "learned rules" in result.table

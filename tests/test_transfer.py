@@ -80,7 +80,7 @@ def test_a_trained_prompt_is_refused_when_asked_and_a_missing_fold_is_named(trai
     with pytest.raises(ValueError, match=r"'transfer.fold' must be"):
         transfer(cfg, TransferConfig(fold=2), tracking, {}, 0, tmp_path / "c")
     # the policy is checked against the saved models' sets (rows, rows_extra), not the
-    # setting's default ones (which hold rows_matched)
+    # setting's (which hold rows_matched)
     top = replace(cfg, score="top_m", score_top_m=4, feature_sets=["base", "rows_matched"])
     rr = TransferConfig(rerankers=str(root / "train" / "rerankers"))
     out = transfer(top, rr, tracking, {}, 0, tmp_path / "d").evaluation.summary

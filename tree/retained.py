@@ -73,10 +73,11 @@ def emitted_node(r: RoundRows) -> int | None:
     return int(hit[0]) if hit.size else None  # siblings carry distinct tokens: at most one
 
 
-def retained_batch_rows(r: RoundRows) -> tuple[np.ndarray, PrevRows]:
+def retained_batch_rows(r: RoundRows, token_only: bool = True) -> tuple[np.ndarray, PrevRows]:
     """Which verification rows to keep (batch rows, [K]) and their roles (indices into them).
 
-    Layout: [same-token?, preceding, matched?, token-only...].
+    Layout: [same-token?, preceding, matched?, token-only...]; `token_only=False` keeps none
+    of the token-only rows (a decoder under `selection.policies.NO_TOKEN_ONLY`).
     """
     c = r.continuation
     ends_in_c = r.in_tree & (r.token == c)  # verified prefixes ending in c
@@ -95,6 +96,8 @@ def retained_batch_rows(r: RoundRows) -> tuple[np.ndarray, PrevRows]:
     token_only_rows = r.batch_row[np.flatnonzero(others)[:TOKEN_ONLY_MAX]]
     if r.root_token == c:  # the root's row joins first, not counted toward the 24
         token_only_rows = np.concatenate([[0], token_only_rows])
+    if not token_only:
+        token_only_rows = token_only_rows[:0]
 
     head = [same_row, preceding_row, matched_row]
     slot = np.cumsum([x is not None for x in head]) - 1  # index of each present head row

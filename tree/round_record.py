@@ -117,13 +117,15 @@ def round_rows(root: int, host: HostPool, path: np.ndarray, cont: int) -> R.Roun
 
 
 def retain_rows(
-    rr: R.RoundRows, logits: Tensor, row_cache: R.TokenKeyedCache, round_index: int
-) -> R.PrevRows:
+    rr: R.RoundRows, logits: Tensor, row_cache: R.TokenKeyedCache, round_index: int,
+    token_only: bool = True,
+) -> R.PrevRows:  # fmt: skip
     """Keep this round's rows for the next round (one gather), then update the token-keyed cache.
 
-    logits: [1 + |Q|, V], the verification batch. Returns the next round's `PrevRows`.
+    logits: [1 + |Q|, V], the verification batch; token_only: keep the token-only rows.
+    Returns the next round's `PrevRows`.
     """
-    keep, prev = R.retained_batch_rows(rr)
+    keep, prev = R.retained_batch_rows(rr, token_only)
     prev.rows = logits.index_select(0, torch.as_tensor(keep, device=logits.device))  # [K, V]
     toks, rows = R.cache_writes(rr)
     row_cache.store(

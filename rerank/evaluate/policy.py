@@ -88,7 +88,9 @@ class PolicyRounds:
     budgets: Sequence[int]
     policy: str
     top_m: int = 100
+    store: str = "the trace store"  # named when the store cannot simulate the policy
     parts: list[pd.DataFrame] = field(default_factory=list)
+    simulable_share: float = float("nan")  # set by apply
 
     def __post_init__(self) -> None:
         if self.policy not in SCORE_MODES:
@@ -100,16 +102,16 @@ class PolicyRounds:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("cand_scored",) if self.policy == "record" else ()
+        return () if self.policy == "tree" else ("cand_scored",)
 
     def part(self, chunk: PoolChunk) -> pd.DataFrame:
         ctx = chunk.ctx
         scored = chunk.scored if self.policy == "record" else None
+        cols: dict[str, np.ndarray] = {SIMULABLE: simulable_rounds(chunk, self.policy)}
         orders = {BASELINE: chunk.order}
         if self.policy != "tree":  # under tree no tree is covered (Theorem 1): root's order
             orders[ROOT] = rank_order(rule_scores(ctx, ROOT), ctx.restrict)  # is not needed
         cum = chunk.path_prob_ordered.cumsum(-1, dtype=torch.float64)  # draft's value curve
-        cols: dict[str, np.ndarray] = {}
         for b in self.budgets:
             for name, order in orders.items():
                 cov, n_tree, extra = own_tree_coverage(ctx, order, b, self.policy, self.top_m,
@@ -136,6 +138,16 @@ class PolicyRounds:
         frame = pd.concat(self.parts, ignore_index=True)
         if not frame[ROUND_KEYS].equals(per_round[ROUND_KEYS].reset_index(drop=True)):
             raise ValueError("the policy's rounds are not the evaluation pass's rounds")
+        self.simulable_share = float(frame[SIMULABLE].mean()) if len(frame) else 1.0
+        if self.simulable_share < 1.0:
+            # every rule is compared on one set of rounds, so a store short of some is refused
+            # rather than evaluated on a subset
+            raise ValueError(
+                f"{self.store} cannot simulate rerank.score={self.policy}: in "
+                f"{1 - self.simulable_share:.1%} of its rounds a candidate's parent was not "
+                f"scored (cand_scored), so the policy's coverage is unknown there; expected a "
+                f"store recorded with run.score=record or pool, which scores every parent"
+            )
         order = np.lexsort([frame[k].to_numpy() for k in reversed(ROUND_KEYS)])
         keys = frame.iloc[order]
         same = np.ones(len(keys), dtype=bool)
@@ -162,6 +174,21 @@ class PolicyRounds:
         return out
 
 
+SIMULABLE = "simulable"  # the round holds every prefix the policy's coverage reads
+
+
+def simulable_rounds(chunk: PoolChunk, policy: str) -> np.ndarray:
+    """[R] bool: the rounds in which `policy` can be simulated. Its coverage reads the path
+    probability of every candidate it may score, so each candidate's parent must have been
+    scored by the recording pass (`cand_scored`); under `tree` nothing is covered
+    (Theorem 1), so every round is."""
+    if policy == "tree":
+        return np.ones(len(chunk.table), dtype=bool)
+    pool = chunk.ctx.pool
+    parent_scored = torch.gather(chunk.scored, -1, pool.parent.clamp(min=0)) | (pool.parent < 0)
+    return (parent_scored | ~pool.valid).all(-1).numpy()
+
+
 @njit(cache=True)
 def _held(follows: np.ndarray, cov_draft: np.ndarray, cov_root: np.ndarray) -> np.ndarray:
     """h_t of the module doc over rounds sorted by series and round index: 0 where a round
@@ -176,32 +203,44 @@ def _held(follows: np.ndarray, cov_draft: np.ndarray, cov_root: np.ndarray) -> n
     return out
 
 
-def with_scored_prefixes(summary: pd.DataFrame, per_round: pd.DataFrame) -> pd.DataFrame:
-    """`summary` with `scored_prefixes`: the mean prefixes a rule's pass scores beside the root
-    under the policy (round-weighted, at every weighting): root_if_covered's from its own
-    trees, every other rule's from draft's tree (exact for tree, top_m and pool, whose count
-    does not depend on the tree; frontier and record count draft's tree's)."""
+def scored_means(per_round: pd.DataFrame) -> dict[tuple[str, int, str], float]:
+    """(law, budget, rule) -> mean prefixes the rule's pass scores beside the root under the
+    policy: root_if_covered's from its own trees, every other rule's from draft's tree
+    (exact for tree, top_m and pool, whose count does not depend on the tree; frontier and
+    record count draft's tree's)."""
     means = {}
     for temperature, part in per_round.groupby("temperature"):
         law = law_name(float(temperature))
         for c in part.columns:
             if c.startswith("scored/") and (p := parse_value_key(c.removeprefix("scored/"))):
                 means[(law, p[1], p[0])] = float(part[c].mean())
+    return means
 
-    def count(row: pd.Series) -> float:
-        own = means.get((row["law"], row["budget"], row["rule"]))
+
+def with_scored_prefixes(table: pd.DataFrame, per_round: pd.DataFrame) -> pd.DataFrame:
+    """`table` (rows by law, budget and rule: `rule`, or a comparison's `a` and `b`) with
+    each rule's `scored_prefixes` per pass (`scored_prefixes_a` / `_b`), round-weighted at
+    every weighting (`scored_means`)."""
+    means = scored_means(per_round)
+
+    def count(row: pd.Series, rule_column: str) -> float:
+        own = means.get((row["law"], row["budget"], row[rule_column]))
         return own if own is not None else means.get((row["law"], row["budget"], BASELINE), np.nan)
 
-    out = summary.copy()
-    out["scored_prefixes"] = out.apply(count, axis=1) if len(out) else np.nan
+    out = table.copy()
+    names = {"rule": "scored_prefixes", "a": "scored_prefixes_a", "b": "scored_prefixes_b"}
+    for column, name in names.items():
+        if {column, "law", "budget"} <= set(out.columns):
+            out[name] = out.apply(count, axis=1, args=(column,)) if len(out) else np.nan
     return out
 
 
-def policy_text(summary: pd.DataFrame, policy: str, top_m: int) -> str:
-    """The scored set the figures are for, and each budget's prefixes per pass."""
+def policy_text(summary: pd.DataFrame, policy: str, top_m: int, simulable: float) -> str:
+    """The scored set the figures are for, the share of rounds it is simulated in, and each
+    budget's prefixes per pass."""
     what = f"rerank.score={policy}" + (f", M={top_m}" if policy == "top_m" else "")
-    lines = [f"scored set: {what}; prefixes scored per pass beside the root, draft's tree "
-             f"({ROOT_IF_COVERED}'s own trees):"]  # fmt: skip
+    lines = [f"scored set: {what}, simulated in {simulable:.1%} of the rounds; prefixes "
+             f"scored per pass beside the root, draft's tree ({ROOT_IF_COVERED}'s own trees):"]  # fmt: skip
     sub = summary[summary["weighting"] == "round"] if "weighting" in summary else summary
     for (law, b), part in sub.groupby(["law", "budget"], sort=False):
         by_rule = part.set_index("rule")["scored_prefixes"]
@@ -212,11 +251,15 @@ def policy_text(summary: pd.DataFrame, policy: str, top_m: int) -> str:
 
 
 # The feature groups whose rows a policy decides: the matched row exists only when the
-# previous pass scored the emitted address (features.registry group "matched").
-POLICY_GROUPS = ("matched",)
-# Policies under which the matched row's availability is the recording's (record) or never
-# (tree); under the others it would need the previous round's own set, not simulated yet.
+# previous pass scored the emitted address; the token-only rows are the previous pass's other
+# scored prefixes ending in the continuation (features.registry groups).
+POLICY_GROUPS = ("matched", "token_only")
+# Policies under which those rows are the recording's own (record); under tree they are
+# never there (matched: Theorem 1; token-only: selection.policies.NO_TOKEN_ONLY); under the
+# others their availability would need the previous round's own set, not simulated yet.
 MATCHED_AS_RECORDED = ("record",)
+# A feature's value where its row is absent: a count of rows is 0, the rest are missing
+ABSENT = {"token_only_count": 0}
 
 
 def policy_dependent(features: Sequence[str]) -> list[str]:
@@ -226,13 +269,18 @@ def policy_dependent(features: Sequence[str]) -> list[str]:
 
 
 def for_policy(frame: pd.DataFrame, policy: str) -> pd.DataFrame:
-    """The candidate rows as a decoder under `policy` has them: under `tree` the matched row
-    is never there (Theorem 1: the emitted address is never a verified prefix), so its
-    features are missing (NaN), in fitting and prediction alike; under `record` they are the
-    recording's own. Other policies are refused by the settings check."""
+    """The candidate rows as a decoder under `policy` has them, in fitting and prediction
+    alike: under `tree` neither the matched row (Theorem 1: the emitted address is never a
+    verified prefix) nor a token-only row (the decoder keeps none,
+    `selection.policies.NO_TOKEN_ONLY`) is there, so their features take their values
+    without a row (ABSENT: count 0, the rest missing), as the online decoder computes them;
+    under `record` they are the recording's own. Other policies are refused by the
+    settings check."""
     if policy in MATCHED_AS_RECORDED:
         return frame
     cols = policy_dependent(frame.columns)
     if not cols:
         return frame
-    return frame.assign(**{c: np.nan for c in cols})
+    # the absent value in the column's own dtype (an int count stays int32, as stored)
+    return frame.assign(**{c: np.full(len(frame), ABSENT.get(c, np.nan), frame[c].dtype)
+                           if c in ABSENT else np.nan for c in cols})  # fmt: skip

@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from rerank.evaluate.policy import with_scored_prefixes
 from specrank.laws import law_name
 
 RECORDED = "recorded_budget"
@@ -41,3 +42,10 @@ def with_recorded_budget(frame: pd.DataFrame, budgets: dict[str, str]) -> pd.Dat
     out = frame.copy()
     out.insert(at + 1, RECORDED, out["law"].map(budgets))
     return out
+
+
+def labelled_table(table: pd.DataFrame, recorded: dict[str, str],
+                   per_round: pd.DataFrame) -> pd.DataFrame:  # fmt: skip
+    """`table` naming the budget its rounds were recorded at (`with_recorded_budget`) and,
+    per rule, the prefixes its pass scores under the policy (`with_scored_prefixes`)."""
+    return with_scored_prefixes(with_recorded_budget(table, recorded), per_round)

@@ -14,10 +14,7 @@ of the training half.
 from __future__ import annotations
 
 import logging
-import os
-import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +30,11 @@ from rerank.fit.boosting import (
     estimator_iterations,
     fit_estimator,
 )
-from rerank.fit.crossfit import check_grouped, distinct_strings, fold_masks
+from rerank.fit.crossfit import distinct_strings
 from rerank.fit.design import (
     TOKEN_PRIOR,
     design_matrix,
-    digest_rows,
     frame_fingerprint,
-    hash_rows,
     task_categories,
 )
 from rerank.fit.token_prior import (
@@ -55,7 +50,6 @@ from rerank.forest.walk import compile_forest
 from selection.rules import MODEL_KINDS
 from specrank.checks import check_choice
 from specrank.laws import law_kind
-from specrank.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
 PREDICT_ROUTES = ("library", "forest")
@@ -230,129 +224,3 @@ def _fingerprint_columns(frame: pd.DataFrame, features: list[str], law: str) -> 
     keys = [c for c in ("prompt_id", "round_index", "cand_index", "token") if c in frame.columns]
     feats = [f for f in features if f != TOKEN_PRIOR and f not in keys]
     return [*keys, *feats, LABEL_OF_LAW[law]]
-
-
-def fold_workers(n_threads: int | None, n_fits: int) -> tuple[int, int]:
-    """(fits at once, threads per fit) for `n_threads` in all (None: every core)."""
-    total = n_threads or len(os.sched_getaffinity(0))
-    workers = max(1, min(n_fits, total))
-    return workers, max(1, total // workers)
-
-
-@dataclass
-class CrossfitResult:
-    """Out-of-fold predictions: ``phat[i]`` comes from ``models[folds[i]]``.
-
-    ``models[f]`` was trained on the rows with fold ``1 - f`` and predicted
-    the rows with fold ``f``; ``fit_seconds[f]`` is its fitting wall time.
-    """
-
-    phat: np.ndarray
-    folds: np.ndarray
-    models: tuple[FittedReranker, FittedReranker]
-    fit_seconds: tuple[float, float]
-
-
-def crossfit_predict(
-    frame: pd.DataFrame,
-    feature_set: str,
-    kind: str,
-    law: str,
-    folds: np.ndarray,
-    seed: int = 0,
-    n_threads: int | None = None,
-    categories: Sequence[str] | None = None,
-    capacity: Capacity = PAPER_CAPACITY,
-    pseudo_count: float = DEFAULT_PSEUDO_COUNT,
-    sample_weight: np.ndarray | None = None,
-    route: str | None = None,
-    prior_split: str = "prompt",
-) -> CrossfitResult:
-    """Out-of-fold phat (float64 in [PROB_FLOOR, 1]) for every row of one law's frame.
-
-    ``folds`` come from `rerank.crossfit.prompt_halves` (checked constant
-    within each prompt). Task categories are fixed from the whole frame
-    unless declared. The token prior is computed inside each fold, and so is
-    early stopping's inner split (`rerank.fit.boosting`): neither reads the
-    predicted half. ``sample_weight`` (one per row) weighs the training rows' loss.
-    ``route`` predicts the held-out half (`FittedReranker.predict_matrix`; None: the
-    faster one for ``kind``, `BATCH_ROUTE`).
-    """
-    _check_args(frame, kind, law)
-    folds = np.asarray(folds)
-    if folds.shape != (len(frame),):
-        raise ValueError(f"folds has shape {folds.shape}; expected ({len(frame)},)")
-    # Object arrays whose rows share one string per distinct id (8 bytes a row): a string
-    # per row, Python's or numpy's, would cost 50-100 bytes a row at every fit.
-    prompt_ids = frame["prompt_id"].astype("category").to_numpy()
-    tasks = frame["task"].astype("category").to_numpy()
-    check_grouped(prompt_ids, folds)
-    features = feature_list(feature_set)
-    cats = task_categories(frame, categories)
-    y = _labels(frame, law)
-    tokens = frame["token"].to_numpy()
-    # Built once for both folds. The folds' training halves are disjoint, so each sets its
-    # own training rows' prior column in place and fits on rows of this one matrix.
-    X = design_matrix(frame, features, cats, np.zeros(len(frame), np.float32))
-    j_prior = features.index(TOKEN_PRIOR)
-    fp_cols = _fingerprint_columns(frame, features, law)
-    row_hashes = hash_rows(frame, fp_cols)
-    sample_weight = _checked_weights(sample_weight, len(frame))
-    phat = np.full(len(frame), np.nan, dtype=np.float64)
-    route = BATCH_ROUTE[kind] if route is None else route
-    masks = list(fold_masks(folds))
-    workers, fit_threads = fold_workers(n_threads, len(masks))
-    by_prompt = _prior_groups(prior_split, prompt_ids)
-    priors = [token_prior_features(tokens, y, train, pseudo_count, by_prompt)
-              for _, train, _ in masks]  # fmt: skip
-    for (_, train, _), (prior, _) in zip(masks, priors, strict=True):
-        X[train, j_prior] = prior[train]
-    column = PriorColumn(j_prior, tokens, pseudo_count, by_prompt is not None)
-
-    def fit_fold(train: np.ndarray) -> Any:
-        return fit_estimator(
-            X, y, features, kind, law, capacity, seed, fit_threads, sample_weight=sample_weight,
-            groups=prompt_ids, tasks=tasks, rows=np.flatnonzero(train), prior=column,
-        )  # fmt: skip
-
-    fitted = _fit_folds(fit_fold, [train for _, train, _ in masks], workers)
-    release_freed_heap()  # the fits' copies and bins, before the held-out halves' copies
-    models: list[FittedReranker] = []
-    seconds: list[float] = []
-    for (_, train, predict), (est, secs), (prior, full) in zip(masks, fitted, priors, strict=True):
-        fingerprint = digest_rows(fp_cols, row_hashes[train])
-        model = FittedReranker(kind, law, feature_set, features, cats, est, full, fingerprint,
-                               seed, capacity, _prompts(prompt_ids[train]))  # fmt: skip
-        X_predict = X[predict]  # the other fold's training rows: a copy with this fold's prior
-        X_predict[:, j_prior] = prior[predict]
-        phat[predict] = model.predict_matrix(X_predict, n_threads, route=route)
-        models.append(model)
-        seconds.append(secs)
-    return CrossfitResult(phat, folds.astype(np.int8), (models[0], models[1]), tuple(seconds))
-
-
-def _checked_weights(sample_weight: np.ndarray | None, n_rows: int) -> np.ndarray | None:
-    """``sample_weight`` as float64, refused unless it holds one weight per row."""
-    if sample_weight is None:
-        return None
-    sample_weight = np.asarray(sample_weight, dtype=np.float64)
-    if sample_weight.shape != (n_rows,):
-        raise ValueError(f"sample_weight has shape {sample_weight.shape}; expected ({n_rows},)")
-    return sample_weight
-
-
-def _fit_folds(
-    fit: Callable[[np.ndarray], Any], trains: list[np.ndarray], workers: int
-) -> list[tuple[Any, float]]:
-    """(estimator, fitting wall time) of ``fit(train)`` for each fold's training mask."""
-
-    def timed(train: np.ndarray) -> tuple[Any, float]:
-        t0 = time.perf_counter()
-        est = fit(train)
-        return est, time.perf_counter() - t0
-
-    # The two folds fit at once, one thread each on two cores: OpenMP's barriers inside
-    # one multi-threaded fit wait on a descheduled thread whenever the machine is busy
-    # (fits several times slower than one thread; bench/bench_online.py --small-fit).
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(timed, trains))

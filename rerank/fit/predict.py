@@ -26,7 +26,8 @@ from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
 from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
-from rerank.fit.models import LABEL_OF_LAW, FittedReranker, crossfit_predict
+from rerank.fit.halves import FitStore, crossfit_predict
+from rerank.fit.models import LABEL_OF_LAW, FittedReranker
 from selection.pool_batch import PoolBatch
 from selection.ranking import path_sum, pool_levels
 from selection.rules import learned
@@ -116,6 +117,7 @@ def predict_first_factors(
     capacity: Capacity = PAPER_CAPACITY,
     law_frame: Callable[[float], pd.DataFrame] | None = None,
     prior_split: str = "prompt",
+    fits: FitStore | None = None,
 ) -> FirstFactorPredictions:
     """Cross-fitted phat of every learned first-factor rule, per law (rerankers of ``capacity``).
 
@@ -124,7 +126,8 @@ def predict_first_factors(
     ``law_frame(temperature)``, when given, returns every column of that temperature's
     rows, in the order they have in ``candidates``, which then needs only the keys,
     `task` and `temperature` (the job reads one law's features at a time that way); by
-    default each law's rows are taken from ``candidates``.
+    default each law's rows are taken from ``candidates``. ``fits``: where finished fits are
+    kept and taken from (`rerank.fit.resume`).
     """
     parts, rules = [], []
     models: dict[str, tuple[FittedReranker, FittedReranker]] = {}
@@ -153,6 +156,7 @@ def predict_first_factors(
                 categories=categories,
                 capacity=capacity,
                 prior_split=prior_split,
+                fits=fits,
             )
             out[name] = res.phat
             release_freed_heap()  # the fits' transient matrices

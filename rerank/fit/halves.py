@@ -1,0 +1,235 @@
+"""Out-of-fold prediction over the two prompt halves (SPEC §8's cross-fitting): each half's
+model is fitted on the other half and predicts its own rows, the two fits at once; a fit
+kept by an earlier run is taken instead of refitted (`rerank.fit.resume`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+
+from rerank.fit.boosting import PAPER_CAPACITY, Capacity, fit_estimator
+from rerank.fit.crossfit import check_grouped, fold_masks
+from rerank.fit.design import TOKEN_PRIOR, design_matrix, digest_rows, hash_rows, task_categories
+from rerank.fit.models import (
+    BATCH_ROUTE,
+    FittedReranker,
+    _check_args,
+    _fingerprint_columns,
+    _labels,
+    _prior_groups,
+    _prompts,
+    feature_list,
+)
+from rerank.fit.token_prior import DEFAULT_PSEUDO_COUNT, PriorColumn, token_prior_features
+from specrank.memory import release_freed_heap
+
+log = logging.getLogger(__name__)
+
+
+def fold_workers(n_threads: int | None, n_fits: int) -> tuple[int, int]:
+    """(fits at once, threads per fit) for `n_threads` in all (None: every core)."""
+    total = n_threads or len(os.sched_getaffinity(0))
+    workers = max(1, min(n_fits, total))
+    return workers, max(1, total // workers)
+
+
+@dataclass
+class CrossfitResult:
+    """Out-of-fold predictions: ``phat[i]`` comes from ``models[folds[i]]``.
+
+    ``models[f]`` was trained on the rows with fold ``1 - f`` and predicted
+    the rows with fold ``f``; ``fit_seconds[f]`` is its fitting wall time.
+    """
+
+    phat: np.ndarray
+    folds: np.ndarray
+    models: tuple[FittedReranker, FittedReranker]
+    fit_seconds: tuple[float, float]
+
+
+def crossfit_predict(
+    frame: pd.DataFrame,
+    feature_set: str,
+    kind: str,
+    law: str,
+    folds: np.ndarray,
+    seed: int = 0,
+    n_threads: int | None = None,
+    categories: Sequence[str] | None = None,
+    capacity: Capacity = PAPER_CAPACITY,
+    pseudo_count: float = DEFAULT_PSEUDO_COUNT,
+    sample_weight: np.ndarray | None = None,
+    route: str | None = None,
+    prior_split: str = "prompt",
+    fits: FitStore | None = None,
+) -> CrossfitResult:
+    """Out-of-fold phat (float64 in [PROB_FLOOR, 1]) for every row of one law's frame.
+
+    ``folds`` come from `rerank.crossfit.prompt_halves` (checked constant
+    within each prompt). Task categories are fixed from the whole frame
+    unless declared. The token prior is computed inside each fold, and so is
+    early stopping's inner split (`rerank.fit.boosting`): neither reads the
+    predicted half. ``sample_weight`` (one per row) weighs the training rows' loss.
+    ``route`` predicts the held-out half (`FittedReranker.predict_matrix`; None: the
+    faster one for ``kind``, `BATCH_ROUTE`). ``fits``: finished fits are kept there and a
+    fit found there is taken instead of refitted (`rerank.fit.resume`).
+    """
+    _check_args(frame, kind, law)
+    folds = _checked_folds(folds, len(frame))
+    # Object arrays whose rows share one string per distinct id (8 bytes a row): a string
+    # per row, Python's or numpy's, would cost 50-100 bytes a row at every fit.
+    prompt_ids = frame["prompt_id"].astype("category").to_numpy()
+    tasks = frame["task"].astype("category").to_numpy()
+    check_grouped(prompt_ids, folds)
+    features = feature_list(feature_set)
+    cats = task_categories(frame, categories)
+    masks = list(fold_masks(folds))
+    X, y, priors, column = _design(frame, features, cats, law, masks, pseudo_count,
+                                   _prior_groups(prior_split, prompt_ids))  # fmt: skip
+    fp_cols = _fingerprint_columns(frame, features, law)
+    sample_weight = _checked_weights(sample_weight, len(frame))
+    phat = np.full(len(frame), np.nan, dtype=np.float64)
+    route = BATCH_ROUTE[kind] if route is None else route
+    workers, fit_threads = fold_workers(n_threads, len(masks))
+
+    def fit_fold(train: np.ndarray) -> Any:
+        return fit_estimator(
+            X, y, features, kind, law, capacity, seed, fit_threads, sample_weight=sample_weight,
+            groups=prompt_ids, tasks=tasks, rows=np.flatnonzero(train), prior=column,
+        )  # fmt: skip
+
+    keys, prints = _fit_keys(fp_cols, hash_rows(frame, fp_cols), masks, sample_weight, kind=kind, law=law,
+                             feature_set=feature_set, features=features, categories=list(cats),
+                             capacity=vars(capacity), seed=seed, prior_split=prior_split,
+                             pseudo_count=pseudo_count, route=route)  # fmt: skip
+    saved = _taken(fits, keys, [int(p.sum()) for _, _, p in masks], features, prints,
+                   f"{feature_set} {law}")  # fmt: skip
+    todo = [i for i, s in enumerate(saved) if s is None]
+    fitted = dict(zip(todo, _fit_folds(fit_fold, [masks[i][1] for i in todo], workers),
+                      strict=True))  # fmt: skip
+    release_freed_heap()  # the fits' copies and bins, before the held-out halves' copies
+    for i, ((_, train, predict), (prior, full)) in enumerate(zip(masks, priors, strict=True)):
+        if saved[i] is None:
+            est, secs = fitted[i]
+            model = FittedReranker(kind, law, feature_set, features, cats, est, full,
+                                   prints[i][0], seed, capacity, _prompts(prompt_ids[train]))  # fmt: skip
+            X_predict = X[predict]  # the other fold's rows: a copy with this fold's prior
+            X_predict[:, column.column] = prior[predict]
+            saved[i] = SavedFit(model, model.predict_matrix(X_predict, n_threads, route=route),
+                                secs)  # fmt: skip
+            if fits is not None:
+                fits.save(keys[i], saved[i])
+        phat[predict] = saved[i].phat
+    models, seconds = zip(*((f.model, f.seconds) for f in saved), strict=True)
+    return CrossfitResult(phat, folds.astype(np.int8), models, seconds)
+
+
+def _checked_folds(folds: np.ndarray, n_rows: int) -> np.ndarray:
+    folds = np.asarray(folds)
+    if folds.shape != (n_rows,):
+        raise ValueError(f"folds has shape {folds.shape}; expected ({n_rows},)")
+    return folds
+
+
+def _fit_keys(fp_cols: list[str], row_hashes: np.ndarray, masks: list,
+              sample_weight: np.ndarray | None, **fields: Any,
+              ) -> tuple[list[str], list[tuple[str, str]]]:  # fmt: skip
+    """Per half, the key of its fit (`fit_key` of `fields`, the sample weights' digest and the
+    training and predicted rows' fingerprints) and those two fingerprints."""
+    weights = None if sample_weight is None else hashlib.sha256(sample_weight).hexdigest()
+    prints = [(digest_rows(fp_cols, row_hashes[t]), digest_rows(fp_cols, row_hashes[p]))
+              for _, t, p in masks]  # fmt: skip
+    keys = [fit_key({**fields, "weights": weights, "train": t, "predict": p}) for t, p in prints]
+    return keys, prints
+
+
+def _design(frame: pd.DataFrame, features: list[str], cats: list[str], law: str, masks: list,
+            pseudo_count: float, by_prompt: np.ndarray | None) -> tuple:  # fmt: skip
+    """(X, y, each fold's (prior, table), the prior column) for both folds' fits."""
+    y = _labels(frame, law)
+    tokens = frame["token"].to_numpy()
+    # Built once for both folds. The folds' training halves are disjoint, so each sets its
+    # own training rows' prior column in place and fits on rows of this one matrix.
+    X = design_matrix(frame, features, cats, np.zeros(len(frame), np.float32))
+    j_prior = features.index(TOKEN_PRIOR)
+    priors = [token_prior_features(tokens, y, train, pseudo_count, by_prompt)
+              for _, train, _ in masks]  # fmt: skip
+    for (_, train, _), (prior, _) in zip(masks, priors, strict=True):
+        X[train, j_prior] = prior[train]
+    return X, y, priors, PriorColumn(j_prior, tokens, pseudo_count, by_prompt is not None)
+
+
+def _taken(fits: FitStore | None, keys: list[str], n_predicted: list[int],
+           features: list[str], prints: list[tuple[str, str]], what: str,
+           ) -> list[SavedFit | None]:  # fmt: skip
+    """Per half, the fit an earlier run kept under its key (None: to be fitted)."""
+    if fits is None:
+        return [None] * len(keys)
+    saved = [fits.load(k, n, features, t) for k, n, (t, _) in zip(keys, n_predicted, prints,
+                                                                 strict=True)]  # fmt: skip
+    if taken := sum(s is not None for s in saved):
+        log.info("%s: %d of %d halves' fits taken from %s, not refitted", what, taken,
+                 len(keys), fits)  # fmt: skip
+    return saved
+
+
+@dataclass(frozen=True)
+class SavedFit:
+    """One half's finished fit: what a rerun takes instead of refitting (`rerank.fit.resume`)."""
+
+    model: FittedReranker
+    phat: np.ndarray  # [n predicted rows] float64, the held-out half's
+    seconds: float  # the fitting wall time of the run that fitted it
+
+
+class FitStore(Protocol):
+    """Where finished fits are kept (`rerank.fit.resume.FitStore`)."""
+
+    def load(
+        self, key: str, n_rows: int, features: list[str], fingerprint: str
+    ) -> SavedFit | None: ...
+
+    def save(self, key: str, fit: SavedFit) -> None: ...
+
+
+def fit_key(fields: dict[str, Any]) -> str:
+    """A stable digest of everything a fit and its held-out prediction read."""
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _checked_weights(sample_weight: np.ndarray | None, n_rows: int) -> np.ndarray | None:
+    """``sample_weight`` as float64, refused unless it holds one weight per row."""
+    if sample_weight is None:
+        return None
+    sample_weight = np.asarray(sample_weight, dtype=np.float64)
+    if sample_weight.shape != (n_rows,):
+        raise ValueError(f"sample_weight has shape {sample_weight.shape}; expected ({n_rows},)")
+    return sample_weight
+
+
+def _fit_folds(
+    fit: Callable[[np.ndarray], Any], trains: list[np.ndarray], workers: int
+) -> list[tuple[Any, float]]:
+    """(estimator, fitting wall time) of ``fit(train)`` for each fold's training mask."""
+
+    def timed(train: np.ndarray) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        est = fit(train)
+        return est, time.perf_counter() - t0
+
+    # The two folds fit at once, one thread each on two cores: OpenMP's barriers inside
+    # one multi-threaded fit wait on a descheduled thread whenever the machine is busy
+    # (fits several times slower than one thread; bench/bench_online.py --small-fit).
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(timed, trains))
