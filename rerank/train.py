@@ -19,7 +19,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -138,9 +138,8 @@ class Evaluation:
     breakdown_gains: pd.DataFrame  # gains over draft per group, with intervals
     mixture_weights: pd.DataFrame
     table: str  # the results table, then the paired comparisons
-    reports: dict[
-        str, pd.DataFrame
-    ]  # rerank.evaluate.reports tables and the halves split, by file name
+    reports: dict[str, pd.DataFrame]  # rerank.evaluate.reports tables, the halves split
+    seconds: dict[str, float] = field(default_factory=dict)  # time/<stage>_s metrics
 
 
 def fit(rerank: RerankConfig, seed: int) -> Fitted:
@@ -217,11 +216,13 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     curves = PromptCurves()  # per-prompt curves: matched-size PEARL, node-equivalent budgets
     # retained rows, coverage, draw-rule sizes: fed by the same pass over the traces
     acc = ReportAccumulators(budgets) if rerank.reports else None
+    t0 = time.perf_counter()
     per_round = evaluate_traces(
         dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves,
         consumers=[policy, *([acc] if acc else [])],
         workers=rerank.workers or len(os.sched_getaffinity(0)),
     )  # fmt: skip
+    pass_s = time.perf_counter() - t0  # the pass over the pools, consumers included
     per_round = policy.apply(per_round)
     release_freed_heap()  # the chunks' blocks, kept for reuse while the pass ran
     per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
@@ -241,9 +242,8 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     reports["halves"] = halves_table(fitted.candidates, folds).reset_index()  # keeps `task`
     reports["variants"] = variants
     by_group = labelled(breakdowns(per_round))
-    return Evaluation(
-        per_round, summary, comparisons, by_group, groups, mix_weights, table, reports
-    )
+    return Evaluation(per_round, summary, comparisons, by_group, groups, mix_weights, table,
+                      reports, {"pool_pass": pass_s})  # fmt: skip
 
 
 def _csv(frame: pd.DataFrame) -> Callable[[Path], object]:
@@ -310,6 +310,7 @@ def run_record(
     """What the run logs: one parent run (params = `resolved_config`, logged verbatim) and a
     child run per fold (`specrank.run_record` logs it)."""
     metrics = {"time/total_s": total_seconds, "time/fit_s": fitted.seconds}
+    metrics |= {f"time/{stage}_s": secs for stage, secs in ev.seconds.items()}
     metrics |= evaluation_metrics(ev, fitted.quality)
     tables, plots = written
     return RunRecord(
