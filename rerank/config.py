@@ -68,6 +68,11 @@ class RerankConfig:
     # prompt = of its own prompt too, as for held-out rows; row = the paper's alternation
     # by row (experiment=paper), which may keep labels of the same token and prompt.
     prior_split: str = "prompt"
+    # Each half's models are fitted on this share of its training prompts, stratified by
+    # task (rerank.fit.crossfit.prompt_subsample), and predict the whole other half: a
+    # memory and time lever at 10x the paper's rounds. 1.0 (none) by default: on the
+    # learning curves of bench/learning_curve.py more rows still lowered held-out loss.
+    train_share: float = 1.0
     budgets: list[int] = field(default_factory=lambda: list(DEFAULT_BUDGETS))
     # Paired gains of rule_a over rule_b with their own intervals (rerank.report.comparisons), as
     # "rule_a:rule_b". None: the defaults among this run's rules (the paper's claims and ours,

@@ -75,6 +75,7 @@ def check_settings(rerank: RerankConfig) -> None:
         check_real("rerank.mixture_weights", w, 0.0, 1.0, low_open=True)
     check_choice("rerank.halves", rerank.halves, SCHEMES)
     check_choice("rerank.prior_split", rerank.prior_split, PRIOR_SPLITS)
+    check_real("rerank.train_share", rerank.train_share, 0.0, 1.0, low_open=True)
     check_ints("rerank.budgets", rerank.budgets, 1)
     check_int("rerank.top_m", rerank.top_m, 0)
     check_choice("rerank.score", rerank.score, SCORE_MODES)

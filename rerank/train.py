@@ -176,6 +176,7 @@ def fit(rerank: RerankConfig, seed: int) -> Fitted:
         law_frame=law_frame,
         prior_split=rerank.prior_split,
         fits=None if rerank.fits is None else FitFolder(project_path(rerank.fits)),
+        train_share=rerank.train_share,
     )
     seconds = time.perf_counter() - t0
     return Fitted(candidates, folds, preds, prediction_quality(candidates, preds), seconds)

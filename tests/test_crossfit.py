@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rerank.fit.crossfit import check_grouped, fold_masks, prompt_halves
+from rerank.fit.crossfit import check_grouped, fold_masks, prompt_halves, prompt_subsample
 from rerank.fit.halves import crossfit_predict
 from rerank.fit.models import fit_reranker
 from rerank.fit.token_prior import (
@@ -275,3 +275,33 @@ def test_an_inner_split_of_one_prompt_alternates_by_row_and_says_so(caplog) -> N
     assert "trains on one prompt" in caplog.text
     by_row, _ = token_prior_features(tokens[:4], labels[:4], np.ones(4, bool))
     np.testing.assert_array_equal(inner, by_row)
+
+
+def test_a_training_subsample_takes_a_share_of_each_tasks_prompts() -> None:
+    ids = np.array([f"p{i % 40}" for i in range(400)])
+    tasks = np.array(["a" if i % 40 < 24 else "b" for i in range(400)])
+    keep = prompt_subsample(ids, 0.25, seed=3, tasks=tasks)
+    kept = set(ids[keep])
+    assert len({p for p in kept if int(p[1:]) < 24}) == 6  # a quarter of task a's 24
+    assert len({p for p in kept if int(p[1:]) >= 24}) == 4  # ... and of task b's 16
+    assert all(keep[ids == p].all() for p in kept)  # whole prompts
+    order = np.random.default_rng(0).permutation(400)  # the set, not the row order, decides
+    np.testing.assert_array_equal(prompt_subsample(ids[order], 0.25, 3, tasks[order]), keep[order])
+    assert prompt_subsample(ids, 1.0).all()
+    with pytest.raises(ValueError, match=r"'rerank.train_share' must be in \(0, 1\]"):
+        prompt_subsample(ids, 0.0)
+
+
+def test_a_subsampled_fit_trains_on_a_share_of_its_half_and_predicts_the_other(sampling_frame):
+    frame = sampling_frame
+    ids = frame["prompt_id"].to_numpy()
+    folds = prompt_halves(ids)
+    res = crossfit_predict(frame, "base", "lgbm", "sampling", folds, n_threads=1, capacity=FAST,
+                           train_share=0.5)  # fmt: skip
+    for f in (0, 1):
+        half = set(ids[folds == 1 - f])
+        assert set(res.models[f].train_prompts) < half
+        assert len(res.models[f].train_prompts) == round(len(half) / 2)
+    assert np.isfinite(res.phat).all()  # every held-out row predicted
+    full = crossfit_predict(frame, "base", "lgbm", "sampling", folds, n_threads=1, capacity=FAST)
+    assert not np.array_equal(full.phat, res.phat)

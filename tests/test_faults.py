@@ -235,6 +235,7 @@ def test_an_empty_prompt_file_fails_before_models_load(tmp_path, no_model_loads)
         ({"halves": "odd"}, r"'rerank.halves' must be one of \['even_odd', 'seeded'\]. Got 'odd'"),
         ({"mixture_weights": [0.0]}, r"'rerank.mixture_weights' must be a number in the range \(0, 1\]. Got 0.0"),
         ({"n_resamples": 0}, r"'rerank.n_resamples' must be an int in the range \[1, inf\). Got 0"),
+        ({"train_share": 0.0}, r"'rerank.train_share' must be a number in the range \(0, 1\]. Got 0.0"),
     ],
 )  # fmt: skip
 def test_bad_rerank_settings_fail_before_anything_is_read(tmp_path, change, message):

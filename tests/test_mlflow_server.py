@@ -191,6 +191,9 @@ def test_train_logs_to_a_real_tracking_server(stores, tmp_path):
     np.testing.assert_allclose(model.predict_phat(held_out), logged["rows_lgbm"], rtol=1e-9)
 
 
+# slow: about 40 s (a server started, a job, a server stopped, a second job); the soak's
+# --tracking-server case (bench/soak.py) runs the same fault
+@pytest.mark.slow
 def test_a_server_stopped_mid_run_loses_nothing_and_the_folder_is_logged_later(
     stores, tmp_path, monkeypatch
 ):

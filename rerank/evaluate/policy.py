@@ -111,18 +111,25 @@ class PolicyRounds:
         orders = {BASELINE: chunk.order}
         if self.policy != "tree":  # under tree no tree is covered (Theorem 1): root's order
             orders[ROOT] = rank_order(rule_scores(ctx, ROOT), ctx.restrict)  # is not needed
-        cum = chunk.path_prob_ordered.cumsum(-1, dtype=torch.float64)  # draft's value curve
+        n_valid = ctx.pool.valid.sum(-1)
         for b in self.budgets:
             for name, order in orders.items():
-                cov, n_tree, extra = own_tree_coverage(ctx, order, b, self.policy, self.top_m,
-                                                       scored)  # fmt: skip
+                if self.policy == "tree":  # Q = T: never covered, T of min(B, valid) nodes
+                    cov, n_tree, extra = torch.zeros(len(n_valid), dtype=torch.float64), \
+                        n_valid.clamp(max=b), 0  # fmt: skip
+                else:
+                    cov, n_tree, extra = own_tree_coverage(ctx, order, b, self.policy,
+                                                           self.top_m, scored)  # fmt: skip
                 cols[value_key(f"cov/{name}", b)] = cov.numpy()
                 cols[value_key(f"scored/{name}", b)] = (n_tree + extra).double().numpy()
             if ROOT not in orders:  # the same tree size, never covered
                 cols[value_key(f"cov/{ROOT}", b)] = np.zeros(len(chunk.table))
                 cols[value_key(f"scored/{ROOT}", b)] = cols[value_key(f"scored/{BASELINE}", b)]
-            # draft's tree as large as its pass's scored prefixes: the first n in draft order
+        for b in self.budgets:
+            # draft's tree as large as its pass's scored prefixes: the first n in draft order,
+            # from draft's value curve up to the largest n (a prefix of the whole curve's sums)
             n = torch.from_numpy(cols[value_key(f"scored/{BASELINE}", b)]).long()
+            cum = chunk.path_prob_ordered[:, : max(int(n.max()), 1)].cumsum(-1, dtype=torch.float64)
             at = torch.gather(cum, -1, (n - 1).clamp(min=0)[:, None])[:, 0]
             cols[value_key(DRAFT_SCORED, b)] = torch.where(n > 0, at, 0.0).numpy()
         keys = chunk.keys[ROUND_KEYS].reset_index(drop=True)

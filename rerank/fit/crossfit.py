@@ -221,18 +221,48 @@ def inner_validation(
             f"early stopping needs >= 2 training prompts (one to hold out); the training half "
             f"has {uniq.size}. Use a fixed capacity (rerank.model.early_stopping=false)."
         )
-    position = np.empty(uniq.size)
-    for task in np.unique(per_task):
-        members = np.flatnonzero(per_task == task)  # sorted ids: independent of row order
-        rng = np.random.default_rng([seed, zlib.crc32(str(task).encode("utf-8")), _INNER_STREAM])
-        # members[perm[j]] sits at (j + u) / n: evenly spread, a seeded offset u per task
-        position[members[rng.permutation(members.size)]] = (
-            np.arange(members.size) + rng.random()
-        ) / members.size
+    position = _spread(uniq, per_task, seed, _INNER_STREAM)
     n_val = min(max(1, round(share * uniq.size)), uniq.size - 1)
     held = np.zeros(uniq.size, dtype=bool)
     held[np.argsort(position, kind="stable")[:n_val]] = True
     return held[inverse]
+
+
+_SUBSAMPLE_STREAM = (
+    2  # the training subsample's stream, apart from the halves' and the inner split's
+)
+
+
+def prompt_subsample(
+    prompt_ids: np.ndarray, share: float, seed: int = 0, tasks: np.ndarray | None = None
+) -> np.ndarray:
+    """Rows of `share` of the prompts (bool per row; at least one prompt), stratified by task
+    as `inner_validation` spreads them, on its own seeded stream (`rerank.train_share`).
+    The subsample depends only on the set of prompts, their tasks and `seed`."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"The 'rerank.train_share' must be in (0, 1]. Got {share!r} instead.")
+    if share == 1.0:
+        return np.ones(np.shape(prompt_ids), dtype=bool)
+    uniq, per_task, inverse = _prompt_tasks(np.asarray(prompt_ids), tasks)
+    position = _spread(uniq, per_task, seed, _SUBSAMPLE_STREAM)
+    keep = np.zeros(uniq.size, dtype=bool)
+    keep[np.argsort(position, kind="stable")[: max(1, round(share * uniq.size))]] = True
+    return keep[inverse]
+
+
+def _spread(uniq: np.ndarray, per_task: np.ndarray, seed: int, stream: int) -> np.ndarray:
+    """Each prompt's position in [0, 1): within each task (its distinct prompts sorted, then
+    shuffled by a stream seeded with (seed, task, stream)) spread evenly, so the lowest
+    positions take about the same share of every task."""
+    position = np.empty(uniq.size)
+    for task in np.unique(per_task):
+        members = np.flatnonzero(per_task == task)  # sorted ids: independent of row order
+        rng = np.random.default_rng([seed, zlib.crc32(str(task).encode("utf-8")), stream])
+        # members[perm[j]] sits at (j + u) / n: evenly spread, a seeded offset u per task
+        position[members[rng.permutation(members.size)]] = (
+            np.arange(members.size) + rng.random()
+        ) / members.size
+    return position
 
 
 def fold_masks(folds: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:

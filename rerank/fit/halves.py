@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity, fit_estimator
-from rerank.fit.crossfit import check_grouped, fold_masks
+from rerank.fit.crossfit import check_grouped, fold_masks, prompt_subsample
 from rerank.fit.design import TOKEN_PRIOR, design_matrix, digest_rows, hash_rows, task_categories
 from rerank.fit.models import (
     BATCH_ROUTE,
@@ -72,6 +72,7 @@ def crossfit_predict(
     route: str | None = None,
     prior_split: str = "prompt",
     fits: FitStore | None = None,
+    train_share: float = 1.0,
 ) -> CrossfitResult:
     """Out-of-fold phat (float64 in [PROB_FLOOR, 1]) for every row of one law's frame.
 
@@ -82,18 +83,19 @@ def crossfit_predict(
     predicted half. ``sample_weight`` (one per row) weighs the training rows' loss.
     ``route`` predicts the held-out half (`FittedReranker.predict_matrix`; None: the
     faster one for ``kind``, `BATCH_ROUTE`). ``fits``: finished fits are kept there and a
-    fit found there is taken instead of refitted (`rerank.fit.resume`).
+    fit found there is taken instead of refitted (`rerank.fit.resume`). ``train_share``: each
+    half's model is fitted on that share of its training prompts (`prompt_subsample`) and
+    still predicts the whole other half.
     """
     _check_args(frame, kind, law)
     folds = _checked_folds(folds, len(frame))
     # Object arrays whose rows share one string per distinct id (8 bytes a row): a string
     # per row, Python's or numpy's, would cost 50-100 bytes a row at every fit.
-    prompt_ids = frame["prompt_id"].astype("category").to_numpy()
-    tasks = frame["task"].astype("category").to_numpy()
+    prompt_ids, tasks = (frame[c].astype("category").to_numpy() for c in ("prompt_id", "task"))
     check_grouped(prompt_ids, folds)
     features = feature_list(feature_set)
     cats = task_categories(frame, categories)
-    masks = list(fold_masks(folds))
+    masks = _training_masks(folds, prompt_ids, tasks, train_share, seed)
     X, y, priors, column = _design(frame, features, cats, law, masks, pseudo_count,
                                    _prior_groups(prior_split, prompt_ids))  # fmt: skip
     fp_cols = _fingerprint_columns(frame, features, law)
@@ -132,6 +134,18 @@ def crossfit_predict(
         phat[predict] = saved[i].phat
     models, seconds = zip(*((f.model, f.seconds) for f in saved), strict=True)
     return CrossfitResult(phat, folds.astype(np.int8), models, seconds)
+
+
+def _training_masks(folds: np.ndarray, prompt_ids: np.ndarray, tasks: np.ndarray,
+                    share: float, seed: int) -> list[tuple[int, np.ndarray, np.ndarray]]:  # fmt: skip
+    """`fold_masks`, each training mask cut to `share` of its prompts (by task)."""
+    out = []
+    for f, train, predict in fold_masks(folds):
+        if share < 1.0:
+            train = train.copy()
+            train[train] = prompt_subsample(prompt_ids[train], share, seed, tasks[train])
+        out.append((f, train, predict))
+    return out
 
 
 def _checked_folds(folds: np.ndarray, n_rows: int) -> np.ndarray:

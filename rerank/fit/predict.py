@@ -118,6 +118,7 @@ def predict_first_factors(
     law_frame: Callable[[float], pd.DataFrame] | None = None,
     prior_split: str = "prompt",
     fits: FitStore | None = None,
+    train_share: float = 1.0,
 ) -> FirstFactorPredictions:
     """Cross-fitted phat of every learned first-factor rule, per law (rerankers of ``capacity``).
 
@@ -127,7 +128,8 @@ def predict_first_factors(
     rows, in the order they have in ``candidates``, which then needs only the keys,
     `task` and `temperature` (the job reads one law's features at a time that way); by
     default each law's rows are taken from ``candidates``. ``fits``: where finished fits are
-    kept and taken from (`rerank.fit.resume`).
+    kept and taken from (`rerank.fit.resume`). ``train_share``: the share of each training
+    half's prompts a model is fitted on (`rerank.fit.crossfit.prompt_subsample`).
     """
     parts, rules = [], []
     models: dict[str, tuple[FittedReranker, FittedReranker]] = {}
@@ -145,19 +147,9 @@ def predict_first_factors(
         out["fold"] = fold
         for feature_set in feature_sets:
             name = learned(feature_set, kind).name
-            res = crossfit_predict(
-                frame,
-                feature_set,
-                kind,
-                law,
-                fold,
-                seed=seed,
-                n_threads=n_threads,
-                categories=categories,
-                capacity=capacity,
-                prior_split=prior_split,
-                fits=fits,
-            )
+            res = crossfit_predict(frame, feature_set, kind, law, fold, seed=seed,
+                                   n_threads=n_threads, categories=categories, capacity=capacity,
+                                   prior_split=prior_split, fits=fits, train_share=train_share)  # fmt: skip
             out[name] = res.phat
             release_freed_heap()  # the fits' transient matrices
             models[f"{name}/T{temperature:g}"] = res.models
