@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -17,9 +18,14 @@ from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
 from rerank.config import RerankConfig, RerankModelConfig
 from rerank.fit import halves
+from rerank.fit.halves import SavedFit
+from rerank.fit.models import fit_reranker
+from rerank.fit.persist import RerankerLoadError
+from rerank.fit.resume import FitFolder
 from rerank.train import train_and_evaluate
 from specrank import faults
 from specrank.config import MlflowConfig
+from tests.candidate_frames import FAST, make_candidate_frame
 from tree.config import PoolConfig, SelectConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,3 +104,21 @@ def test_a_kill_between_fits_and_the_rerun(stores, tmp_path):
     assert "halves' fits taken from" in done.stdout + done.stderr
     assert len(_saved(fits)) == 4
     assert not [p for p in fits.iterdir() if p.name.startswith(".")]  # no partial fit left
+
+
+def test_a_kept_fit_that_does_not_match_is_refused_by_name(tmp_path):
+    """A kept fit is taken only as it was saved: a different training fingerprint or a
+    held-out prediction count that does not match is refused, naming the file."""
+    frame = make_candidate_frame(n_prompts=8, rounds=3, temperature=1.0, seed=2)
+    model = fit_reranker(frame, "base", "lgbm", "sampling", sorted(frame["task"].unique()),
+                         n_threads=1, capacity=FAST)  # fmt: skip
+    store = FitFolder(tmp_path / "fits")
+    assert store.load("k", 5, model.features, model.train_fingerprint) is None
+    store.save("k", SavedFit(model, np.linspace(0.1, 0.5, 5), 1.5))
+    taken = store.load("k", 5, model.features, model.train_fingerprint)
+    np.testing.assert_array_equal(taken.phat, np.linspace(0.1, 0.5, 5))
+    assert taken.seconds == 1.5 and taken.model.train_fingerprint == model.train_fingerprint
+    with pytest.raises(ValueError, match=r"phat.npy: expected 6 held-out predictions"):
+        store.load("k", 6, model.features, model.train_fingerprint)
+    with pytest.raises(RerankerLoadError, match="fingerprint"):
+        store.load("k", 5, model.features, "another")

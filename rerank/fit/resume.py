@@ -20,7 +20,6 @@ writing leaves nothing that a rerun would take.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -32,8 +31,6 @@ import numpy as np
 from rerank.fit.halves import SavedFit
 from rerank.fit.persist import load_reranker, save_reranker
 from specrank import faults
-
-log = logging.getLogger(__name__)
 
 PHAT_FILE = "phat.npy"
 FIT_FILE = "fit.json"
