@@ -21,7 +21,7 @@ from rerank.evaluate.pool_chunks import chunk_of
 from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.serving import OnlinePredictor, load_online_reranker
 from rerank.settings import check_settings
-from selection.ranking import rank_order
+from selection.ranking import rank_order, ranks_of_order
 from selection.values import rule_scores
 from specrank.trace_schema import TRACE_SCHEMA, trace_store
 from tests.fake_traces import random_trace
@@ -91,12 +91,8 @@ def test_held_probability_recursion_by_hand():
 
 
 def _evaluate(table: pa.Table, policy: str, top_m: int = 3) -> pd.DataFrame:
-    return _evaluate_at(table, policy, [2, 5], top_m)
-
-
-def _evaluate_at(table: pa.Table, policy: str, budgets: list[int], top_m: int = 3) -> pd.DataFrame:
-    acc = PolicyRounds(budgets, policy, top_m)
-    plan = EvalPlan(budgets, rules=["draft", "root"], substitutions=[])
+    acc = PolicyRounds([2, 5], policy, top_m)
+    plan = EvalPlan([2, 5], rules=["draft", "root"], substitutions=[])
     per_round = evaluate_traces(ds.dataset(table), plan, chunk_rounds=5, consumers=[acc])
     return acc.apply(per_round)
 
@@ -254,18 +250,18 @@ def test_a_rows_reranker_decodes_alike_under_tree_and_top_m(tmp_path):
         assert b.scored == a.scored + 4  # the pool holds more than 4 outside a 6-node tree
 
 
-def test_the_tree_shortcut_is_own_tree_coverage_under_tree():
-    """PolicyRounds skips own_tree_coverage under tree (cov 0, min(B, valid) nodes, nothing
-    outside); the pass's columns equal what own_tree_coverage gives."""
+def test_under_tree_coverage_is_zero_and_the_tree_is_the_first_b_valid_candidates():
+    """own_tree_coverage under tree skips the ranking: nothing covered, nothing scored outside
+    T, and T's size is that of {u valid: rank(u) < B} computed from the order's ranks."""
     table = random_trace(6, n_prompts=3, n_rounds=5, level_sizes=[4, 6, 5])
-    out = _evaluate(table, "tree")
     chunk = chunk_of(table)
+    rank, valid = ranks_of_order(chunk.order), chunk.ctx.pool.valid
+    for b in (2, 5, 40):  # 40: more than the 15-node pools hold
+        cov, n_tree, extra = own_tree_coverage(chunk.ctx, chunk.order, b, "tree", 0)
+        assert (cov == 0).all() and (extra == 0).all()
+        np.testing.assert_array_equal(n_tree, ((rank < b) & valid).sum(-1))
+    out = _evaluate(table, "tree")  # the pass's column, in the pass's row order
     at = {k: i for i, k in enumerate(zip(table["prompt_id"].to_pylist(),
                                          table["round_index"].to_pylist(), strict=True))}  # fmt: skip
     rows = [at[k] for k in zip(out["prompt_id"], out["round_index"], strict=True)]
-    for b in (2, 5, 40):
-        if b == 40:
-            out = _evaluate_at(table, "tree", [40])
-        cov, n_tree, extra = own_tree_coverage(chunk.ctx, chunk.order, b, "tree", 0)
-        assert (cov == 0).all() and (extra == 0).all()
-        np.testing.assert_array_equal(out[f"scored/draft@B{b}"], n_tree.double().numpy()[rows])
+    np.testing.assert_array_equal(out["scored/draft@B5"], ((rank < 5) & valid).sum(-1)[rows])

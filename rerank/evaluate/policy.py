@@ -57,14 +57,16 @@ def own_tree_coverage(ctx: PoolContext, order: Tensor, budget: int, policy: str,
     first `budget` in `order` under `policy` ([R] float64, int64, int64). `scored`: the
     recording's `cand_scored` ([R, P], for `record`)."""
     pool, valid = ctx.pool, ctx.pool.valid
+    if policy == "tree":  # Q = T: never covered (Theorem 1); T holds min(B, valid) nodes, as
+        # `order` ranks the valid candidates first; nothing to rank or gather
+        n_tree = valid.sum(-1).clamp(max=budget)
+        return torch.zeros(len(n_tree), dtype=torch.float64), n_tree, torch.zeros_like(n_tree)
     rank = ranks_of_order(order)
     in_tree = (rank < budget) & valid
     outside = valid & ~in_tree
     parent_in = torch.gather(in_tree, -1, pool.parent.clamp(min=0))
     frontier = outside & ((pool.parent < 0) | parent_in)
-    if policy == "tree":
-        q = torch.zeros_like(outside)
-    elif policy == "top_m":
+    if policy == "top_m":
         q = outside & (rank < budget + top_m)
     elif policy == "frontier":
         q = frontier
@@ -111,15 +113,10 @@ class PolicyRounds:
         orders = {BASELINE: chunk.order}
         if self.policy != "tree":  # under tree no tree is covered (Theorem 1): root's order
             orders[ROOT] = rank_order(rule_scores(ctx, ROOT), ctx.restrict)  # is not needed
-        n_valid = ctx.pool.valid.sum(-1)
         for b in self.budgets:
             for name, order in orders.items():
-                if self.policy == "tree":  # Q = T: never covered, T of min(B, valid) nodes
-                    cov, n_tree, extra = torch.zeros(len(n_valid), dtype=torch.float64), \
-                        n_valid.clamp(max=b), 0  # fmt: skip
-                else:
-                    cov, n_tree, extra = own_tree_coverage(ctx, order, b, self.policy,
-                                                           self.top_m, scored)  # fmt: skip
+                cov, n_tree, extra = own_tree_coverage(ctx, order, b, self.policy, self.top_m,
+                                                       scored)  # fmt: skip
                 cols[value_key(f"cov/{name}", b)] = cov.numpy()
                 cols[value_key(f"scored/{name}", b)] = (n_tree + extra).double().numpy()
             if ROOT not in orders:  # the same tree size, never covered
