@@ -21,8 +21,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mlflow
-
 from specrank import faults
 from specrank.claims import HOST, pid_alive
 from specrank.files import atomic_write
@@ -88,6 +86,8 @@ def read_record(folder: Path) -> RunRecord:
 
 def mark_killed_runs(experiment: str) -> list[str]:
     """Runs of `experiment` left RUNNING by a process of this host that is gone: KILLED."""
+    import mlflow  # on first use: importing it costs every entry point about 1.5 s
+
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -105,6 +105,8 @@ def mark_killed_runs(experiment: str) -> list[str]:
 
 def log_record(folder: Path, tracking_uri: str | None = None) -> str:
     """Log the run folder's record (to `tracking_uri`, else the one it names); the run id."""
+    import mlflow  # on first use: importing it costs every entry point about 1.5 s
+
     folder = Path(folder)
     logged = folder / LOGGED
     if logged.exists():
@@ -138,6 +140,8 @@ def log_record(folder: Path, tracking_uri: str | None = None) -> str:
 
 def log_or_explain(folder: Path, tracking_uri: str) -> str:
     """`log_record`, and on a tracking failure a `TrackingError` saying how to log it later."""
+    import mlflow  # on first use: importing it costs every entry point about 1.5 s
+
     try:
         return log_record(folder)
     except (mlflow.exceptions.MlflowException, OSError) as err:

@@ -13,11 +13,12 @@ import subprocess
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
-
-import mlflow
+from typing import TYPE_CHECKING, Any
 
 from specrank.paths import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    import mlflow
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ def ensure_sqlite_store(uri: str) -> None:
     prefix = "sqlite:///"
     if not uri.startswith(prefix) or Path(uri[len(prefix) :]).exists():
         return
+    import mlflow  # on first use: importing it costs every entry point about 1.5 s
+
     path = Path(uri[len(prefix) :])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -123,6 +126,8 @@ def parent_run(
     tags: Mapping[str, str],
 ) -> Iterator[mlflow.ActiveRun]:
     """Start the invocation's parent run with the resolved config as params and artifact."""
+    import mlflow  # on first use: importing it costs every entry point about 1.5 s
+
     uri = resolve_tracking_uri(tracking_uri)
     ensure_sqlite_store(uri)
     mlflow.set_tracking_uri(uri)

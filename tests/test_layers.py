@@ -111,3 +111,14 @@ def test_no_function_is_over_60_lines():
                     if n > MAX_FUNCTION_LINES:
                         long[f"{path.relative_to(PROJECT_ROOT)}:{node.name}"] = n
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines of code (split them): {long}"
+
+
+def test_entry_points_import_no_library_they_only_need_late():
+    """`python -m <stage> --cfg job` imports the stage's module first; MLflow (about 1.5 s)
+    and skops (about 3 s) are imported where they are used, not by importing an entry point."""
+    code = ("import sys, decode.record, decode.run, rerank.train, rerank.transfer; "
+            "print(sorted(m for m in ('mlflow', 'skops') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=PROJECT_ROOT, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

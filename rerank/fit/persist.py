@@ -23,6 +23,7 @@ schema version, a feature list or training fingerprint other than expected.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,8 +31,6 @@ from typing import Any
 
 import lightgbm as lgb
 import sklearn
-import skops
-import skops.io as sio
 
 from features.schema import CANDIDATE_VERSION
 from rerank.fit.boosting import Capacity
@@ -92,7 +91,7 @@ def save_reranker(
     if model.kind == "lgbm":
         model.estimator.save_model(str(model_file))
     else:
-        sio.dump(model.estimator, model_file)
+        _skops_io().dump(model.estimator, model_file)
     meta: dict[str, Any] = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -113,7 +112,7 @@ def save_reranker(
         "libraries": {
             "scikit-learn": sklearn.__version__,
             "lightgbm": lgb.__version__,
-            "skops": skops.__version__,
+            "skops": importlib.metadata.version("skops"),
         },
         "extra": dict(extra or {}),
     }
@@ -285,6 +284,7 @@ def _check_model_features(path: Path, kind: str, estimator: Any, features: list[
 def _load_estimator(path: Path, kind: str, model_file: Path) -> Any:
     if kind == "lgbm":
         return lgb.Booster(model_file=str(model_file))
+    sio = _skops_io()
     untrusted = set(sio.get_untrusted_types(file=model_file))
     unexpected = sorted(untrusted - TRUSTED_SKOPS_TYPES)
     if unexpected:
@@ -292,3 +292,12 @@ def _load_estimator(path: Path, kind: str, model_file: Path) -> Any:
             path, [f"{model_file.name} holds types outside the allow-list: {unexpected}"]
         )
     return sio.load(model_file, trusted=sorted(untrusted))
+
+
+def _skops_io() -> Any:
+    """`skops.io`, imported on first use: importing it takes about 3 s (it walks
+    scikit-learn's types), which every command that merely imports this module (a
+    `--cfg job` included) would pay, and only HGB models need it."""
+    import skops.io
+
+    return skops.io
