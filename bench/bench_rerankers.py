@@ -179,14 +179,15 @@ def same_model_values(run: Path, traces: Path, features: Path, rerank=None) -> d
     """This code's rule values on a finished run's own out-of-fold predictions, vs that run's.
 
     The same fitted models (their saved predictions) evaluated by both code trees: every
-    `<rule>@B<b>` value the run wrote is compared with what `rerank.train.evaluate` gives now.
+    `<rule>@B<b>` value the run wrote is compared with what `rerank.job.evaluation.evaluate` gives now.
     `rerank`: the run's `RerankConfig` (default: the defaults on these stores).
     """
     from rerank.config import RerankConfig
     from rerank.fit.predict import FirstFactorPredictions, fold_map
     from rerank.fit.quality import prediction_quality
+    from rerank.job.evaluation import evaluate
+    from rerank.job.fitting import Fitted
     from rerank.settings import store_budgets
-    from rerank.train import Fitted, evaluate
 
     if rerank is None:
         rerank = RerankConfig(traces=str(traces), features=str(features))

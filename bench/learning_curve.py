@@ -23,8 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 from rerank.config import RerankConfig
+from rerank.job.evaluation import evaluate
+from rerank.job.fitting import fit
 from rerank.settings import check_settings, store_budgets
-from rerank.train import evaluate, fit
 
 SHARES = (0.125, 0.25, 0.5, 1.0)
 

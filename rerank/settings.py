@@ -29,6 +29,7 @@ from rerank.report.comparisons import DEFAULT_COMPARISONS, check_comparisons, pa
 from selection.policies import SCORE_MODES
 from selection.rules import MODEL_KINDS, RULES, learned, mixture, substitution
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
+from specrank.parallel import ParallelConfig, check_parallel
 from specrank.paths import project_path
 from specrank.tables import SchemaError
 from specrank.trace_schema import trace_store
@@ -45,6 +46,16 @@ def model_capacity(model: RerankModelConfig) -> Capacity:
         early_stopping=model.early_stopping, patience=model.patience,
         validation_share=model.validation_share, refit=model.refit,
     )  # fmt: skip
+
+
+def check_train_parallel(p: ParallelConfig) -> None:
+    """The `parallel` settings of a training run: local, or Ray (`rerank.on_ray`)."""
+    check_parallel(p, "cpu")
+    if p.parts != 1:
+        raise ValueError(
+            f"parallel.parts={p.parts}: rerank.train is one job, not split into ranges of "
+            f"shards; spread it with launcher=ray parallel.workers=N"
+        )
 
 
 def check_settings(rerank: RerankConfig) -> None:

@@ -48,17 +48,12 @@ from rerank.fit.models import BATCH_ROUTE, FEATURE_SETS, FittedReranker, feature
 from rerank.fit.persist import SIDECAR, RerankerLoadError, load_reranker, read_sidecar
 from rerank.fit.predict import FirstFactorPredictions
 from rerank.fit.quality import prediction_quality
+from rerank.job.evaluation import Evaluation, evaluate
+from rerank.job.fitting import FITTED_COLUMNS, Fitted, check_same_traces
+from rerank.job.tracked import evaluation_metrics
 from rerank.serving import reranker_folder, unknown_task_counts
 from rerank.settings import check_policy_sets, check_settings, comparison_pairs, store_budgets
-from rerank.train import (
-    FITTED_COLUMNS,
-    Evaluation,
-    Fitted,
-    check_same_traces,
-    evaluate,
-    evaluation_metrics,
-    write_tables,
-)
+from rerank.train import write_tables
 from selection.rules import learned
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank.checks import check_choice, check_int

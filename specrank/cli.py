@@ -70,7 +70,7 @@ READS: dict[str, tuple[str, ...]] = {
                    "mlflow"),
     "decode.synth": ("synth", "synth_job", "pool", "select"),
     "features.extract": ("features",),
-    "rerank.train": ("rerank", "mlflow"),
+    "rerank.train": ("rerank", "mlflow", "parallel"),
     "rerank.transfer": ("rerank", "transfer", "mlflow"),
     "decode.pocket": ("pocket",),
     "decode.pocket.eagle3": ("pocket_eagle3",),

@@ -6,6 +6,9 @@ Both do nothing unless their environment variable is set (one lookup per call).
         the n-th time this process reaches `point`, `action` happens there:
         kill    SIGKILL itself (a kill placed while a shard or a table is being written)
         enospc  OSError(ENOSPC) naming the file, as a full disk raises it
+    SPECRANK_FAULT_COUNTS=<dir>
+        count the hits in that folder instead of in this process: "the n-th time any
+        process reaches `point`" (Ray workers, whose retried task runs in a new process)
     SPECRANK_PHASE_FILE=<path>
         every `phase(name)` writes the process's current phase there, so a process killed
         from outside can be told what it was doing
@@ -14,7 +17,8 @@ Points: `shard_write` (a shard's temp file is written, not yet renamed: `ShardSt
 `shard_marker` (the shard is renamed, its completion marker not yet written),
 `table_write` (a results table's temp file is written: `specrank.files.atomic_write`),
 `fit_saved` (a finished fit is kept for a rerun: `rerank.fit.resume`) and
-`run_logging` (an MLflow run is started, nothing logged to it yet: `specrank.run_record`).
+`run_logging` (an MLflow run is started, nothing logged to it yet: `specrank.run_record`) and
+`ray_task` (a Ray worker of `rerank.train launcher=ray` starts a fit or a trace shard).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections import Counter
 from pathlib import Path
 
 FAULTS_ENV = "SPECRANK_FAULTS"
+COUNTS_ENV = "SPECRANK_FAULT_COUNTS"
 PHASE_ENV = "SPECRANK_PHASE_FILE"
 ACTIONS = ("kill", "enospc")
 _hits: Counter[str] = Counter()
@@ -51,13 +56,28 @@ def point(name: str, path: Path | str | None = None) -> None:
     spec = os.environ.get(FAULTS_ENV)
     if not spec:
         return
-    _hits[name] += 1
-    action = _plan(spec).get((name, _hits[name]))
+    n = _hit(name)
+    action = _plan(spec).get((name, n))
     if action == "kill":
-        phase(f"killed at {name} #{_hits[name]}")
+        phase(f"killed at {name} #{n}")
         os.kill(os.getpid(), signal.SIGKILL)
     elif action == "enospc":
         raise OSError(errno.ENOSPC, "No space left on device (injected)", str(path))
+
+
+def _hit(name: str) -> int:
+    """This hit's number: counted in this process, or across processes (`COUNTS_ENV`)."""
+    shared = os.environ.get(COUNTS_ENV)
+    if not shared:
+        _hits[name] += 1
+        return _hits[name]
+    n = 1
+    while True:  # the hit that creates `<name>.<n>` first is the n-th (O_EXCL: no race)
+        try:
+            os.close(os.open(Path(shared) / f"{name}.{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return n
+        except FileExistsError:
+            n += 1
 
 
 def phase(name: str) -> None:

@@ -134,23 +134,25 @@ class Dealt:
     retried: list[str]  # shards handed to another actor after theirs died
 
 
-def connect(p: ParallelConfig, gpu: bool) -> None:
+def connect(p: ParallelConfig, gpu: bool, cpus_per_worker: int = 1) -> None:
     """Join the cluster at parallel.address, or start a local one; refuse too few resources."""
     import ray
 
     if not ray.is_initialized():
         if p.address is None:  # "local": never join a cluster someone else left running here
-            ray.init(address="local", num_cpus=p.workers, include_dashboard=False)
+            ray.init(address="local", num_cpus=p.workers * cpus_per_worker,
+                     include_dashboard=False)  # fmt: skip
         else:
             ray.init(address=p.address)
     have = ray.cluster_resources()
     kind = "GPU" if gpu else "CPU"
-    if have.get(kind, 0) < p.workers:
+    need = p.workers * (1 if gpu else cpus_per_worker)
+    if have.get(kind, 0) < need:
         where = p.address or "started here"
+        each = "model.device=cuda: one GPU" if gpu else f"{cpus_per_worker} CPU"
         raise ValueError(
-            f"parallel.workers={p.workers} needs {p.workers} {kind}s in the Ray cluster "
-            f"({'model.device=cuda: one GPU' if gpu else 'one CPU'} per worker); the cluster "
-            f"({where}) has {have.get(kind, 0):g}"
+            f"parallel.workers={p.workers} needs {need} {kind}s in the Ray cluster "
+            f"({each} per worker); the cluster ({where}) has {have.get(kind, 0):g}"
         )
 
 
@@ -166,18 +168,21 @@ def deal(
     progress: bool = True,
     desc: str = "shards",
     unit: str = "shard",
+    cpus_per_worker: int = 1,
 ) -> Dealt:
     """Run `factory()(shard)` for every shard on `p.workers` Ray actors (see the module doc).
 
     `sizes[shard]` advances the driver's progress bar (default 1 per shard);
     `on_ready(infos)` runs once every actor is up, before any shard is dealt (the
     driver writes its manifest there); `on_dead(shard, owner)` runs for the shard a
-    dead actor held; `on_result(shard, result)` may return the bar's postfix.
+    dead actor held; `on_result(shard, result)` may return the bar's postfix. Each actor
+    holds `cpus_per_worker` CPUs of the cluster (a worker running that many threads).
     """
     import ray
 
-    connect(p, gpu)
-    remote = ray.remote(ShardActor).options(num_cpus=1, num_gpus=1 if gpu else 0, max_restarts=0)
+    connect(p, gpu, cpus_per_worker)
+    remote = ray.remote(ShardActor).options(num_cpus=cpus_per_worker, num_gpus=1 if gpu else 0,
+                                            max_restarts=0)  # fmt: skip
     actors = [remote.remote(factory) for _ in range(p.workers)]
     # `owners` and `in_flight` are filled in place: the `finally` releases what they hold.
     bar, owners, in_flight = None, {}, {}

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rerank.evaluate.values import PromptCurves
+from rerank.evaluate.curves import PromptCurves
 from rerank.fit.predict import FirstFactorPredictions
 from rerank.fit.quality import prediction_quality
 from rerank.report.comparisons import check_comparisons, compare, parse_comparisons

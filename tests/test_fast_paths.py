@@ -19,10 +19,11 @@ import torch
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
+from rerank.evaluate.curves import PromptCurves
 from rerank.evaluate.policy import PolicyRounds
 from rerank.evaluate.pool_chunks import ROUND_KEYS, RoundCodes, chunk_of, iter_trace_chunks
 from rerank.evaluate.reports import ReportAccumulators
-from rerank.evaluate.values import EvalPlan, PromptCurves, evaluate_traces
+from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.fit.boosting import Capacity
 from rerank.fit.design import design_matrix
 from rerank.fit.halves import crossfit_predict
@@ -269,7 +270,7 @@ def test_predictions_join_their_candidates_by_position_as_a_merge_would():
 
 
 def test_law_frames_read_apart_give_the_predictions_of_the_whole_table():
-    # The job reads one law's feature columns at a time (rerank.train.fit): the same
+    # The job reads one law's feature columns at a time (rerank.job.fitting.fit): the same
     # predictions as from the whole table, and rows in another order are refused.
     frame = pd.concat([make_candidate_frame(n_prompts=12, rounds=4, temperature=t, seed=s)
                        for t, s in ((1.0, 1), (0.0, 2))], ignore_index=True)  # fmt: skip

@@ -68,7 +68,7 @@ def test_another_stages_section_is_refused_naming_the_command() -> None:
     msg = stage_override_message("rerank.train", ["select.budget=8"], KNOWN)
     assert "python -m rerank.train does not read the 'select' section" in msg
     assert "python -m decode.record" in msg and "python -m decode.run" in msg
-    assert "mlflow, paths, rerank, seed" in msg  # what it does read
+    assert "mlflow, parallel, paths, rerank, seed" in msg  # what it does read
     # group choices fill sections too; global packages and hydra.* go everywhere
     assert "'data' section" in stage_override_message("rerank.train", ["data=paper"], KNOWN)
     assert "'rerank' section" in stage_override_message(

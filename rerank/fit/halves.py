@@ -31,6 +31,7 @@ from rerank.fit.models import (
     feature_list,
 )
 from rerank.fit.token_prior import DEFAULT_PSEUDO_COUNT, PriorColumn, token_prior_features
+from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,39 @@ def crossfit_predict(
         phat[predict] = saved[i].phat
     models, seconds = zip(*((f.model, f.seconds) for f in saved), strict=True)
     return CrossfitResult(phat, folds.astype(np.int8), models, seconds)
+
+
+def frame_folds(frame: pd.DataFrame, folds: dict[str, int]) -> np.ndarray:
+    """The fold (int8) of each row's prompt; refuses prompts outside the fold map."""
+    fold = frame["prompt_id"].map(folds).to_numpy()
+    if np.isnan(fold.astype(float)).any():
+        raise ValueError("candidate rows with prompts outside the fold map")
+    return fold.astype(np.int8)
+
+
+@dataclass(frozen=True)
+class LawFits:
+    """What every (law, feature set) cross-fit of a job shares beyond its rows: one place, so
+    a fit run here and one run by a Ray worker (`rerank.on_ray`) are the same call."""
+
+    kind: str
+    seed: int
+    n_threads: int | None
+    categories: tuple[str, ...]  # every task of the store, for the one-hot columns
+    capacity: Capacity
+    prior_split: str
+    fits: FitStore | None
+    train_share: float
+
+    def crossfit(self, frame: pd.DataFrame, temperature: float, feature_set: str,
+                 folds: dict[str, int]) -> CrossfitResult:  # fmt: skip
+        """`crossfit_predict` of one law's rows `frame` with these settings."""
+        return crossfit_predict(
+            frame, feature_set, self.kind, law_kind(temperature), frame_folds(frame, folds),
+            seed=self.seed, n_threads=self.n_threads, categories=self.categories,
+            capacity=self.capacity, prior_split=self.prior_split, fits=self.fits,
+            train_share=self.train_share,
+        )  # fmt: skip
 
 
 def _training_masks(folds: np.ndarray, prompt_ids: np.ndarray, tasks: np.ndarray,

@@ -12,7 +12,7 @@ other half (`rerank.fit.crossfit` conventions).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,7 +26,7 @@ from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
 from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
-from rerank.fit.halves import FitStore, crossfit_predict
+from rerank.fit.halves import CrossfitResult, FitStore, LawFits, frame_folds
 from rerank.fit.models import LABEL_OF_LAW, FittedReranker
 from selection.pool_batch import PoolBatch
 from selection.ranking import path_sum, pool_levels
@@ -35,6 +35,10 @@ from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 
 log = logging.getLogger(__name__)
+# Cross-fits every (temperature, feature set) job elsewhere: (settings, jobs, folds) -> results
+Prefit = Callable[
+    [LawFits, list[tuple[float, str]], dict[str, int]], Mapping[tuple[float, str], CrossfitResult]
+]
 
 
 def fold_map(
@@ -119,6 +123,7 @@ def predict_first_factors(
     prior_split: str = "prompt",
     fits: FitStore | None = None,
     train_share: float = 1.0,
+    prefit: Prefit | None = None,
 ) -> FirstFactorPredictions:
     """Cross-fitted phat of every learned first-factor rule, per law (rerankers of ``capacity``).
 
@@ -130,26 +135,31 @@ def predict_first_factors(
     default each law's rows are taken from ``candidates``. ``fits``: where finished fits are
     kept and taken from (`rerank.fit.resume`). ``train_share``: the share of each training
     half's prompts a model is fitted on (`rerank.fit.crossfit.prompt_subsample`).
+    ``prefit(settings, jobs, folds)``, when given, cross-fits every (temperature, feature
+    set) of ``jobs`` elsewhere first (Ray workers: `rerank.on_ray`), each as
+    ``settings.crossfit`` would here.
     """
     parts, rules = [], []
     models: dict[str, tuple[FittedReranker, FittedReranker]] = {}
     seconds: dict[str, tuple[float, float]] = {}
-    categories = sorted(candidates["task"].unique())
     temperatures = candidates["temperature"].to_numpy()
+    settings = LawFits(kind, seed, n_threads, tuple(sorted(candidates["task"].unique())),
+                       capacity, prior_split, fits, train_share)  # fmt: skip
+    jobs = [(float(t), fs) for t in np.unique(temperatures) for fs in feature_sets]
+    done = prefit(settings, jobs, folds) if prefit is not None else {}
     positions = []
     for temperature in np.unique(temperatures):  # a half's rows at a time, not a sorted copy
         law = law_kind(float(temperature))
         rows = np.flatnonzero(temperatures == temperature)
         positions.append(rows)
         frame = _law_rows(candidates, rows, float(temperature), law_frame)
-        fold = _frame_folds(frame, folds)
+        fold = frame_folds(frame, folds)
         out = frame[[*ROUND_KEYS, "cand_index"]].copy()
         out["fold"] = fold
         for feature_set in feature_sets:
             name = learned(feature_set, kind).name
-            res = crossfit_predict(frame, feature_set, kind, law, fold, seed=seed,
-                                   n_threads=n_threads, categories=categories, capacity=capacity,
-                                   prior_split=prior_split, fits=fits, train_share=train_share)  # fmt: skip
+            key = (float(temperature), feature_set)
+            res = done[key] if key in done else settings.crossfit(frame, *key, folds)
             out[name] = res.phat
             release_freed_heap()  # the fits' transient matrices
             models[f"{name}/T{temperature:g}"] = res.models
@@ -181,14 +191,6 @@ def _law_rows(
     frame = law_frame(temperature)
     _check_same_rows(frame, candidates, rows, temperature)
     return frame
-
-
-def _frame_folds(frame: pd.DataFrame, folds: dict[str, int]) -> np.ndarray:
-    """The fold (int8) of each row's prompt; refuses prompts outside the fold map."""
-    fold = frame["prompt_id"].map(folds).to_numpy()
-    if np.isnan(fold.astype(float)).any():
-        raise ValueError("candidate rows with prompts outside the fold map")
-    return fold.astype(np.int8)
 
 
 def _add_controls(

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from rerank.evaluate.curves import PromptCurves
 from rerank.evaluate.recorded import RECORDED
-from rerank.evaluate.values import PromptCurves
 from selection.rules import (
     BASELINE,
     PEARL,

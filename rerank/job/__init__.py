@@ -1,0 +1,1 @@
+"""The stages of `rerank.train`: fitting, evaluation, what the run logs."""

@@ -1,0 +1,119 @@
+"""The job's evaluation stage: every rule on the recorded pools, out of fold, with paired
+bootstrap intervals, the report tables from the same pass (SPEC §9)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+
+from rerank.config import RerankConfig
+from rerank.evaluate.curves import PromptCurves
+from rerank.evaluate.policy import PolicyRounds, policy_text
+from rerank.evaluate.recorded import labelled_table, recorded_budgets
+from rerank.evaluate.reports import ReportAccumulators
+from rerank.evaluate.values import EvalPlan, evaluate_traces
+from rerank.fit.predict import fit_per_depth_maps, halves_table, per_depth_scores
+from rerank.job.fitting import Fitted
+from rerank.report.breakdowns import breakdown_gains, breakdowns
+from rerank.report.comparisons import compare, comparisons_table
+from rerank.report.summary import choose_mixture_weights, law_draws, results_table, summarise_draws
+from rerank.report.variants import variant_table, variants_text
+from rerank.settings import comparison_pairs
+from selection.rules import learned
+from specrank import faults
+from specrank.memory import release_freed_heap
+from specrank.parallel import ParallelConfig
+from specrank.paths import project_path
+from specrank.trace_schema import trace_store
+
+
+@dataclass
+class Evaluation:
+    per_round: pd.DataFrame
+    summary: pd.DataFrame
+    comparisons: pd.DataFrame  # paired gains between two rules (rerank.report.comparisons)
+    breakdowns: pd.DataFrame  # mean values per group
+    breakdown_gains: pd.DataFrame  # gains over draft per group, with intervals
+    mixture_weights: pd.DataFrame
+    table: str  # the results table, then the paired comparisons
+    reports: dict[str, pd.DataFrame]  # rerank.evaluate.reports tables, the halves split
+    seconds: dict[str, float] = field(default_factory=dict)  # time/<stage>_s metrics
+
+
+def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int],
+             dataset: ds.Dataset | None = None,
+             parallel: ParallelConfig | None = None) -> Evaluation:  # fmt: skip
+    """Every rule on the recorded pools at `budgets` (`rerank.settings.evaluated_budgets`),
+    out of fold, with paired bootstrap intervals (SPEC §9).
+
+    `dataset`: the rounds to evaluate (default: the whole store `rerank.traces`).
+    `parallel.backend=ray`: the pass over the pools as Ray tasks, one per trace file
+    (`rerank.on_ray.chunks_on_ray`); the per-depth maps are fitted here either way.
+    """
+    faults.phase("evaluating")
+    folds, preds = fitted.folds, fitted.preds
+    if dataset is None:
+        dataset = trace_store(project_path(rerank.traces)).dataset()
+    # The scored-set policy: App. D.10's decoder without a root pass and draft at the scored
+    # count, from draft's and root's own trees (rerank.evaluate.policy); the per-depth
+    # calibration, as whole candidate scores.
+    policy = PolicyRounds(
+        budgets, rerank.score, rerank.score_top_m, f"rerank.traces={rerank.traces}"
+    )
+    extra = None
+    if "per_depth" in rerank.calibrators:
+        maps = fit_per_depth_maps(
+            dataset, folds, rerank.calibration_edges, seed, rerank.chunk_rounds
+        )
+        release_freed_heap()
+
+        def extra(pool, table):
+            ids = table["prompt_id"].to_numpy(zero_copy_only=False)
+            return {"per_depth": per_depth_scores(pool, ids, folds, maps)}
+
+    rerankers = [learned(fs, rerank.model.kind).name for fs in rerank.feature_sets]
+    plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
+                    mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m,
+                    curve_rules=["root", *rerankers])  # fmt: skip
+    curves = PromptCurves()  # per-prompt curves: matched-size PEARL, node-equivalent budgets
+    # retained rows, coverage, draw-rule sizes: fed by the same pass over the traces
+    acc = ReportAccumulators(budgets) if rerank.reports else None
+    chunk_map = None
+    if parallel is not None and parallel.backend == "ray":
+        from rerank.on_ray import chunks_on_ray  # Ray is imported only by a run that uses it
+
+        chunk_map = chunks_on_ray(parallel)
+    t0 = time.perf_counter()
+    per_round = evaluate_traces(
+        dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves,
+        consumers=[policy, *([acc] if acc else [])],
+        workers=rerank.workers or len(os.sched_getaffinity(0)), chunk_map=chunk_map,
+    )  # fmt: skip
+    pass_s = time.perf_counter() - t0  # the pass over the pools, consumers included
+    per_round = policy.apply(per_round)
+    release_freed_heap()  # the chunks' blocks, kept for reuse while the pass ran
+    per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
+    per_round, mix_weights = choose_mixture_weights(per_round)
+    draws = law_draws(per_round, rerank.n_resamples, seed, curves=curves)  # one set of resamples
+    labelled = partial(labelled_table, recorded=recorded_budgets(dataset), per_round=per_round)
+    summary = labelled(summarise_draws(draws))
+    comparisons = labelled(compare(draws, comparison_pairs(rerank)))
+    variants = variant_table(summary, comparisons, fitted.quality, preds.rules)
+    variants = variants[variants["budget"].isin(rerank.budgets)]
+    table = "\n".join([results_table(summary), policy_text(summary, rerank.score,
+                       rerank.score_top_m, policy.simulable_share), comparisons_table(comparisons),
+                       variants_text(variants)])  # fmt: skip
+    groups = labelled(breakdown_gains(per_round, rerank.n_resamples, seed))
+    reports = acc.tables(per_round, rerank.n_resamples, seed) if acc else {}
+    reports = {k: labelled(v) for k, v in reports.items()}
+    reports["halves"] = halves_table(fitted.candidates, folds).reset_index()  # keeps `task`
+    reports["variants"] = variants
+    by_group = labelled(breakdowns(per_round))
+    return Evaluation(per_round, summary, comparisons, by_group, groups, mix_weights, table,
+                      reports, {"pool_pass": pass_s})  # fmt: skip

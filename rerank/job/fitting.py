@@ -1,0 +1,113 @@
+"""The job's fitting stage: the cross-fitted first-level predictions of every learned rule
+on the candidate table, one law's features at a time, here or on Ray (`rerank.on_ray`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.schema import candidate_store
+from rerank.config import RerankConfig
+from rerank.evaluate.policy import for_policy
+from rerank.evaluate.pool_chunks import ROUND_KEYS
+from rerank.fit.models import LABEL_OF_LAW
+from rerank.fit.predict import FirstFactorPredictions, fold_map, halves_table, predict_first_factors
+from rerank.fit.quality import prediction_quality
+from rerank.fit.resume import FitFolder
+from rerank.settings import model_capacity
+from specrank import faults
+from specrank.memory import release_freed_heap
+from specrank.parallel import ParallelConfig
+from specrank.paths import project_path
+from specrank.tables import SchemaError
+from specrank.trace_schema import trace_store
+
+log = logging.getLogger(__name__)
+
+# The candidate table's columns the job keeps for every row once the rerankers are fitted:
+# keys, the halves' tasks, and what the prediction quality and reliability tables join.
+FITTED_COLUMNS = [*ROUND_KEYS, "cand_index", "task", "draft_prob", *LABEL_OF_LAW.values()]
+
+
+def check_same_traces(features_dir: Path, traces_dir: Path) -> str:
+    """The candidate table must come from exactly these traces; returns their fingerprint."""
+    traces_fp = trace_store(traces_dir).fingerprint()
+    manifest = candidate_store(features_dir).manifest()
+    found = manifest.get("config", {}).get("source_fingerprint")
+    if found != traces_fp:
+        raise SchemaError(
+            f"the candidate table in {features_dir} was extracted from traces with fingerprint "
+            f"{str(found)[:12]}, but {traces_dir} has fingerprint {traces_fp[:12]}: "
+            f"re-run `python -m features.extract` on these traces"
+        )
+    return traces_fp
+
+
+@dataclass
+class Fitted:
+    """Cross-fitted first-level predictions and their held-out quality.
+
+    `candidates` holds FITTED_COLUMNS of every row of the candidate table.
+    """
+
+    candidates: pd.DataFrame
+    folds: dict[str, int]  # prompt id -> half
+    preds: FirstFactorPredictions
+    quality: pd.DataFrame
+    seconds: float
+
+
+def law_frame(features: Path, score: str, temperature: float) -> pd.DataFrame:
+    """Every column of one law's candidate rows, as a decoder under policy `score` holds them
+    (`for_policy`); read by the fitting process, or by a Ray worker (hence a module function)."""
+    dataset = candidate_store(features).dataset()
+    rows = dataset.to_table(filter=pc.field("temperature") == pa.scalar(temperature, pa.float32()))
+    frame = for_policy(rows.to_pandas(), score)
+    del rows
+    release_freed_heap()  # the Arrow table's buffers, now converted
+    return frame
+
+
+def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None) -> Fitted:
+    """Cross-fit the rerankers and the q1 calibration on the candidate table (SPEC §8);
+    `parallel.backend=ray`: the (law, feature set) cross-fits as Ray workers' tasks."""
+    faults.phase("fitting")
+    t0 = time.perf_counter()
+    features = project_path(rerank.features)
+    # Every row's keys and what the evaluation joins; the features of one law at a time.
+    candidates = candidate_store(features).dataset().to_table(columns=FITTED_COLUMNS).to_pandas()
+    folds = fold_map(
+        candidates["prompt_id"].to_numpy(), rerank.halves, seed, candidates["task"].to_numpy()
+    )
+    log.info("halves=%s:\n%s", rerank.halves, halves_table(candidates, folds).to_string())
+    frame_of = partial(law_frame, features, rerank.score)
+    prefit = None
+    if parallel is not None and parallel.backend == "ray":
+        from rerank.on_ray import RayFits  # Ray is imported only by a run that uses it
+
+        prefit = RayFits(parallel, frame_of)
+    preds = predict_first_factors(
+        candidates,
+        folds,
+        rerank.model.kind,
+        rerank.feature_sets,
+        rerank.calibrators,
+        seed,
+        rerank.model.n_threads,
+        rerank.rank_q_bins,
+        capacity=model_capacity(rerank.model),
+        law_frame=frame_of,
+        prior_split=rerank.prior_split,
+        fits=None if rerank.fits is None else FitFolder(project_path(rerank.fits)),
+        train_share=rerank.train_share,
+        prefit=prefit,
+    )
+    seconds = time.perf_counter() - t0
+    return Fitted(candidates, folds, preds, prediction_quality(candidates, preds), seconds)

@@ -1,0 +1,83 @@
+"""`rerank.train launcher=ray` (rerank.on_ray): the cross-fits and the pass over the trace
+files as Ray tasks on a local 2-CPU cluster give exactly one process's results, and a task
+whose worker is killed (SIGKILL, as an OOM killer or a lost node) is dealt again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from features.extract import extract
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
+from rerank.config import RerankConfig, RerankModelConfig
+from rerank.train import train_and_evaluate
+from specrank import faults
+from specrank.config import MlflowConfig
+from specrank.parallel import ParallelConfig
+from specrank.trace_schema import trace_store
+from tests.toy_workers import lean_ray
+from tree.config import PoolConfig, SelectConfig
+
+SETS = ["base", "rows"]  # x 2 laws: 4 fit tasks of 2 halves each
+TABLES = ["summary.csv", "comparisons.csv", "breakdown_gains.csv", "prediction_quality.csv"]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("on_ray")
+    job = SynthJobConfig(prompts=12, rounds_per_prompt=6, prompts_per_shard=3)
+    pool = PoolConfig(top_k=4, steps=2, expand=4)
+    write_synthetic_traces(root / "traces", job, pool, SelectConfig(budget=8), SynthConfig(), 0)
+    extract(root / "traces", root / "features", log=lambda _: None)
+    return root / "traces", root / "features"
+
+
+def _run(stores: tuple[Path, Path], out: Path, parallel: ParallelConfig | None) -> Path:
+    config = RerankConfig(
+        traces=str(stores[0]), features=str(stores[1]), feature_sets=SETS,
+        model=RerankModelConfig(kind="lgbm", n_threads=1), n_resamples=200,
+        calibration_edges=5_000, chunk_rounds=16, budgets=[8], fits=str(out / "fits"),
+    )  # fmt: skip
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    train_and_evaluate(config, MlflowConfig(tracking_uri=uri), {}, 0, out / "run", parallel)
+    return out / "run"
+
+
+def test_training_on_ray_equals_one_process_and_redoes_a_killed_worker_s_task(
+    stores, tmp_path, monkeypatch
+):
+    files = len(trace_store(stores[0]).dataset().files)
+    assert files >= 4  # several trace files, so the pass is several tasks
+    one = _run(stores, tmp_path / "one", None)
+    counts = tmp_path / "counts"
+    counts.mkdir()
+    # Set before the cluster starts, so its workers inherit them: the first fit task's worker
+    # and the first trace file's (hit 6: after the 4 fit tasks, one of them dealt twice) die.
+    monkeypatch.setenv(faults.FAULTS_ENV, "ray_task@1=kill,ray_task@6=kill")
+    monkeypatch.setenv(faults.COUNTS_ENV, str(counts))
+    with lean_ray():
+        two = _run(stores, tmp_path / "ray", ParallelConfig(backend="ray", workers=2))
+    hits = sorted(int(p.suffix[1:]) for p in counts.glob("ray_task.*"))
+    assert hits == list(range(1, len(SETS) * 2 + files + 2 + 1))  # every task once, two twice
+    for table in TABLES:
+        pd.testing.assert_frame_equal(pd.read_csv(two / table), pd.read_csv(one / table))
+    for table in ("per_round_values.parquet", "oof_predictions.parquet"):
+        pd.testing.assert_frame_equal(pd.read_parquet(two / table), pd.read_parquet(one / table))
+    models = sorted((one / "rerankers").glob("*/model.txt"))
+    assert len(models) == len(SETS) * 2 * 2
+    for model in models:  # byte for byte
+        assert (two / "rerankers" / model.parent.name / "model.txt").read_bytes() == (
+            model.read_bytes()
+        ), model
+    kept = [p for p in (tmp_path / "ray" / "fits").iterdir() if not p.name.startswith(".")]
+    assert len(kept) == len(models)  # the workers kept every finished fit, for a rerun
+
+
+def test_training_split_into_ranges_is_refused_before_reading(tmp_path):
+    config = RerankConfig(traces=str(tmp_path / "none"), features=str(tmp_path / "none"))
+    with pytest.raises(ValueError, match=r"parallel.parts=2: rerank.train is one job"):
+        train_and_evaluate(config, MlflowConfig(), {}, 0, tmp_path / "out",
+                           ParallelConfig(parts=2))  # fmt: skip
