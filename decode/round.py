@@ -30,7 +30,6 @@ from decode.reranker import reranker_first_factor
 from decode.settings import OnlineSettings
 from decode.stream import StageClock, Stream
 from decode.tree_pass import Planned, Verified, select_step, verify_step
-from pairs.eagle3.pool import grow_pool_eagle3
 from pairs.models import Drafter
 from rerank.serving import OnlinePredictor
 from selection.policies import NO_TOKEN_ONLY
@@ -96,8 +95,8 @@ def commit_caches(stream: Stream, host: HostPool, path: np.ndarray, rows: list[i
     root_pos = len(stream.tokens) - 1
     keep = [root_pos + int(host.batch_row[a]) for a in path] + [root_pos + r for r in rows]
     compact_cache(stream.target_cache, root_pos + 1, keep)
-    if stream.eagle3 is not None:  # the aux states follow the target cache; draft KV is dropped
-        stream.eagle3.commit(root_pos + 1, keep, cache_length(stream.target_cache))
+    if stream.drafter_state is not None:  # its target states follow the cache; no draft KV kept
+        stream.drafter_state.commit(root_pos + 1, keep, cache_length(stream.target_cache))
         return
     # Accepted nodes the drafter cached (expanded ones: a prefix of the path); the rest are pending.
     in_drafter = path[host.expanded[path]]
@@ -192,8 +191,8 @@ def decode_round(
     clock = StageClock(target.device)
     root_pos = len(stream.tokens) - 1  # = committed tokens before the root
 
-    if stream.eagle3 is not None:
-        pool = grow_pool_eagle3(drafter.head, stream.eagle3, stream.tokens, root_pos, s.base.pool)
+    if stream.drafter_state is not None:  # an EAGLE-3 head or a block drafter
+        pool = drafter.grow(stream.drafter_state, stream.tokens, root_pos, s.base.pool)
     else:
         pending = torch.tensor([*stream.drafter_pending, stream.tokens[-1]], device=target.device)
         pool = grow_pool(drafter, stream.drafter_cache, pending, root_pos, s.base.pool)

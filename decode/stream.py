@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from pairs.eagle3.drafter import Eagle3Drafter
+from pairs.block.drafter import BlockState
 from pairs.eagle3.pool import Eagle3State
-from pairs.models import Drafter
+from pairs.models import STATE_DRAFTERS, Drafter
 from pairs.positions import limits_of, needed_positions
 from specrank.checks import check_choice, check_int, check_real
 from tree import retained as R
@@ -92,9 +92,11 @@ class Stream:
     generator: torch.Generator | None
     row_cache: R.TokenKeyedCache | None = None
     prev: R.PrevRows | None = None
-    # model.drafter_kind=eagle3: the head's cache (= drafter_cache) and the target's aux
+    # model.drafter_kind=eagle3|block: the drafter's state beside the target's cache (an
+    # EAGLE-3 head's cache = drafter_cache, and the target's aux states; a block drafter's
+    # context and the target's states; pairs.models.STATE_DRAFTERS)
     # states; drafter_pending stays empty (the head's pending pairs follow from `tokens`)
-    eagle3: Eagle3State | None = None
+    drafter_state: Eagle3State | BlockState | None = None
 
 
 @torch.inference_mode()
@@ -104,15 +106,16 @@ def prefill(
     """Cache the prompt minus its last token in both models; seed the token-keyed cache.
 
     An EAGLE-3 head instead takes the target's aux states of prompt[:-1] from the target's
-    prefill and caches every pair but the last (`pairs.eagle3.drafter.Eagle3Drafter.prefill`).
+    prefill and caches every pair but the last (`pairs.eagle3.drafter.Eagle3Drafter.prefill`);
+    a block drafter takes the prompt's states at its first round.
     """
     if not prompt:
         raise ValueError("prefill: the prompt has no tokens")
     dev = target.device
     ctx = torch.tensor(prompt[:-1], device=dev)
     tcache = new_cache(target)
-    eagle3 = drafter.new_state(tcache) if isinstance(drafter, Eagle3Drafter) else None
-    dcache = new_cache(drafter) if eagle3 is None else eagle3.cache
+    state = drafter.new_state(tcache) if isinstance(drafter, STATE_DRAFTERS) else None
+    dcache = new_cache(drafter) if state is None else state.cache
     row_cache = None
     if record:
         vocab = target.get_output_embeddings().out_features
@@ -128,12 +131,12 @@ def prefill(
             row_cache.store(toks, rows, round_index=-1)
         else:
             forward_chain(target, ctx, tcache, logits_to_keep=1)
-        if eagle3 is None:
+        if state is None:
             forward_chain(drafter, ctx, dcache, logits_to_keep=1)
-    if eagle3 is not None:
-        drafter.prefill(eagle3, prompt)
+    if state is not None:
+        drafter.prefill(state, prompt)
     return Stream(
-        list(prompt), len(prompt), tcache, dcache, [], generator, row_cache, eagle3=eagle3
+        list(prompt), len(prompt), tcache, dcache, [], generator, row_cache, drafter_state=state
     )
 
 
@@ -149,8 +152,8 @@ def check_positions(
 ) -> None:
     """Refuse a prompt whose run would pass a hard position limit (`pairs.positions`);
     past an EAGLE-3 head's configured length, warn once per drafter and decode on."""
-    eagle3 = isinstance(drafter, Eagle3Drafter)
-    limits = limits_of(target.config, drafter.config, eagle3, eagle3 and drafter.strict_positions)
+    head = isinstance(drafter, STATE_DRAFTERS)  # its own position table: a soft limit
+    limits = limits_of(target.config, drafter.config, head, head and drafter.strict_positions)
     depth = len(level_sizes(s.pool))
     need = needed_positions(n_prompt, s.decode.max_new_tokens, s.pool)
     warnings = limits.check(n_prompt, need, s.decode.max_new_tokens, depth)

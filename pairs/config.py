@@ -18,7 +18,10 @@ class ModelConfig:
     # standalone: `drafter` is a causal LM sharing the target's tokenizer (App. D.13).
     # eagle3: `drafter` is an EAGLE-3 head folder (config.json + model.safetensors or
     # pytorch_model.bin) that drafts from the target's hidden states (pairs/eagle3/).
-    drafter_kind: str = "standalone"  # standalone | eagle3
+    # block: `drafter` is a block-parallel drafter in DFlash's layout (config.json with
+    # dflash_config + model.safetensors): one forward per round over the bonus token and
+    # mask placeholders, from the target's hidden states (pairs/block/).
+    drafter_kind: str = "standalone"  # standalone | eagle3 | block
     # eagle3 only: target layer ids whose hidden states feed the head. null = the head
     # config's `eagle_aux_hidden_state_layer_ids`, else (2, N // 2, N - 3) for N layers.
     aux_layers: list[int] | None = None

@@ -23,17 +23,23 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from pairs.block.drafter import BlockDrafter, attach_block, block_ids, check_pool_depth, read_block
+from pairs.block.layout import read_block_config
 from pairs.config import ModelConfig
 from pairs.eagle3.capture import CONVENTIONS
 from pairs.eagle3.drafter import Eagle3Drafter, attach_head, head_ids, read_head
 from pairs.eagle3.layout import read_head_config
 from specrank.checks import check_choice
+from tree.config import PoolConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
-# A standalone causal LM, or an EAGLE-3 head drafting from the target's hidden states
-# (the kinds: DRAFTERS, below).
-Drafter = PreTrainedModel | Eagle3Drafter
+# A standalone causal LM, or a drafter from the target's hidden states: an EAGLE-3 head or a
+# block drafter (the kinds: DRAFTERS, below).
+Drafter = PreTrainedModel | Eagle3Drafter | BlockDrafter
+# Drafters that keep a state beside the target's cache (`new_state`, `prefill`, `grow`) and
+# no KV cache of their own across rounds.
+STATE_DRAFTERS = (Eagle3Drafter, BlockDrafter)
 
 
 @dataclass
@@ -137,6 +143,20 @@ def load_eagle3_pair(cfg: ModelConfig) -> ModelPair:
     return ModelPair(target, drafter, tok, eos_token_ids(target, tok), ids)
 
 
+def load_block_pair(cfg: ModelConfig) -> ModelPair:
+    """Target and block drafter (pairs.block); the drafter is checked before the target loads."""
+    target_dir = checkpoint_dir(cfg.target, "model.target")
+    drafter_dir = checkpoint_dir(cfg.drafter, "model.drafter")
+    local = {"local_files_only": True, "trust_remote_code": cfg.trust_remote_code}
+    tok = AutoTokenizer.from_pretrained(target_dir, **local)
+    ckpt = read_block(drafter_dir, AutoConfig.from_pretrained(target_dir, **local))
+    target = load_causal_lm(cfg.target, cfg, "model.target")
+    _check_embeddings("target", target, len(tok))
+    drafter = attach_block(ckpt, target, cfg)
+    ids = _pair_ids(cfg, target_dir, drafter_dir) | block_ids(drafter)
+    return ModelPair(target, drafter, tok, eos_token_ids(target, tok), ids)
+
+
 def _pair_ids(cfg: ModelConfig, target_dir: Path, drafter_dir: Path) -> dict[str, str]:
     """What identifies a pair in the traces' manifest: the paths and their configs' sha256."""
     return {
@@ -200,6 +220,14 @@ def _eagle3_config(folder: Path, cfg: ModelConfig) -> PretrainedConfig:
     return read_head_config(folder).layer
 
 
+def _block_config(folder: Path, cfg: ModelConfig) -> PretrainedConfig:
+    return read_block_config(folder).layer
+
+
+def _block_pool(folder: Path, cfg: ModelConfig, pool: PoolConfig) -> None:
+    check_pool_depth(read_block_config(folder), pool, cfg.drafter)
+
+
 @dataclass(frozen=True)
 class DrafterKind:
     """A kind of drafter (`model.drafter_kind`): how its pair loads, what it drafts from,
@@ -216,6 +244,8 @@ class DrafterKind:
     settings: tuple[str, ...]  # model.* settings only this kind reads (refused for the others)
     manifest_fields: tuple[str, ...]  # ModelPair.ids: the trace manifest's model section
     verifiers: tuple[str, ...] = ("greedy", "sampling")  # laws it is verified under
+    # the pool settings checked against the drafter's config.json, before anything loads
+    check_pool: Callable[[Path, ModelConfig, PoolConfig], None] | None = None
 
 
 _PAIR_FIELDS = ("target", "drafter", "target_config_sha256", "drafter_config_sha256")
@@ -231,6 +261,14 @@ DRAFTERS = {
                     settings=("aux_layers",),
                     manifest_fields=(*_PAIR_FIELDS, "drafter_kind", "aux_layers",
                                      "draft_vocab_size")),
+        DrafterKind("block", load_block_pair, _block_config, head=True,
+                    pool="pairs.block.drafter: one block forward, its per-position marginals",
+                    target_states=("hidden states leaving dflash_config.target_layer_ids",),
+                    settings=(),
+                    manifest_fields=(*_PAIR_FIELDS, "drafter_kind", "block_size",
+                                     "target_layer_ids", "layer_id_convention",
+                                     "pool_marginals"),
+                    check_pool=_block_pool),
     )
 }  # fmt: skip
 

@@ -108,6 +108,9 @@ def check_prompt_lengths(
     the hard limits; past an EAGLE-3 head's soft limit one warning gives the count.
     """
     check_choice("data.long_prompts", long_prompts, LONG_PROMPTS)
+    kind = drafter_kind(model)
+    if kind.check_pool is not None:  # the pool against the drafter's config, before loading
+        kind.check_pool(checkpoint_dir(model.drafter, "model.drafter"), model, pool)
     limits = read_limits(model)
     tokenizer = AutoTokenizer.from_pretrained(
         model.target, local_files_only=True, trust_remote_code=model.trust_remote_code

@@ -74,6 +74,7 @@ READS: dict[str, tuple[str, ...]] = {
     "rerank.transfer": ("rerank", "transfer", "mlflow"),
     "decode.pocket": ("pocket",),
     "decode.pocket.eagle3": ("pocket_eagle3",),
+    "decode.pocket.block": ("pocket_block",),
 }  # fmt: skip
 EVERY_COMMAND = ("paths", "seed", "hydra")
 GLOBAL_PACKAGES = ("debug", "experiment")

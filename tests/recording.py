@@ -33,3 +33,18 @@ def decode_recorded(
     )
     rows = [r.fields for r in run.rounds if r.fields is not None]
     return Recorded(run.output, rows, [r.n_accepted for r in run.rounds])
+
+
+def greedy_acceptance(pair, texts: list[str], s: DecodeSettings) -> tuple[int, int]:
+    """(accepted drafts, rounds) over `texts` decoded greedily by `pair` (a ModelPair), each
+    output checked equal to plain greedy decoding of the target."""
+    from decode.baseline import autoregressive_decode
+    from pairs.prompts import encode_prompt
+
+    accepted = rounds = 0
+    for text in texts:
+        prompt = encode_prompt(pair.tokenizer, text)
+        res = decode_recorded(pair.target, pair.drafter, prompt, s, frozenset())
+        assert res.output == autoregressive_decode(pair.target, prompt, len(res.output))
+        accepted, rounds = accepted + sum(res.accepted), rounds + len(res.accepted)
+    return accepted, rounds

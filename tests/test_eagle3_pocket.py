@@ -26,7 +26,7 @@ from recipes.pocket.eagle3 import target_view, ttt_steps
 from specrank.paths import PROJECT_ROOT
 from specrank.trace_schema import trace_store
 from tests.eagle3_heads import head_spec, pocket_eagle3_config, random_head, tiny_target
-from tests.recording import decode_recorded
+from tests.recording import decode_recorded, greedy_acceptance
 from tests.tiny_models import one_thread
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
@@ -88,13 +88,8 @@ def test_greedy_with_the_pocket_head_equals_plain_greedy(pocket, budget):
     s = DecodeSettings(
         pool=pool, select=SelectConfig(budget=budget), decode=DecodeConfig(max_new_tokens=32)
     )
-    accepted = rounds = 0
     with one_thread():
-        for p in _suite(2):
-            prompt = encode_prompt(pocket.tokenizer, p.text)
-            res = decode_recorded(pocket.target, pocket.drafter, prompt, s, frozenset())
-            assert res.output == autoregressive_decode(pocket.target, prompt, len(res.output))
-            accepted, rounds = accepted + sum(res.accepted), rounds + len(res.accepted)
+        accepted, rounds = greedy_acceptance(pocket, [p.text for p in _suite(2)], s)
     assert accepted > rounds  # the trained head drafts: more than one accepted token per round
 
 

@@ -37,6 +37,7 @@ MAINS = {
     "rerank.transfer": "rerank/transfer.py",
     "decode.pocket": "decode/pocket/__main__.py",
     "decode.pocket.eagle3": "recipes/pocket/eagle3.py",
+    "decode.pocket.block": "recipes/pocket/block.py",
 }
 
 

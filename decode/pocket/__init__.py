@@ -1,2 +1,2 @@
-"""`python -m decode.pocket` and `python -m decode.pocket.eagle3`: the entry points of the pocket
+"""`python -m decode.pocket`, `.eagle3` and `.block`: the entry points of the pocket
 recipes (`recipes.pocket`), kept at their command names."""

@@ -21,7 +21,9 @@ from pairs.config import ModelConfig
 from pairs.eagle3 import layout as L
 from pairs.eagle3.capture import AuxCapture, resolve_aux_layers
 from pairs.eagle3.head import Eagle3Head
-from pairs.eagle3.pool import Eagle3State, feed_pairs
+from pairs.eagle3.pool import Eagle3State, feed_pairs, grow_pool_eagle3
+from tree.config import PoolConfig
+from tree.pool import Pool
 
 SETTING = "model.drafter"
 
@@ -130,6 +132,11 @@ class Eagle3Drafter:
                 "the target's hidden states at the token before the root, so it needs at least 2"
             )
         feed_pairs(self.head, state, prompt, len(prompt) - 2)
+
+    def grow(self, state: Eagle3State, tokens: list[int], root_position: int,
+             cfg: PoolConfig) -> Pool:  # fmt: skip
+        """One round's pool (`tokens`: the committed tokens, the root last)."""
+        return grow_pool_eagle3(self.head, state, tokens, root_position, cfg)
 
 
 def build_head(spec: L.HeadSpec, n_aux: int, state: dict[str, Tensor], attn: str) -> Eagle3Head:

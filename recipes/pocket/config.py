@@ -125,7 +125,46 @@ class PocketEagle3Config:
     )  # fmt: skip
 
 
-SECTIONS = {  # python -m decode.pocket, python -m decode.pocket.eagle3 (see specrank.config)
+@dataclass
+class PocketBlockConfig:
+    """The pocket block drafter (`python -m decode.pocket.block`): DFlash's layout, one decoder
+    layer trained on the shipped pocket target's states over the same data as the pocket
+    EAGLE-3 head (`recipes.pocket.block`)."""
+
+    target: str = "models/pocket/target"
+    out_dir: str = "models/pocket/block"  # shipped: config.json, model.safetensors, card
+    seed: int = 0
+    threads: int = 1
+    export_dtype: str = "float16"  # float16 | bfloat16
+    # States LEAVING target layers 0, 1, 2 (DFlash's output convention: hidden_states[i + 1]),
+    # the pocket EAGLE-3 head's layers; a 4-layer target's last layer feeds its lm_head.
+    target_layer_ids: list[int] = field(default_factory=lambda: [0, 1, 2])
+    block_size: int = 9  # the bonus token + 8 placeholders: depth 8, the default pool's
+    intermediate: int = 432
+    heads: int = 2
+    kv_heads: int = 2
+    anchors: int = 16  # blocks trained per window (random anchor positions)
+    # decayed: DFlash's decayed cross-entropy, w_k = exp(-(k - 1) / decay_gamma) over block
+    # rows k = 1 .. block_size - 1; dpace: D-PACE's acceptance-oriented position weights
+    position_weights: str = "decayed"  # decayed | dpace
+    decay_gamma: float = 4.0  # the public DFlash training code's value for blocks of 8
+    # target: cross-entropy against the target's own rows (the corpus is not target-generated);
+    # data: against the window's next tokens (DFlash's hard labels on target-generated data)
+    labels: str = "target"  # target | data
+    dpace_smoothing: float = 0.9  # D-PACE: moving-average factor of the per-position confidences
+    code_chars: int = 3_000_000
+    rollout_prompts: int = 512
+    rollout_tokens: int = 96
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(
+            steps=3000, batch=8, seq_len=128, lr=3e-3, warmup=30, weight_decay=0.0,
+            code_share=0.5, eval_every=100, max_minutes=10.0,
+        )
+    )  # fmt: skip
+
+
+SECTIONS = {  # python -m decode.pocket, .eagle3, .block (see specrank.config)
     "pocket": PocketConfig,
     "pocket_eagle3": PocketEagle3Config,
+    "pocket_block": PocketBlockConfig,
 }

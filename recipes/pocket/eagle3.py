@@ -44,7 +44,7 @@ from pairs.eagle3.layout import HeadSpec
 from pairs.eagle3.save import save_head
 from pairs.prompts import encode_prompt
 from recipes.pocket import corpus, tokenizer, train
-from recipes.pocket.config import CorpusConfig, PocketEagle3Config
+from recipes.pocket.config import CorpusConfig, PocketBlockConfig, PocketEagle3Config
 from recipes.pocket.eagle3_card import write_card
 from recipes.pocket.train import Log
 from specrank.paths import CONF_DIR
@@ -266,7 +266,7 @@ def export_head(head: Eagle3Head, spec: HeadSpec, out: Path, dtype: str) -> dict
 
 
 @dataclass
-class _Data:
+class TrainingData:
     """The recipe's training data: text and rollout streams, validation text, their sources."""
 
     files: list[tuple[str, str]]
@@ -276,7 +276,7 @@ class _Data:
     val_mask: np.ndarray
 
 
-def _load_target(target_dir: Path):
+def load_target(target_dir: Path):
     """The frozen float32 target and its tokenizer."""
     target = AutoModelForCausalLM.from_pretrained(
         target_dir, dtype=torch.float32, local_files_only=True
@@ -285,7 +285,7 @@ def _load_target(target_dir: Path):
     return target, AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
 
 
-def _training_data(pc: PocketEagle3Config, target, tok) -> _Data:
+def training_data(pc: PocketEagle3Config | PocketBlockConfig, target, tok) -> TrainingData:
     """Stdlib text, the target's rollouts on training prompts, and validation text."""
     files, split = training_files(CorpusConfig(), pc.seed)
     text_ids, text_mask = text_stream(tok, split.train, pc.code_chars, pc.seed)
@@ -296,11 +296,11 @@ def _training_data(pc: PocketEagle3Config, target, tok) -> _Data:
         target, prompts, pc.rollout_tokens, tok.pad_token_id, stop, pc.seed
     )
     streams = train.Streams(text_ids, text_mask, roll_ids, roll_mask)
-    return _Data(files, prompts, streams, val_ids, val_mask)
+    return TrainingData(files, prompts, streams, val_ids, val_mask)
 
 
 def _train(
-    pc: PocketEagle3Config, target, aux: tuple[int, ...], data: _Data, log: Log
+    pc: PocketEagle3Config, target, aux: tuple[int, ...], data: TrainingData, log: Log
 ) -> tuple[Eagle3Head, HeadSpec, dict]:
     """A fresh head trained by training-time test; (head in eval mode, its spec, the run)."""
     spec = make_spec(pc, target)
@@ -326,7 +326,7 @@ def _facts(
     aux: tuple[int, ...],
     head: Eagle3Head,
     spec: HeadSpec,
-    data: _Data,
+    data: TrainingData,
     data_minutes: float,
     res: dict,
     sizes: dict[str, int],
@@ -363,11 +363,11 @@ def run(pc: PocketEagle3Config, log: Log = print) -> dict:
     torch.set_num_threads(pc.threads)
     t0 = time.time()
     target_dir, out = corpus.resolve(pc.target), corpus.resolve(pc.out_dir)
-    target, tok = _load_target(target_dir)
+    target, tok = load_target(target_dir)
     aux = resolve_aux_layers(
         pc.aux_layers, None, "input", target.config.num_hidden_layers, "pocket_eagle3.aux_layers"
     )
-    data = _training_data(pc, target, tok)
+    data = training_data(pc, target, tok)
     data_minutes = (time.time() - t0) / 60
     log(
         f"data: {len(data.streams.code_ids)} text tokens, {len(data.streams.chat_ids)} "

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 # The candidate table's columns the job keeps for every row once the rerankers are fitted:
 # keys, the halves' tasks, and what the prediction quality and reliability tables join.
 FITTED_COLUMNS = [*ROUND_KEYS, "cand_index", "task", "draft_prob", *LABEL_OF_LAW.values()]
+# What the fitting process reads of each law when Ray's workers do the cross-fits: the keys and
+# the controls' inputs (`rerank.fit.predict._add_controls`), none of which a policy masks.
+CONTROL_COLUMNS = list(dict.fromkeys([*FITTED_COLUMNS, "temperature", "draft_rank"]))
 
 
 def check_same_traces(features_dir: Path, traces_dir: Path) -> str:
@@ -64,12 +67,15 @@ class Fitted:
     seconds: float
 
 
-def law_frame(features: Path, score: str, temperature: float) -> pd.DataFrame:
+def law_frame(features: Path, score: str, temperature: float,
+              columns: list[str] | None = None) -> pd.DataFrame:  # fmt: skip
     """Every column of one law's candidate rows, as a decoder under policy `score` holds them
-    (`for_policy`); read by the fitting process, or by a Ray worker (hence a module function)."""
+    (`for_policy`); read by the fitting process, or by a Ray worker (hence a module function).
+    `columns`: only these, none of them masked by a policy (CONTROL_COLUMNS)."""
     dataset = candidate_store(features).dataset()
-    rows = dataset.to_table(filter=pc.field("temperature") == pa.scalar(temperature, pa.float32()))
-    frame = for_policy(rows.to_pandas(), score)
+    law = pc.field("temperature") == pa.scalar(temperature, pa.float32())
+    rows = dataset.to_table(columns=columns, filter=law)
+    frame = rows.to_pandas() if columns is not None else for_policy(rows.to_pandas(), score)
     del rows
     release_freed_heap()  # the Arrow table's buffers, now converted
     return frame
@@ -92,7 +98,9 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
     if parallel is not None and parallel.backend == "ray":
         from rerank.on_ray import RayFits  # Ray is imported only by a run that uses it
 
+        # the workers read every feature; this process only the keys and the controls' inputs
         prefit = RayFits(parallel, frame_of)
+        frame_of = partial(law_frame, features, rerank.score, columns=CONTROL_COLUMNS)
     preds = predict_first_factors(
         candidates,
         folds,

@@ -1,0 +1,202 @@
+"""A block drafter loaded against its target, and the pool it grows each round.
+
+Loading is two steps, so that a mismatch is refused before the target's weights load:
+
+    read_block    config.json and the weights (`pairs.block.layout`), checked against the
+                  target's config: hidden size, layer ids in range, the mask id in the
+                  target's embedding, `num_target_layers`
+    attach_block  builds the module on the target's device and dtype, with the target's
+                  embedding and lm_head, and installs the capture of the target's states
+                  (`pairs.eagle3.capture.AuxCapture`, which takes them from every target pass
+                  decoding runs anyway: the verification pass gives the next round's context)
+
+One round, the root (the bonus token) at position r:
+
+    context   the committed positions the drafter has not seen, [n_fed, r): their target
+              states (from the passes that verified them) become each layer's context K/V
+    block     one forward over [root, mask x (block_size - 1)] at positions r .. r+bs-1
+    pool      `tree.pool.grow_tree_pool` over the block's marginals: a node at depth d takes
+              row d - 1 as its children's draft distribution, whatever its ancestors. So the
+              pool is ancestor-closed, its paths ranked by the product of per-position
+              marginals, top-k children per expanded node, depth at most block_size - 1. With
+              pool.top_k=1 pool.expand=1 it is the block's argmax chain.
+    after     `BlockState.commit`: the captured rows follow the target cache's compaction
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+
+from pairs.block.layout import DRAFTER_SETTING, BlockSpec, read_block_config, read_block_weights
+from pairs.block.module import BlockDrafterModule, ContextKV
+from pairs.config import ModelConfig
+from pairs.eagle3.capture import AuxCapture, FeatureRows
+from pairs.eagle3.layout import refuse
+from tree.config import PoolConfig
+from tree.pool import Pool, grow_tree_pool, level_sizes
+
+# The README and the trace manifest say this of every block drafter's pool.
+MARGINALS_NOTE = "block marginals: not conditioned on earlier draft tokens"
+
+
+@dataclass
+class BlockCheckpoint:
+    """A drafter read from disk and checked against the target's config (no module built)."""
+
+    folder: Path
+    spec: BlockSpec
+    state: dict[str, Tensor]
+
+
+def read_block(folder: Path, target: PretrainedConfig) -> BlockCheckpoint:
+    """Config and weights of the drafter at `folder`, refused on any mismatch with `target`."""
+    spec = read_block_config(folder)
+    path, n, ids = folder / "config.json", target.num_hidden_layers, spec.target_layer_ids
+    if spec.layer.hidden_size != target.hidden_size:
+        raise refuse(DRAFTER_SETTING, path, f"hidden_size: the drafter reads the target's embedding and "
+                     f"states of width {target.hidden_size}, found {spec.layer.hidden_size}")  # fmt: skip
+    if spec.num_target_layers is not None and spec.num_target_layers != n:
+        raise refuse(DRAFTER_SETTING, path, f"num_target_layers: expected the target's {n}, found "
+                     f"{spec.num_target_layers}")  # fmt: skip
+    if max(ids) > n - 2 or min(ids) < 0:
+        raise refuse(DRAFTER_SETTING, path, f"dflash_config.target_layer_ids {list(ids)}: expected ids "
+                     f"in [0, {n - 2}] (id i reads hidden_states[i + 1], the state entering "
+                     f"layer i + 1 of the target's {n})")  # fmt: skip
+    if spec.mask_token_id >= target.vocab_size:
+        raise refuse(DRAFTER_SETTING, path, f"dflash_config.mask_token_id: {spec.mask_token_id} is not a "
+                     f"row of the target's embedding ({target.vocab_size} rows)")  # fmt: skip
+    return BlockCheckpoint(folder, spec, read_block_weights(folder, spec))
+
+
+@dataclass
+class BlockState:
+    """One prompt's drafting state beside the target's cache."""
+
+    features: FeatureRows  # target states of the cache's positions from n_fed on
+    ctx: ContextKV = field(default_factory=list)  # per layer K/V of positions [0, n_fed)
+    n_fed: int = 0
+    cache: DynamicCache | None = None  # no drafter KV survives a round (Stream's slot)
+
+    def commit(self, keep_prefix: int, keep: list[int], target_length: int) -> None:
+        """After the target cache was compacted to [0, keep_prefix) + keep (now `target_length`)."""
+        self.features.compact(keep_prefix, keep)
+        if self.features.end != target_length:
+            raise RuntimeError(
+                f"block drafter: target states held up to {self.features.end}, the target "
+                f"cache {target_length}: a target pass ran outside the capture"
+            )
+
+
+@dataclass
+class BlockDrafter:
+    """The drafter of `model.drafter_kind=block`: module, the target's shared modules, capture."""
+
+    module: BlockDrafterModule
+    spec: BlockSpec
+    capture: AuxCapture
+    embed: torch.nn.Module  # the target's input embedding
+    lm_head: torch.nn.Module  # the target's output head
+    strict_positions: bool = False
+    positions_warned: bool = False
+
+    @property
+    def config(self):  # the drafter's config: max_position_embeddings for position checks
+        return self.spec.layer
+
+    def new_state(self, target_cache: DynamicCache) -> BlockState:
+        return BlockState(self.capture.track(target_cache))
+
+    def prefill(self, state: BlockState, prompt: list[int]) -> None:
+        """Nothing to feed yet: the first round takes the prompt's states as its context."""
+
+    @torch.inference_mode()
+    def marginals(self, state: BlockState, root: int, root_position: int) -> Tensor:
+        """The block's logits [block_size - 1, V]: row j - 1 for the token at r + j."""
+        # The states of [n_fed, r) must be held; the root's own may be too (a covering
+        # round cached it), and waits for the next round.
+        if state.features.start != state.n_fed or state.features.end < root_position:
+            raise RuntimeError(
+                f"block drafter: target states held for [{state.features.start}, "
+                f"{state.features.end}), expected at least [{state.n_fed}, {root_position}) "
+                f"before the root at {root_position}"
+            )
+        if root_position > state.n_fed:  # the newly committed positions join the context
+            rows = state.features.rows(state.n_fed, root_position)
+            dev = rows.device
+            new = self.module.context(rows, torch.arange(state.n_fed, root_position, device=dev))
+            state.ctx = new if not state.ctx else [
+                (torch.cat([k0, k1], 1), torch.cat([v0, v1], 1))
+                for (k0, v0), (k1, v1) in zip(state.ctx, new, strict=True)
+            ]  # fmt: skip
+            state.n_fed = root_position
+            state.features.drop_before(root_position)
+        bs, dev = self.spec.block_size, self.embed.weight.device
+        ids = torch.full((bs,), self.spec.mask_token_id, dtype=torch.long, device=dev)
+        ids[0] = root
+        embeds = self.embed(ids)
+        positions = torch.arange(root_position, root_position + bs, device=dev)
+        hidden = self.module(embeds, positions, state.ctx)
+        return self.lm_head(hidden[1:])
+
+    def grow(self, state: BlockState, tokens: list[int], root_position: int,
+             cfg: PoolConfig) -> Pool:  # fmt: skip
+        """One round's pool over the block's marginals (`tokens`: committed, the root last)."""
+        check_pool_depth(self.spec, cfg, "model.drafter")  # a few integer steps: before drafting
+        return grow_tree_pool(_MarginalDraft(self.marginals(state, tokens[-1], root_position),
+                                             root_position), cfg)  # fmt: skip
+
+
+@dataclass
+class _MarginalDraft:
+    """A `tree.pool.TreeDraft` whose rows are the block's marginals, one per depth."""
+
+    rows: Tensor  # [block_size - 1, V]
+    n_context: int
+    token_ids: Tensor | None = None
+
+    def root_logits(self) -> Tensor:
+        return self.rows[:1]
+
+    def level_logits(self, nodes, token, parent, depth, visible) -> Tensor:
+        return self.rows[depth]  # a node at depth d: its children's marginal is row d
+
+
+def check_pool_depth(spec: BlockSpec, pool: PoolConfig, setting: str) -> None:
+    """A pool deeper than the block has no marginal for its last levels: refused by name."""
+    depth = len(level_sizes(pool))
+    if depth > spec.block_size - 1:
+        raise ValueError(
+            f"pool.steps={pool.steps}: a pool of depth {depth} needs block_size >= {depth + 1}, "
+            f"but the block drafter at {setting} has block_size {spec.block_size} (its "
+            f"marginals cover depths 1..{spec.block_size - 1}); set pool.steps <= "
+            f"{spec.block_size - 2}"
+        )
+
+
+def attach_block(ckpt: BlockCheckpoint, target: PreTrainedModel, cfg: ModelConfig) -> BlockDrafter:
+    """The drafter on `target`'s device and dtype, with its embedding, lm_head and states."""
+    spec = ckpt.spec
+    spec.layer._attn_implementation = cfg.attn_implementation
+    module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids))
+    module.load_state_dict(ckpt.state, strict=True)
+    module = module.to(device=target.device, dtype=target.dtype).eval()
+    return BlockDrafter(module, spec, AuxCapture(target, spec.capture_ids),
+                        target.get_input_embeddings(), target.get_output_embeddings(),
+                        strict_positions=cfg.strict_head_positions)  # fmt: skip
+
+
+def block_ids(d: BlockDrafter) -> dict[str, str]:
+    """What trace manifests record about the drafter beyond its path and config hash."""
+    return {
+        "drafter_kind": "block",
+        "block_size": str(d.spec.block_size),
+        # as written (output convention: id i = hidden_states[i + 1], leaving layer i)
+        "target_layer_ids": ",".join(map(str, d.spec.target_layer_ids)),
+        "layer_id_convention": "output",
+        "pool_marginals": MARGINALS_NOTE,
+    }
