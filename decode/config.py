@@ -30,12 +30,22 @@ NOT_IN_MANIFEST = {
 }
 
 
+# Settings added later whose default is the behaviour from before they existed: recorded
+# only when set otherwise, so a store recorded before them has the same manifest and resumes.
+OMITTED_AT = {"decode": {"draft_temperature": None}}
+
+
 def manifest_view(sections: dict) -> dict:
-    """Config sections as trace manifests record them: without NOT_IN_MANIFEST's keys."""
+    """Config sections as trace manifests record them: without NOT_IN_MANIFEST's keys, and
+    without OMITTED_AT's keys at their listed values."""
     out = dict(sections)
     for section, keys in NOT_IN_MANIFEST.items():
         if isinstance(out.get(section), dict):
             out[section] = {k: v for k, v in out[section].items() if k not in keys}
+    for section, defaults in OMITTED_AT.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items()
+                            if k not in defaults or v != defaults[k]}  # fmt: skip
     return out
 
 

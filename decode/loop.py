@@ -15,7 +15,7 @@ from transformers import PreTrainedModel
 
 from decode.round import STAGES, OnlineStream, RoundRecord, decode_round
 from decode.settings import OnlineSettings, levels_of
-from decode.stream import check_positions, output_is_done, prefill, prompt_seed
+from decode.stream import check_positions, draft_draw, output_is_done, prefill, prompt_seed
 from pairs.models import Drafter
 from rerank.serving import OnlinePredictor
 from tree.round_record import RoundContext
@@ -66,7 +66,8 @@ def decode_prompt(
     levels = levels_of(s.base)
     _sync(dev)
     t0 = time.perf_counter()
-    st = OnlineStream(prefill(target, drafter, prompt, generator, rows_needed), task)
+    st = OnlineStream(prefill(target, drafter, prompt, generator, rows_needed), task,
+                      draft_draw=draft_draw(dec, prompt_id, dev))  # fmt: skip
     _sync(dev)
     prefill_ms = 1000.0 * (time.perf_counter() - t0)
     output: list[int] = []

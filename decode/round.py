@@ -38,7 +38,7 @@ from selection.rules import Rule
 from tree import retained as R
 from tree import root_pass as RP
 from tree.attention import cache_length, compact_cache
-from tree.pool import Pool, grow_pool
+from tree.pool import DraftDraw, Pool, grow_pool
 from tree.round_record import HostPool, RoundContext, retain_rows, round_rows, round_trace_fields
 from tree.verify import law_temperature
 
@@ -71,6 +71,7 @@ class OnlineStream:
     task: str
     prev_accepted: int | None = None
     held_row: Tensor | None = None  # covering: the root's row, from the previous pass [V]
+    draft_draw: DraftDraw | None = None  # decode.draft_temperature > 0: sampled drafting
 
 
 # -- steps ----------------------------------------------------------------------------------------
@@ -174,6 +175,16 @@ def commit_step(
 # -- one round ------------------------------------------------------------------------------------
 
 
+def draft_pool(st: OnlineStream, target: PreTrainedModel, drafter: Drafter, cfg, root_pos: int
+               ) -> Pool:  # fmt: skip
+    """This round's pool: a state drafter's (EAGLE-3 head, block drafter) or a standalone LM's."""
+    stream = st.stream
+    if stream.drafter_state is not None:
+        return drafter.grow(stream.drafter_state, stream.tokens, root_pos, cfg, st.draft_draw)
+    pending = torch.tensor([*stream.drafter_pending, stream.tokens[-1]], device=target.device)
+    return grow_pool(drafter, stream.drafter_cache, pending, root_pos, cfg, st.draft_draw)
+
+
 @torch.inference_mode()
 def decode_round(
     st: OnlineStream,
@@ -191,11 +202,7 @@ def decode_round(
     clock = StageClock(target.device)
     root_pos = len(stream.tokens) - 1  # = committed tokens before the root
 
-    if stream.drafter_state is not None:  # an EAGLE-3 head or a block drafter
-        pool = drafter.grow(stream.drafter_state, stream.tokens, root_pos, s.base.pool)
-    else:
-        pending = torch.tensor([*stream.drafter_pending, stream.tokens[-1]], device=target.device)
-        pool = grow_pool(drafter, stream.drafter_cache, pending, root_pos, s.base.pool)
+    pool = draft_pool(st, target, drafter, s.base.pool, root_pos)
     clock.mark()  # draft
 
     root_logits = root_row(st, target, s.entry)  # [1, V] or None

@@ -24,7 +24,7 @@ from specrank.checks import check_choice, check_int, check_real
 from tree import retained as R
 from tree.attention import forward_chain, new_cache
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
-from tree.pool import level_sizes, pool_size
+from tree.pool import DraftDraw, level_sizes, pool_size
 from tree.verify import (
     VERIFIERS,
 )
@@ -44,11 +44,34 @@ class DecodeSettings:
         """Every decode setting, before any model loads (specrank.checks messages)."""
         n_pool = pool_size(self.pool)  # validates the pool settings
         check_real("decode.temperature", self.decode.temperature, 0.0)
+        check_draft_temperature(self.decode)
         check_choice("decode.verifier", self.decode.verifier, VERIFIERS)
         check_int("select.budget", self.select.budget, 1, n_pool)
         check_int("select.top_m", self.select.top_m, 0)  # M past the pool: all of it
         check_int("decode.max_new_tokens", self.decode.max_new_tokens, 1)
         check_int("decode.seed", self.decode.seed)
+
+
+def check_draft_temperature(dec: DecodeConfig) -> None:
+    """`decode.draft_temperature`: null, or a temperature; sampled drafts need a sampled law."""
+    t_d = dec.draft_temperature
+    if t_d is None:
+        return
+    check_real("decode.draft_temperature", t_d, 0.0)
+    if t_d > 0 and dec.temperature == 0:
+        raise ValueError(
+            f"decode.draft_temperature={t_d:g} with decode.temperature=0: sampled drafting is "
+            "the pair 1|1 of a sampled law; under greedy verification use 0 or null (0|0)"
+        )
+
+
+def draft_draw(dec: DecodeConfig, prompt_id: str, device) -> DraftDraw | None:
+    """The sampled-drafting generator of a prompt (T_d > 0), seeded apart from the target's
+    draws, so that those stay the same stream whatever the drafter draws."""
+    if not dec.draft_temperature:
+        return None
+    seed = prompt_seed(dec.seed, f"{prompt_id}\x00draft")
+    return DraftDraw(dec.draft_temperature, torch.Generator(device=device).manual_seed(seed))
 
 
 def prompt_seed(seed: int, prompt_id: str) -> int:

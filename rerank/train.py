@@ -36,7 +36,7 @@ from rerank.fit.models import LABEL_OF_LAW
 from rerank.fit.persist import save_reranker
 from rerank.job.evaluation import Evaluation, evaluate
 from rerank.job.fitting import Fitted, check_same_traces, fit
-from rerank.job.tracked import run_record
+from rerank.job.tracked import pair_tags, run_record
 from rerank.report.plots import write_plots
 from rerank.report.plots_reliability import reliability_table
 from rerank.settings import check_settings, check_train_parallel, store_budgets
@@ -133,6 +133,7 @@ def train_and_evaluate(
     total = time.perf_counter() - t0
     written = write_tables(out_dir, fitted, ev)
     tags = {"trace_fingerprint": fingerprint, "rerank_model": rerank.model.kind}
+    tags |= pair_tags(ev.summary)  # the temperature pairs T_t|T_d, as t1_d0
     write_record(out_dir, run_record(tracking, resolved_config, tags, fitted, ev, written, total))
     faults.phase("logging")
     run_id = log_or_explain(out_dir, tracking.tracking_uri)

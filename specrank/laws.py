@@ -26,6 +26,18 @@ def law_name(temperature: float) -> str:
     return f"{kind}_T{float(temperature):g}"
 
 
+def pair_label(target_temperature: float, draft_temperature: float | None) -> str:
+    """The paper's temperature pair T_t|T_d ("1|0"); null drafting (deterministic top-k) is
+    T_d = 0, as the paper labels today's runs 0|0 and 1|0."""
+    return f"{float(target_temperature):g}|{float(draft_temperature or 0.0):g}"
+
+
+def pair_key(target_temperature: float, draft_temperature: float | None) -> str:
+    """The pair as MLflow keys accept it ("t1_d0"; '|' is not allowed, '.' becomes 'p')."""
+    t, d = pair_label(target_temperature, draft_temperature).split("|")
+    return f"t{t}_d{d}".replace(".", "p")
+
+
 def law_columns(temperature: float) -> dict[str, str | float]:
     """The law as the columns of a report row: its name and its temperatures (the target's;
     a drafter temperature joins here once the drafter has its own)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -20,6 +21,7 @@ from pairs.prompts import encode_prompt
 from recipes.pocket.block import block_batch, block_logits, decayed_weights, dpace_weights, run
 from recipes.pocket.config import PocketBlockConfig
 from recipes.pocket.eagle3 import target_view
+from specrank.cli import ROUTED_ENV
 from specrank.paths import PROJECT_ROOT
 from specrank.trace_schema import trace_store
 from tests.block_drafters import block_config, write_block
@@ -125,8 +127,10 @@ def test_make_run_with_model_pocket_block_records_extracts_and_trains(tmp_path):
             f"hydra.sweep.dir={tmp_path}/m", f"mlflow.tracking_uri=sqlite:///{tmp_path}/ml.db"]  # fmt: skip
     record = ["decode.record", "-m", "data.sources.0.limit=6", "data.sources.1.limit=6"]
     for stage in (record, ["features.extract"], ["rerank.train"]):
+        # as `make run` passes RUN_ARGS: each stage drops the sections others read
         res = subprocess.run([sys.executable, "-m", *stage, *args], cwd=PROJECT_ROOT,
-                             capture_output=True, text=True, timeout=1500)  # fmt: skip
+                             capture_output=True, text=True, timeout=1500,
+                             env={**os.environ, ROUTED_ENV: "1"})  # fmt: skip
         assert res.returncode == 0, res.stderr[-3000:]
     models = trace_store(tmp_path / "t").manifest()["models"]
     assert (models["drafter_kind"], models["block_size"], models["target_layer_ids"]) == (

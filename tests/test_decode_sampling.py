@@ -165,13 +165,20 @@ def _exact_two_token_law(target, temperature: float) -> np.ndarray:
     return (p1[:, None] * p2).double().numpy()  # [x1, x2]
 
 
-def assert_samples_follow_the_target_law(target, drafter, verifier: str, n: int) -> None:
+def assert_samples_follow_the_target_law(target, drafter, verifier: str, n: int,
+                                         draft_temperature: float | None = None) -> None:  # fmt: skip
     """n sampled two-token outputs against the target's exact law: chi-square p > ALPHA,
-    and the tree is actually used (drafts accepted, not only continuations)."""
+    and the tree is actually used (drafts accepted, not only continuations).
+    `draft_temperature`: the pair 1|T_d (null: today's deterministic drafting)."""
     s = DecodeSettings(
         pool=PoolConfig(top_k=3, steps=2, expand=2),
         select=SelectConfig(budget=5, top_m=8),
-        decode=DecodeConfig(temperature=1.0, verifier=verifier, max_new_tokens=2),
+        decode=DecodeConfig(
+            temperature=1.0,
+            verifier=verifier,
+            max_new_tokens=2,
+            draft_temperature=draft_temperature,
+        ),
     )
     counts = np.zeros((TINY_V, TINY_V))
     accepted = 0

@@ -4,6 +4,7 @@ and `model=pocket_eagle3` records traces whose manifest names the drafter and it
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -23,6 +24,7 @@ from pairs.prompts import encode_prompt, load_prompts
 from recipes.pocket.config import PocketEagle3Config
 from recipes.pocket.eagle3 import run as train_head
 from recipes.pocket.eagle3 import target_view, ttt_steps
+from specrank.cli import ROUTED_ENV
 from specrank.paths import PROJECT_ROOT
 from specrank.trace_schema import trace_store
 from tests.eagle3_heads import head_spec, pocket_eagle3_config, random_head, tiny_target
@@ -141,13 +143,10 @@ def test_make_run_with_model_pocket_eagle3_records_extracts_and_trains(tmp_path)
     ]
     record = ["decode.record", "-m", "data.sources.0.limit=6", "data.sources.1.limit=6"]
     for stage in (record, ["features.extract"], ["rerank.train"]):
-        res = subprocess.run(
-            [sys.executable, "-m", *stage, *args],
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-            text=True,
-            timeout=1500,
-        )
+        # as `make run` passes RUN_ARGS: each stage drops the sections others read
+        res = subprocess.run([sys.executable, "-m", *stage, *args], cwd=PROJECT_ROOT,
+                             capture_output=True, text=True, timeout=1500,
+                             env={**os.environ, ROUTED_ENV: "1"})  # fmt: skip
         assert res.returncode == 0, res.stderr[-3000:]
     manifest = trace_store(tmp_path / "t").manifest()
     assert manifest["config"]["model"]["drafter_kind"] == "eagle3"

@@ -69,6 +69,10 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
                 "sub_prev", "mix_cache", "mix_same", "mix_prev", "pearl_matched"}  # fmt: skip
     assert expected <= rules
     assert set(result.summary["law"]) == {"greedy", "sampling"}
+    # the paper's temperature pairs: today's drafting is T_d = 0 (decode.draft_temperature null)
+    pairs = set(zip(result.summary["law"], result.summary["pair"], strict=True))
+    assert pairs == {("greedy", "0|0"), ("sampling", "1|0")}
+    assert "== sampling (T_t|T_d 1|0):" in result.table
     assert set(result.summary["weighting"]) == {"round", "prompt", "task"}
     matched = result.summary[result.summary["rule"] == "pearl_matched"]
     assert set(matched["weighting"]) == {"round", "prompt", "task"}  # matched in every weighting
@@ -144,6 +148,7 @@ def test_main_job_logs_a_complete_run(stores, tmp_path):
     run = client.get_run(result.run_id)
     assert run.data.params["a.b"] == "1"
     assert run.data.tags["trace_fingerprint"] == trace_store(traces).fingerprint()
+    assert (run.data.tags["pair_greedy"], run.data.tags["pair_sampling"]) == ("t0_d0", "t1_d0")
     assert "gain/greedy/B8/rows_lgbm" in run.data.metrics
     assert run.data.metrics["node_budget/greedy/B8/draft"] <= 8
     paths = {f.path for f in client.list_artifacts(result.run_id, "tables")}

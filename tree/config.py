@@ -36,6 +36,12 @@ class DecodeConfig:
     # tokens: the paper's "at most 264" (and 1,024 -> "at most 1,032") implies 256 here.
     max_new_tokens: int = 256
     seed: int = 0  # per-prompt generators are seeded from (seed, prompt id)
+    # The drafter's temperature T_d (the pair T_t|T_d: decode.temperature|this). null: today's
+    # drafting (deterministic top-k children, scored at unit temperature). 0: the same drafts,
+    # labelled T_d = 0 (the paper's 0|0 and 1|0). > 0: the drafter's scores tempered and each
+    # expanded node's top_k children drawn without replacement from them (the paper's 1|1;
+    # a chain, top_k = 1, draws one token a position), from a per-prompt draft generator.
+    draft_temperature: float | None = None
 
 
 SECTIONS = {"pool": PoolConfig, "select": SelectConfig, "decode": DecodeConfig}

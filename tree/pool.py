@@ -97,13 +97,30 @@ def stable_topk(logprob: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return vals.gather(-1, order), idx.gather(-1, order)
 
 
-def _children(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """Top-k tokens of each row and their float32 draft log-probs, flattened row-major. ([n*k], [n*k])."""
-    logprob = logits.float().log_softmax(
-        -1
-    )  # [n, V] float32: draft factors are compared in float32
-    vals, idx = stable_topk(logprob, k)
-    return idx.reshape(-1), vals.reshape(-1)
+@dataclass(frozen=True)
+class DraftDraw:
+    """Sampled drafting (`decode.draft_temperature` > 0): the temperature and the generator."""
+
+    temperature: float
+    generator: torch.Generator
+
+
+def _children(logits: Tensor, k: int, draw: DraftDraw | None = None) -> tuple[Tensor, Tensor]:
+    """k children of each row and their float32 draft log-probs, flattened row-major.
+
+    Without `draw`: the top-k tokens. With it: k tokens drawn without replacement from the
+    tempered distribution (Gumbel-top-k: the k largest of log q + Gumbel noise are a
+    Plackett-Luce sample), their tempered log-probs as scores. ([n*k], [n*k])
+    """
+    if draw is None:
+        logprob = logits.float().log_softmax(-1)  # float32: draft factors compare in float32
+        vals, idx = stable_topk(logprob, k)
+        return idx.reshape(-1), vals.reshape(-1)
+    logprob = (logits.float() / draw.temperature).log_softmax(-1)
+    u = torch.rand(logprob.shape, generator=draw.generator, device=logprob.device)
+    gumbel = -torch.log(-torch.log(u.clamp(min=1e-20)))
+    idx = torch.topk(logprob + gumbel, k, dim=-1).indices
+    return idx.reshape(-1), logprob.gather(-1, idx).reshape(-1)
 
 
 def _pick_expanded(score: Tensor, start: int, n: int, n_exp: int) -> Tensor:
@@ -159,6 +176,7 @@ def grow_pool(
     pending: Tensor,
     root_position: int,
     cfg: PoolConfig,
+    draw: DraftDraw | None = None,
 ) -> Pool:
     """Grow one round's pool. `pending` = committed tokens not yet in the drafter cache, root last.
 
@@ -172,12 +190,14 @@ def grow_pool(
             f"grow_pool: drafter cache holds {n_cached} tokens and {pending.shape[0]} are pending, "
             f"but the root sits at position {root_position} (expected {root_position + 1} in all)"
         )
-    return grow_tree_pool(ModelDraft(drafter, cache, pending, root_position), cfg)
+    return grow_tree_pool(ModelDraft(drafter, cache, pending, root_position), cfg, draw)
 
 
 @torch.inference_mode()
-def grow_tree_pool(draft: TreeDraft, cfg: PoolConfig) -> Pool:
-    """The pool of SPEC §2 from any `TreeDraft`; expanded nodes sit at `Pool.drafter_pos`."""
+def grow_tree_pool(draft: TreeDraft, cfg: PoolConfig, draw: DraftDraw | None = None) -> Pool:
+    """The pool of SPEC §2 from any `TreeDraft`; expanded nodes sit at `Pool.drafter_pos`.
+
+    `draw`: children sampled (`_children`), not the top-k."""
     sizes = level_sizes(cfg)
     root_logits = draft.root_logits()  # [1, V']
     dev = root_logits.device
@@ -192,7 +212,7 @@ def grow_tree_pool(draft: TreeDraft, cfg: PoolConfig) -> Pool:
     drafter_pos = torch.full((P,), -1, dtype=torch.long, device=dev)
 
     def children(logits: Tensor) -> tuple[Tensor, Tensor]:
-        idx, vals = _children(logits, cfg.top_k)
+        idx, vals = _children(logits, cfg.top_k, draw)
         return (idx if draft.token_ids is None else draft.token_ids[idx]), vals
 
     n1 = sizes[0][0]

@@ -38,7 +38,7 @@ from pairs.config import ModelConfig
 from pairs.eagle3.capture import AuxCapture, FeatureRows
 from pairs.eagle3.layout import refuse
 from tree.config import PoolConfig
-from tree.pool import Pool, grow_tree_pool, level_sizes
+from tree.pool import DraftDraw, Pool, grow_tree_pool, level_sizes
 
 # The README and the trace manifest say this of every block drafter's pool.
 MARGINALS_NOTE = "block marginals: not conditioned on earlier draft tokens"
@@ -144,11 +144,14 @@ class BlockDrafter:
         return self.lm_head(hidden[1:])
 
     def grow(self, state: BlockState, tokens: list[int], root_position: int,
-             cfg: PoolConfig) -> Pool:  # fmt: skip
-        """One round's pool over the block's marginals (`tokens`: committed, the root last)."""
+             cfg: PoolConfig, draw: DraftDraw | None = None) -> Pool:  # fmt: skip
+        """One round's pool over the block's marginals (`tokens`: committed, the root last).
+
+        With `draw` (T_d > 0) each position's tokens are drawn from its tempered marginal: a
+        chain is DFlash's sampled block, a tree Gumbel-top-k children of every node."""
         check_pool_depth(self.spec, cfg, "model.drafter")  # a few integer steps: before drafting
-        return grow_tree_pool(_MarginalDraft(self.marginals(state, tokens[-1], root_position),
-                                             root_position), cfg)  # fmt: skip
+        rows = self.marginals(state, tokens[-1], root_position)
+        return grow_tree_pool(_MarginalDraft(rows, root_position), cfg, draw)
 
 
 @dataclass

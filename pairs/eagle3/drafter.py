@@ -23,7 +23,7 @@ from pairs.eagle3.capture import AuxCapture, resolve_aux_layers
 from pairs.eagle3.head import Eagle3Head
 from pairs.eagle3.pool import Eagle3State, feed_pairs, grow_pool_eagle3
 from tree.config import PoolConfig
-from tree.pool import Pool
+from tree.pool import DraftDraw, Pool
 
 SETTING = "model.drafter"
 
@@ -134,9 +134,9 @@ class Eagle3Drafter:
         feed_pairs(self.head, state, prompt, len(prompt) - 2)
 
     def grow(self, state: Eagle3State, tokens: list[int], root_position: int,
-             cfg: PoolConfig) -> Pool:  # fmt: skip
+             cfg: PoolConfig, draw: DraftDraw | None = None) -> Pool:  # fmt: skip
         """One round's pool (`tokens`: the committed tokens, the root last)."""
-        return grow_pool_eagle3(self.head, state, tokens, root_position, cfg)
+        return grow_pool_eagle3(self.head, state, tokens, root_position, cfg, draw)
 
 
 def build_head(spec: L.HeadSpec, n_aux: int, state: dict[str, Tensor], attn: str) -> Eagle3Head:

@@ -33,7 +33,7 @@ from pairs.eagle3.capture import FeatureRows
 from pairs.eagle3.head import Eagle3Head
 from tree.attention import cache_length, compact_cache, to_attention_mask, tree_visibility
 from tree.config import PoolConfig
-from tree.pool import Pool, grow_tree_pool, pool_size
+from tree.pool import DraftDraw, Pool, grow_tree_pool, pool_size
 
 
 @dataclass
@@ -141,7 +141,13 @@ class HeadDraft:
 
 @torch.inference_mode()
 def grow_pool_eagle3(
-    head: Eagle3Head, state: Eagle3State, tokens: list[int], root_position: int, cfg: PoolConfig
+    head: Eagle3Head,
+    state: Eagle3State,
+    tokens: list[int],
+    root_position: int,
+    cfg: PoolConfig,
+    draw: DraftDraw | None = None,
 ) -> Pool:
     """One round's pool (`tokens`: the committed tokens, the root at `root_position` last)."""
-    return grow_tree_pool(HeadDraft(head, state, tokens, root_position, pool_size(cfg)), cfg)
+    draft = HeadDraft(head, state, tokens, root_position, pool_size(cfg))
+    return grow_tree_pool(draft, cfg, draw)

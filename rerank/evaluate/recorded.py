@@ -15,9 +15,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from rerank.evaluate.policy import with_scored_prefixes
-from specrank.laws import law_name
+from specrank.laws import law_name, pair_label
 
 RECORDED = "recorded_budget"
+PAIR = "pair"  # the paper's T_t|T_d of each row's law
 
 
 def recorded_budgets(dataset: ds.Dataset) -> dict[str, str]:
@@ -44,8 +45,26 @@ def with_recorded_budget(frame: pd.DataFrame, budgets: dict[str, str]) -> pd.Dat
     return out
 
 
-def labelled_table(table: pd.DataFrame, recorded: dict[str, str],
-                   per_round: pd.DataFrame) -> pd.DataFrame:  # fmt: skip
-    """`table` naming the budget its rounds were recorded at (`with_recorded_budget`) and,
-    per rule, the prefixes its pass scores under the policy (`with_scored_prefixes`)."""
-    return with_scored_prefixes(with_recorded_budget(table, recorded), per_round)
+def with_pair(frame: pd.DataFrame, draft_temperature: float | None) -> pd.DataFrame:
+    """`frame` with each row's temperature pair T_t|T_d beside its target temperature; a
+    frame without that column is returned as it is."""
+    if "target_temperature" not in frame or PAIR in frame:
+        return frame
+    out = frame.copy()
+    out.insert(list(frame.columns).index("target_temperature") + 1, PAIR,
+               [pair_label(t, draft_temperature) for t in out["target_temperature"]])  # fmt: skip
+    return out
+
+
+def store_draft_temperature(manifest: dict) -> float | None:
+    """The drafter temperature a trace store was recorded at (absent: null, today's drafting)."""
+    return manifest.get("config", {}).get("decode", {}).get("draft_temperature")
+
+
+def labelled_table(table: pd.DataFrame, recorded: dict[str, str], per_round: pd.DataFrame,
+                   draft_temperature: float | None = None) -> pd.DataFrame:  # fmt: skip
+    """`table` naming the budget its rounds were recorded at (`with_recorded_budget`), its
+    laws' temperature pairs (`with_pair`) and, per rule, the prefixes its pass scores under
+    the policy (`with_scored_prefixes`)."""
+    table = with_pair(with_recorded_budget(table, recorded), draft_temperature)
+    return with_scored_prefixes(table, per_round)

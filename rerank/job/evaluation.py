@@ -15,7 +15,7 @@ import pyarrow.dataset as ds
 from rerank.config import RerankConfig
 from rerank.evaluate.curves import PromptCurves
 from rerank.evaluate.policy import PolicyRounds, policy_text
-from rerank.evaluate.recorded import labelled_table, recorded_budgets
+from rerank.evaluate.recorded import labelled_table, recorded_budgets, store_draft_temperature
 from rerank.evaluate.reports import ReportAccumulators
 from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.fit.predict import fit_per_depth_maps, halves_table, per_depth_scores
@@ -101,7 +101,9 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
     per_round, mix_weights = choose_mixture_weights(per_round)
     draws = law_draws(per_round, rerank.n_resamples, seed, curves=curves)  # one set of resamples
-    labelled = partial(labelled_table, recorded=recorded_budgets(dataset), per_round=per_round)
+    draft_t = store_draft_temperature(trace_store(project_path(rerank.traces)).manifest())
+    labelled = partial(labelled_table, recorded=recorded_budgets(dataset), per_round=per_round,
+                       draft_temperature=draft_t)  # fmt: skip
     summary = labelled(summarise_draws(draws))
     comparisons = labelled(compare(draws, comparison_pairs(rerank)))
     variants = variant_table(summary, comparisons, fitted.quality, preds.rules)

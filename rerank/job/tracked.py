@@ -10,7 +10,7 @@ import pandas as pd
 from rerank.job.evaluation import Evaluation
 from rerank.job.fitting import Fitted
 from specrank.config import MlflowConfig
-from specrank.laws import law_name
+from specrank.laws import law_name, pair_key
 from specrank.run_record import ChildRun, RunRecord
 from specrank.tracking import metric_key
 
@@ -60,6 +60,14 @@ def evaluation_metrics(ev: Evaluation, quality: pd.DataFrame) -> dict[str, float
         metrics[metric_key("compare_lo", r.law, f"B{r.budget}", pair)] = r.gain_lo
         metrics[metric_key("compare_hi", r.law, f"B{r.budget}", pair)] = r.gain_hi
     return metrics | _quality_metrics(quality, "all")
+
+
+def pair_tags(summary: pd.DataFrame) -> dict[str, str]:
+    """`pair_<law>`: each law's temperature pair T_t|T_d in MLflow's key form ("t1_d0")."""
+    if "pair" not in summary:
+        return {}
+    firsts = summary.drop_duplicates("law")
+    return {f"pair_{r.law}": pair_key(*map(float, r.pair.split("|"))) for r in firsts.itertuples()}
 
 
 def _run_children(fitted: Fitted) -> list[ChildRun]:

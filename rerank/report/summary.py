@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from rerank.evaluate.curves import PromptCurves
-from rerank.evaluate.recorded import RECORDED
+from rerank.evaluate.recorded import PAIR, RECORDED
 from selection.rules import (
     BASELINE,
     PEARL,
@@ -350,7 +350,8 @@ def results_table(summary: pd.DataFrame, weighting: str = "round") -> str:
         source = ""
         if RECORDED in part:  # rerank.evaluate.recorded: what the features came from
             source = f", features from rounds recorded at B={part[RECORDED].iloc[0]}"
-        lines += [f"\n== {law}: {part['rounds'].iloc[0]:,} rounds, {part['prompts'].iloc[0]} prompts "
+        pair = f" (T_t|T_d {part[PAIR].iloc[0]})" if PAIR in part else ""  # the paper's pair
+        lines += [f"\n== {law}{pair}: {part['rounds'].iloc[0]:,} rounds, {part['prompts'].iloc[0]} prompts "
                   f"({weighting}-weighted{source}) ==", header, "-" * len(header)]  # fmt: skip
         notes = []
         for rule in part["rule"].unique():
