@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from pairs.block.drafter import BlockState
+from pairs.block.drafter import BlockDrafter, BlockState, check_pool_depth
 from pairs.eagle3.pool import Eagle3State
 from pairs.models import STATE_DRAFTERS, Drafter
 from pairs.positions import limits_of, needed_positions
@@ -173,8 +173,11 @@ def output_is_done(
 def check_positions(
     target: PreTrainedModel, drafter: Drafter, n_prompt: int, s: DecodeSettings
 ) -> None:
-    """Refuse a prompt whose run would pass a hard position limit (`pairs.positions`);
-    past an EAGLE-3 head's configured length, warn once per drafter and decode on."""
+    """Refuse a prompt whose run would pass a hard position limit (`pairs.positions`), or a
+    pool deeper than a block drafter's block; past an EAGLE-3 head's configured length,
+    warn once per drafter and decode on. Once per prompt, before its first round."""
+    if isinstance(drafter, BlockDrafter):  # its marginals cover depths 1 .. block_size - 1
+        check_pool_depth(drafter.spec, s.pool, "model.drafter")
     head = isinstance(drafter, STATE_DRAFTERS)  # its own position table: a soft limit
     limits = limits_of(target.config, drafter.config, head, head and drafter.strict_positions)
     depth = len(level_sizes(s.pool))

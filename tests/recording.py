@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from transformers import PreTrainedModel
 
@@ -48,3 +49,25 @@ def greedy_acceptance(pair, texts: list[str], s: DecodeSettings) -> tuple[int, i
         assert res.output == autoregressive_decode(pair.target, prompt, len(res.output))
         accepted, rounds = accepted + sum(res.accepted), rounds + len(res.accepted)
     return accepted, rounds
+
+
+def make_run_stages(model: str, tmp_path: Path) -> None:
+    """`make run RUN_ARGS="model=<model> debug=default ..."` stage by stage (record both laws on
+    the default suite's first 6 + 6 prompts, extract, train), each stage as `make run` starts
+    it: RUN_ARGS routed (`SPECRANK_ROUTED=1`), so a stage drops the sections others read."""
+    import os
+    import subprocess
+    import sys
+
+    from specrank.cli import ROUTED_ENV
+    from specrank.paths import PROJECT_ROOT
+
+    args = [f"model={model}", "debug=default", f"paths.traces={tmp_path}/t",
+            f"paths.features={tmp_path}/f", f"hydra.run.dir={tmp_path}/h",
+            f"hydra.sweep.dir={tmp_path}/m", f"mlflow.tracking_uri=sqlite:///{tmp_path}/ml.db"]  # fmt: skip
+    record = ["decode.record", "-m", "data.sources.0.limit=6", "data.sources.1.limit=6"]
+    for stage in (record, ["features.extract"], ["rerank.train"]):
+        res = subprocess.run([sys.executable, "-m", *stage, *args], cwd=PROJECT_ROOT,
+                             capture_output=True, text=True, timeout=1500,
+                             env={**os.environ, ROUTED_ENV: "1"})  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]

@@ -13,6 +13,7 @@ from dataclasses import asdict
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import Qwen3Config
 
 from decode.baseline import autoregressive_decode
 from decode.loop import decode_prompt
@@ -53,10 +54,14 @@ def pair(request, tmp_path_factory):
     return _pair(tmp_path_factory.mktemp(request.param), request.param)
 
 
-def test_the_weights_are_named_and_shaped_as_the_reference_s():
+def test_the_weights_are_named_and_shaped_as_the_reference_s(tmp_path):
     """The 58 tensors of z-lab's released 5-layer Qwen3-8B-DFlash-b16 (H 4096, 32 heads, 8 kv
-    heads, head_dim 128, MLP 12288, 5 target layers), from a spec of that shape."""
-    spec = block_spec(_target_of(hidden=4096), layer_ids=(1, 9, 17, 25, 33), layers=5)
+    heads, head_dim 128, MLP 12288, 5 target layers), from a spec of that shape (a
+    config.json-only 36-layer target: nothing loads)."""
+    Qwen3Config(hidden_size=4096, num_hidden_layers=36, vocab_size=151936).save_pretrained(
+        tmp_path / "t"
+    )
+    spec = block_spec(tmp_path / "t", layer_ids=(1, 9, 17, 25, 33), layers=5)
     spec.layer.num_attention_heads, spec.layer.num_key_value_heads = 32, 8
     spec.layer.head_dim, spec.layer.intermediate_size = 128, 12288
     shapes = block_shapes(spec)
@@ -67,25 +72,6 @@ def test_the_weights_are_named_and_shaped_as_the_reference_s():
     assert shapes["layers.0.self_attn.k_norm.weight"] == (128,)
     assert shapes["layers.0.mlp.down_proj.weight"] == (4096, 12288)
     assert {"norm.weight", "layers.0.post_attention_layernorm.weight"} <= set(shapes)
-
-
-_TARGETS: dict[int, object] = {}
-
-
-def _target_of(hidden: int):
-    """A config.json-only target folder of width `hidden` with 36 layers (nothing loads)."""
-    import tempfile
-    from pathlib import Path
-
-    from transformers import Qwen3Config
-
-    if hidden not in _TARGETS:
-        folder = Path(tempfile.mkdtemp()) / "t"
-        Qwen3Config(hidden_size=hidden, num_hidden_layers=36, vocab_size=151936).save_pretrained(
-            folder
-        )
-        _TARGETS[hidden] = folder
-    return _TARGETS[hidden]
 
 
 def _edit_config(folder, **changes):
@@ -152,6 +138,8 @@ def test_a_pool_deeper_than_the_block_is_refused_before_loading(pair):
     with pytest.raises(ValueError, match=r"pool.steps=7: a pool of depth 8 needs block_size >= 9"):
         check_prompt_lengths(cfg, prompt, 8, deep, "refuse")
     assert check_prompt_lengths(cfg, prompt, 8, CHAIN, "refuse") == prompt
+    with pytest.raises(ValueError, match=r"pool.steps=7: a pool of depth 8"):  # decoding too
+        decode_recorded(pair.target, pair.drafter, [5, 6, 7], _settings(4, deep), frozenset())
 
 
 def test_the_manifest_names_the_kind_block_size_layers_and_marginals(pair):

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -21,12 +18,11 @@ from pairs.prompts import encode_prompt
 from recipes.pocket.block import block_batch, block_logits, decayed_weights, dpace_weights, run
 from recipes.pocket.config import PocketBlockConfig
 from recipes.pocket.eagle3 import target_view
-from specrank.cli import ROUTED_ENV
 from specrank.paths import PROJECT_ROOT
 from specrank.trace_schema import trace_store
 from tests.block_drafters import block_config, write_block
 from tests.eagle3_heads import tiny_target
-from tests.recording import decode_recorded, greedy_acceptance
+from tests.recording import decode_recorded, greedy_acceptance, make_run_stages
 from tests.test_eagle3_pocket import _suite
 from tests.tiny_models import one_thread
 from tree.attention import forward_chain, new_cache
@@ -122,16 +118,7 @@ def test_the_shipped_drafter_is_small_documented_and_drafts():
 def test_make_run_with_model_pocket_block_records_extracts_and_trains(tmp_path):
     """`make run RUN_ARGS="model=pocket_block debug=default ..."`, stage by stage, on the default
     suite's first 6 + 6 prompts."""
-    args = ["model=pocket_block", "debug=default", f"paths.traces={tmp_path}/t",
-            f"paths.features={tmp_path}/f", f"hydra.run.dir={tmp_path}/h",
-            f"hydra.sweep.dir={tmp_path}/m", f"mlflow.tracking_uri=sqlite:///{tmp_path}/ml.db"]  # fmt: skip
-    record = ["decode.record", "-m", "data.sources.0.limit=6", "data.sources.1.limit=6"]
-    for stage in (record, ["features.extract"], ["rerank.train"]):
-        # as `make run` passes RUN_ARGS: each stage drops the sections others read
-        res = subprocess.run([sys.executable, "-m", *stage, *args], cwd=PROJECT_ROOT,
-                             capture_output=True, text=True, timeout=1500,
-                             env={**os.environ, ROUTED_ENV: "1"})  # fmt: skip
-        assert res.returncode == 0, res.stderr[-3000:]
+    make_run_stages("pocket_block", tmp_path)
     models = trace_store(tmp_path / "t").manifest()["models"]
     assert (models["drafter_kind"], models["block_size"], models["target_layer_ids"]) == (
         "block", "9", "0,1,2")  # fmt: skip

@@ -4,9 +4,6 @@ and `model=pocket_eagle3` records traces whose manifest names the drafter and it
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -24,11 +21,10 @@ from pairs.prompts import encode_prompt, load_prompts
 from recipes.pocket.config import PocketEagle3Config
 from recipes.pocket.eagle3 import run as train_head
 from recipes.pocket.eagle3 import target_view, ttt_steps
-from specrank.cli import ROUTED_ENV
 from specrank.paths import PROJECT_ROOT
 from specrank.trace_schema import trace_store
 from tests.eagle3_heads import head_spec, pocket_eagle3_config, random_head, tiny_target
-from tests.recording import decode_recorded, greedy_acceptance
+from tests.recording import decode_recorded, greedy_acceptance, make_run_stages
 from tests.tiny_models import one_thread
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
@@ -132,22 +128,7 @@ def test_the_recipe_trains_and_ships_a_head_that_decodes_losslessly(tmp_path):
 def test_make_run_with_model_pocket_eagle3_records_extracts_and_trains(tmp_path):
     """`make run RUN_ARGS="model=pocket_eagle3 debug=default ..."`, stage by stage, on the default
     suite's first 6 + 6 prompts (rerank.train on all of them takes half an hour on 2 cores)."""
-    args = [
-        "model=pocket_eagle3",
-        "debug=default",
-        f"paths.traces={tmp_path}/t",
-        f"paths.features={tmp_path}/f",
-        f"hydra.run.dir={tmp_path}/h",
-        f"hydra.sweep.dir={tmp_path}/m",
-        f"mlflow.tracking_uri=sqlite:///{tmp_path}/ml.db",
-    ]
-    record = ["decode.record", "-m", "data.sources.0.limit=6", "data.sources.1.limit=6"]
-    for stage in (record, ["features.extract"], ["rerank.train"]):
-        # as `make run` passes RUN_ARGS: each stage drops the sections others read
-        res = subprocess.run([sys.executable, "-m", *stage, *args], cwd=PROJECT_ROOT,
-                             capture_output=True, text=True, timeout=1500,
-                             env={**os.environ, ROUTED_ENV: "1"})  # fmt: skip
-        assert res.returncode == 0, res.stderr[-3000:]
+    make_run_stages("pocket_eagle3", tmp_path)
     manifest = trace_store(tmp_path / "t").manifest()
     assert manifest["config"]["model"]["drafter_kind"] == "eagle3"
     assert manifest["models"]["aux_layers"] == "1,2,3"

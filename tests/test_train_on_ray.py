@@ -86,9 +86,10 @@ def _same_runs(one: Path, two: Path) -> None:
 
 
 def _in_process_deal(shard_ids, factory, p, gpu, cpus_per_worker=1, **_):
-    """`specrank.parallel.deal` without Ray: the worker factory pickled and unpickled as Ray
-    ships it to an actor, the tasks run last to first (the merge must follow the store)."""
-    worker = cloudpickle.loads(cloudpickle.dumps(factory))()
+    """`specrank.parallel.deal` without Ray: the worker factory must pickle (Ray ships it to
+    each actor that way), and the tasks run last to first (the merge must follow the store)."""
+    assert cloudpickle.dumps(factory)
+    worker = factory()
     results = {sid: worker(sid) for sid in reversed(shard_ids)}
     return Dealt({sid: results[sid] for sid in shard_ids}, [], 0, [])
 

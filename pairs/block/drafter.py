@@ -149,7 +149,6 @@ class BlockDrafter:
 
         With `draw` (T_d > 0) each position's tokens are drawn from its tempered marginal: a
         chain is DFlash's sampled block, a tree Gumbel-top-k children of every node."""
-        check_pool_depth(self.spec, cfg, "model.drafter")  # a few integer steps: before drafting
         rows = self.marginals(state, tokens[-1], root_position)
         return grow_tree_pool(_MarginalDraft(rows, root_position), cfg, draw)
 
