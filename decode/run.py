@@ -85,6 +85,7 @@ from rerank.serving import (
 from specrank.checks import check_choice, check_int
 from specrank.cli import expand_short_overrides, run_entry_point
 from specrank.config import MlflowConfig
+from specrank.laws import pair_key, pair_label
 from specrank.parallel import ParallelConfig, check_parallel
 from specrank.paths import CONF_DIR, project_path
 from specrank.run_record import TrackingError
@@ -199,8 +200,10 @@ def _plan_arms(specs: list[RuleSpec], settings: list[OnlineSettings], run: RunCo
 def _log(report: RunReport, arms: list[Arm], info: PairInfo, run: RunConfig,
          tracking: MlflowConfig, config: dict, out_dir: Path) -> str:  # fmt: skip
     """The report's tables (and with several rules the ratios' plot) to MLflow."""
+    dec = arms[0].s.base.decode
     tags = {"rule": "+".join(a.label for a in arms), "score": arms[0].s.score,
-            "device": info.device}  # fmt: skip
+            "device": info.device, "verifier": dec.verifier,
+            "pair": pair_key(dec.temperature, dec.draft_temperature)}  # fmt: skip
     sources = [a.reranker for a in arms if a.reranker]
     if sources:
         routes = sorted({r for r in info.routes.values() if r})
@@ -320,6 +323,8 @@ def main(cfg: DictConfig) -> None:
         )  # fmt: skip
     except TrackingError as err:  # the run's tables are complete: say how to log them later
         sys.exit(f"error: {err}")
+    print(f"== T_t|T_d {pair_label(base.decode.temperature, base.decode.draft_temperature)}, "
+          f"verifier {base.decode.verifier}")  # fmt: skip
     print_report(report)
     if not report.compare.empty:
         print(ratios_text(report.compare))

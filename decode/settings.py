@@ -52,6 +52,24 @@ class OnlineSettings:
                 f"run.record_traces=true is not supported for run.rule={self.rule} (its rounds "
                 "emit a tree leaf as the continuation, which the trace schema cannot express)"
             )
+        self._check_coupling()
+
+    def _check_coupling(self) -> None:
+        """decode.verifier=coupling: rules that verify their pool tree as drafted, and no
+        recording (the offline values assume a verifier that accepts c with p(c))."""
+        if self.base.decode.verifier != "coupling":
+            return
+        if self.entry.online not in ("draft", "first_factor"):
+            raise ValueError(
+                f"decode.verifier=coupling with run.rule={self.rule}: its rounds draw or hold "
+                "target rows outside the drafted chain; use rule=draft or reranker"
+            )
+        if self.record:
+            raise ValueError(
+                "decode.verifier=coupling while recording traces: the traces' offline values "
+                "assume a verifier that accepts a node with its target probability; record "
+                "with exhaustive or eagle3"
+            )
 
 
 def for_rule(s: OnlineSettings, name: str, record_traces: bool) -> OnlineSettings:

@@ -46,6 +46,11 @@ class DecodeSettings:
         check_real("decode.temperature", self.decode.temperature, 0.0)
         check_draft_temperature(self.decode)
         check_choice("decode.verifier", self.decode.verifier, VERIFIERS)
+        if self.decode.verifier == "coupling" and self.pool.top_k != 1:
+            raise ValueError(
+                f"decode.verifier=coupling verifies a chain (one child a node: pool.top_k=1); "
+                f"got pool.top_k={self.pool.top_k}. Use exhaustive or eagle3 for trees"
+            )
         check_int("select.budget", self.select.budget, 1, n_pool)
         check_int("select.top_m", self.select.top_m, 0)  # M past the pool: all of it
         check_int("decode.max_new_tokens", self.decode.max_new_tokens, 1)
@@ -71,7 +76,8 @@ def draft_draw(dec: DecodeConfig, prompt_id: str, device) -> DraftDraw | None:
     if not dec.draft_temperature:
         return None
     seed = prompt_seed(dec.seed, f"{prompt_id}\x00draft")
-    return DraftDraw(dec.draft_temperature, torch.Generator(device=device).manual_seed(seed))
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return DraftDraw(dec.draft_temperature, gen, keep_rows=dec.verifier == "coupling")
 
 
 def prompt_seed(seed: int, prompt_id: str) -> int:

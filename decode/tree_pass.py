@@ -35,6 +35,7 @@ from tree.pool import Pool
 from tree.verify import (
     Selection,
     accepted_mask,
+    outcome_coupling,
     outcome_eagle3,
     outcome_exhaustive,
     outcome_greedy,
@@ -191,6 +192,13 @@ def outcomes(
         return outcome_exhaustive(row_logp, gen)
     # Exactly n_tree nodes, known on the host, so a static-size nonzero needs no sync.
     tree_idx = torch.nonzero_static(in_tree, size=n_tree)[:, 0]  # [n_tree] pool order
+    if s.decode.verifier == "coupling" and pool.q_rows is not None:
+        q = pool.q_rows[pool.q_parent_row[tree_idx]].exp()  # [n_tree, V'] q(. | parent)
+        if pool.q_ids is not None:  # a drafter vocabulary (EAGLE-3's d2t): onto the target's
+            q = q.new_zeros(len(tree_idx), row_logp.shape[-1]).index_copy_(1, pool.q_ids, q)
+        return outcome_coupling(row_logp, pool.token[tree_idx], prow[tree_idx],
+                                pool.draft_logprob[tree_idx], q, gen)  # fmt: skip
+    # eagle3, and coupling over deterministic drafts (q a point mass: the same rule)
     return outcome_eagle3(row_logp, pool.token[tree_idx], prow[tree_idx], gen)
 
 

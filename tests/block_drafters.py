@@ -14,7 +14,8 @@ from pairs.config import ModelConfig
 
 
 def block_spec(target_dir: Path, *, block_size: int = 8, layer_ids: tuple[int, ...] = (1, 3, 4),
-               layers: int = 1, mask_token_id: int | None = None) -> BlockSpec:  # fmt: skip
+               layers: int = 1, mask_token_id: int | None = None,
+               mixing: str = "shared") -> BlockSpec:  # fmt: skip
     """A drafter for the target at `target_dir`: its width, heads 4 / kv 2 (hd = width / 4)."""
     t = AutoConfig.from_pretrained(target_dir, local_files_only=True)
     h = t.hidden_size
@@ -23,7 +24,7 @@ def block_spec(target_dir: Path, *, block_size: int = 8, layer_ids: tuple[int, .
                         vocab_size=t.vocab_size, max_position_embeddings=4096,
                         rms_norm_eps=1e-6)  # fmt: skip
     mask = t.vocab_size - 1 if mask_token_id is None else mask_token_id
-    return BlockSpec(layer, layer_ids, block_size, mask, t.num_hidden_layers)
+    return BlockSpec(layer, layer_ids, block_size, mask, t.num_hidden_layers, mixing)
 
 
 def write_block(folder: Path, target_dir: Path, *, seed: int = 0, init_std: float = 0.25,
@@ -31,7 +32,7 @@ def write_block(folder: Path, target_dir: Path, *, seed: int = 0, init_std: floa
     """A random drafter of `block_spec(target_dir, **spec_kw)` saved under `folder`."""
     spec = block_spec(target_dir, **spec_kw)
     torch.manual_seed(seed)
-    module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids))
+    module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids), spec.context_mixing)
     with torch.no_grad():
         for name, p in module.named_parameters():
             if p.dim() >= 2:

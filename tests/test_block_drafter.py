@@ -92,7 +92,7 @@ def _edit_config(folder, **changes):
     ({"dflash_config.selector_rank": 256}, r"the DFlash2 variant is not supported"),
     ({"dflash_config.target_layer_ids": None}, r"target_layer_ids: expected a non-empty list"),
     ({"dflash_config.target_layer_ids": [4, 1]}, r"expected distinct ascending ids"),
-    ({"dflash_config.target_layer_ids": [1, 6]}, r"expected ids in \[0, 5\]"),
+    ({"dflash_config.target_layer_ids": [1, 7]}, r"expected ids in \[0, 6\]"),
     ({"dflash_config.mask_token_id": 10**6}, r"mask_token_id: 1000000 is not a row"),
     ({"hidden_size": 48}, r"hidden_size: the drafter reads .* width 32, found 48"),
     ({"num_target_layers": 9}, r"num_target_layers: expected the target's 7, found 9"),

@@ -49,11 +49,15 @@ def test_the_position_weights_are_the_papers():
     torch.testing.assert_close(d, torch.tensor([1.75, 0.75, 0.25]) / (2.75 / 3))
 
 
-def test_the_training_forward_equals_drafting(tmp_path):
+@pytest.mark.parametrize(("mixing", "layer_ids"), [("shared", (1, 3, 4)), ("per_layer", (0, 3, 6))])
+def test_the_training_forward_equals_drafting(tmp_path, mixing, layer_ids):
     """Block a of a training window = the decoder's marginals at a root at position a, whose
-    context the capture took from cached target passes (float32; atol 1e-4)."""
+    context the capture took from cached target passes (float32; atol 1e-4). Per-layer mixing
+    over states including the last layer's (id 6 of 7: the final norm's output, as HF's
+    hidden_states[7] that training reads)."""
     target_dir = tiny_target(tmp_path, "qwen3")
-    pair = load_model_pair(block_config(target_dir, write_block(tmp_path / "b", target_dir)))
+    drafter = write_block(tmp_path / "b", target_dir, mixing=mixing, layer_ids=layer_ids, layers=2)
+    pair = load_model_pair(block_config(target_dir, drafter))
     d = pair.drafter
     x = torch.randint(3, 90, (1, 20), generator=torch.Generator().manual_seed(1))
     anchors = torch.tensor([3, 9, 12])
@@ -68,10 +72,15 @@ def test_the_training_forward_equals_drafting(tmp_path):
             torch.testing.assert_close(trained[i], want, atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("weights", "labels"), [("decayed", "target"), ("dpace", "data")])
-def test_the_recipe_ships_a_drafter_that_decodes_losslessly(tmp_path, weights, labels):
+@pytest.mark.parametrize(("weights", "labels", "mixing"), [
+    ("decayed", "target", "shared"), ("dpace", "data", "shared"), ("dpace", "target", "per_layer"),
+])  # fmt: skip
+def test_the_recipe_ships_a_drafter_that_decodes_losslessly(tmp_path, weights, labels, mixing):
+    """Each loss, and the DCore recipe's context (per-layer mixing over all 4 layers)."""
+    ids = [0, 1, 2, 3] if mixing == "per_layer" else [0, 1, 2]
     pc = PocketBlockConfig(out_dir=str(tmp_path / "block"), code_chars=60_000, rollout_prompts=8,
-                           rollout_tokens=8, position_weights=weights, labels=labels)  # fmt: skip
+                           rollout_tokens=8, position_weights=weights, labels=labels,
+                           context_mixing=mixing, target_layer_ids=ids)  # fmt: skip
     pc.train = replace(pc.train, steps=3, batch=2, seq_len=32, warmup=1, eval_every=3)
     with one_thread():
         facts = run(pc, log=lambda _: None)
@@ -81,11 +90,13 @@ def test_the_recipe_ships_a_drafter_that_decodes_losslessly(tmp_path, weights, l
         res = decode_recorded(pair.target, pair.drafter, prompt, s, frozenset())
     assert res.output == autoregressive_decode(pair.target, prompt, len(res.output))
     assert facts["train"]["steps"] == 3 and facts["config"]["position_weights"] == weights
+    assert read_block_config(tmp_path / "block").context_mixing == mixing
     assert (tmp_path / "block" / "MODEL_CARD.md").is_file()
 
 
 @pytest.mark.parametrize(("setting", "value"), [("position_weights", "linear"),
-                                                 ("labels", "soft")])  # fmt: skip
+                                                 ("labels", "soft"),
+                                                 ("context_mixing", "mean")])  # fmt: skip
 def test_a_bad_setting_is_refused_before_any_data(tmp_path, monkeypatch, setting, value):
     pc = PocketBlockConfig(out_dir=str(tmp_path / "b"), **{setting: value})
     monkeypatch.setattr("recipes.pocket.block.training_data", lambda *a: pytest.fail("data"))
@@ -93,32 +104,42 @@ def test_a_bad_setting_is_refused_before_any_data(tmp_path, monkeypatch, setting
         run(pc, log=lambda _: None)
 
 
-def test_the_shipped_drafter_is_small_documented_and_drafts():
-    files = {p.name: p.stat().st_size for p in DRAFTER.iterdir()}
+# The DCore-recipe drafter accepts 4 drafts in 60 rounds here, where the same mixing trained
+# with DFlash's decayed weights accepted 39 in 26 (README): D-PACE's weights cost it online.
+@pytest.mark.parametrize(("folder", "layer_ids", "mixing", "per_round"), [
+    (DRAFTER, (0, 1, 2), "shared", 1 / 3), (DRAFTER.parent / "block_dcore", (0, 1, 2, 3), "per_layer", 0.0),
+])  # fmt: skip
+def test_the_shipped_drafter_is_small_documented_and_drafts(folder, layer_ids, mixing, per_round):
+    """The DFlash-recipe drafter and the DCore-recipe one (`pocket_block=dcore`); greedy output
+    equal to the target's (greedy_acceptance checks it) and drafts accepted."""
+    files = {p.name: p.stat().st_size for p in folder.iterdir()}
     assert {"config.json", "model.safetensors", "MODEL_CARD.md", "recipe.json"} <= files.keys()
     assert files["model.safetensors"] < 3_000_000
-    spec = read_block_config(DRAFTER)
-    assert (spec.target_layer_ids, spec.block_size, spec.mask_token_id) == ((0, 1, 2), 9, 0)
-    facts = json.loads((DRAFTER / "recipe.json").read_text())
+    spec = read_block_config(folder)
+    assert (spec.target_layer_ids, spec.block_size, spec.mask_token_id) == (layer_ids, 9, 0)
+    assert spec.context_mixing == mixing
+    facts = json.loads((folder / "recipe.json").read_text())
     assert facts["sizes"]["model.safetensors"] == files["model.safetensors"]
-    card = (DRAFTER / "MODEL_CARD.md").read_text()
+    card = (folder / "MODEL_CARD.md").read_text()
     assert f"{facts['params']:,} parameters" in card and "the pad id (0)" in card
-    pair = load_model_pair(block_config(PROJECT_ROOT / "models/pocket/target", DRAFTER))
+    pair = load_model_pair(block_config(PROJECT_ROOT / "models/pocket/target", folder))
     s = DecodeSettings(pool=PoolConfig(top_k=6, steps=5, expand=6), select=SelectConfig(budget=8),
                        decode=DecodeConfig(max_new_tokens=32))  # fmt: skip
     with one_thread():
         accepted, rounds = greedy_acceptance(pair, [p.text for p in _suite(2)], s)
-    # The trained drafter drafts: about one accepted token every two rounds here (its later rows
+    # The DFlash-recipe drafter: about one accepted token every two rounds here (its later rows
     # are weak: block marginals never see the earlier drafts); a random one accepts almost none.
-    assert accepted > rounds // 3
+    assert accepted > int(rounds * per_round)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_make_run_with_model_pocket_block_records_extracts_and_trains(tmp_path):
-    """`make run RUN_ARGS="model=pocket_block debug=default ..."`, stage by stage, on the default
+@pytest.mark.parametrize(("model", "layer_ids"), [("pocket_block", "0,1,2"),
+                                                  ("pocket_block_dcore", "0,1,2,3")])  # fmt: skip
+def test_make_run_with_model_pocket_block_records_extracts_and_trains(tmp_path, model, layer_ids):
+    """`make run RUN_ARGS="model=<model> debug=default ..."`, stage by stage, on the default
     suite's first 6 + 6 prompts."""
-    make_run_stages("pocket_block", tmp_path)
+    make_run_stages(model, tmp_path)
     models = trace_store(tmp_path / "t").manifest()["models"]
     assert (models["drafter_kind"], models["block_size"], models["target_layer_ids"]) == (
-        "block", "9", "0,1,2")  # fmt: skip
+        "block", "9", layer_ids)  # fmt: skip

@@ -115,7 +115,7 @@ def test_bad_settings_are_refused(pair):
         decode_recorded(pair.target, pair.drafter, prompt, bad, frozenset())
     bad = DecodeSettings(decode=DecodeConfig(verifier="typo"))
     with pytest.raises(
-        ValueError, match=r"'decode.verifier' must be one of \['exhaustive', 'eagle3'\]"
+        ValueError, match=r"'decode.verifier' must be one of \['exhaustive', 'eagle3', 'coupling'\]"
     ):
         decode_recorded(pair.target, pair.drafter, prompt, bad, frozenset())
     with pytest.raises(ValueError, match="the prompt has no tokens"):

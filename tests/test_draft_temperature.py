@@ -33,7 +33,7 @@ def test_sampled_children_follow_the_tempered_law_without_replacement():
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     rows = logits.expand(4000, -1)
     draw = DraftDraw(0.7, torch.Generator().manual_seed(3))
-    idx, vals = _children(rows, 3, draw)
+    idx, vals, _ = _children(rows, 3, draw)
     idx, vals = idx.view(4000, 3), vals.view(4000, 3)
     assert all(len(set(r)) == 3 for r in idx.tolist())
     tempered = (logits / 0.7).log_softmax(-1)
@@ -44,7 +44,7 @@ def test_sampled_children_follow_the_tempered_law_without_replacement():
 
 def test_without_a_draw_the_children_are_the_top_k_at_unit_temperature():
     logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(0))
-    idx, vals = _children(logits, 4)
+    idx, vals, _ = _children(logits, 4)
     want_vals, want_idx = stable_topk(logits.log_softmax(-1), 4)
     assert torch.equal(idx, want_idx.reshape(-1)) and torch.equal(vals, want_vals.reshape(-1))
 

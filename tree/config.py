@@ -30,7 +30,9 @@ class SelectConfig:
 @dataclass
 class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy; > 0: exhaustive target sampling at this temperature
-    verifier: str = "exhaustive"  # exhaustive | eagle3 (child-by-child; same law)
+    # exhaustive | eagle3 (child-by-child; same law) | coupling (a chain drawn at
+    # draft_temperature > 0: accept with min(1, p/q), else draw from (p - q)+; same law)
+    verifier: str = "exhaustive"
     # Stop after the round in which the output reaches this many tokens (or emits EOS).
     # A round emits up to depth + 1 = 9 tokens, so outputs hold at most 256 + 8 = 264
     # tokens: the paper's "at most 264" (and 1,024 -> "at most 1,032") implies 256 here.

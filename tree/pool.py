@@ -71,6 +71,13 @@ class Pool:
     anc: Tensor  # [P, P] bool, anc[i, j]: j is i or an ancestor of i
     drafter_pos: Tensor  # [P] int64, position in the drafter's cache; -1 if never fed
     n_first: int  # first-level candidates: the first n_first entries
+    # Sampled drafting kept for the coupling verifier (`DraftDraw.keep_rows`): the tempered
+    # draft rows children were drawn from, log q [1 + expanded, V'] (the root's, then the
+    # expanded nodes' in feeding order), each node's parent's row in them [P], and the
+    # drafter's token ids of V' (None: the target's vocabulary).
+    q_rows: Tensor | None = None
+    q_parent_row: Tensor | None = None
+    q_ids: Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -103,24 +110,28 @@ class DraftDraw:
 
     temperature: float
     generator: torch.Generator
+    keep_rows: bool = False  # keep the rows drawn from (Pool.q_rows): decode.verifier=coupling
 
 
-def _children(logits: Tensor, k: int, draw: DraftDraw | None = None) -> tuple[Tensor, Tensor]:
-    """k children of each row and their float32 draft log-probs, flattened row-major.
+def _children(logits: Tensor, k: int, draw: DraftDraw | None = None
+              ) -> tuple[Tensor, Tensor, Tensor | None]:  # fmt: skip
+    """k children of each row and their float32 draft log-probs, flattened row-major, and
+    the tempered rows they were drawn from (None without `draw`).
 
     Without `draw`: the top-k tokens. With it: k tokens drawn without replacement from the
     tempered distribution (Gumbel-top-k: the k largest of log q + Gumbel noise are a
-    Plackett-Luce sample), their tempered log-probs as scores. ([n*k], [n*k])
+    Plackett-Luce sample; k = 1 is a draw from q), their tempered log-probs as scores.
+    ([n*k], [n*k], [n, V'] or None)
     """
     if draw is None:
         logprob = logits.float().log_softmax(-1)  # float32: draft factors compare in float32
         vals, idx = stable_topk(logprob, k)
-        return idx.reshape(-1), vals.reshape(-1)
+        return idx.reshape(-1), vals.reshape(-1), None
     logprob = (logits.float() / draw.temperature).log_softmax(-1)
     u = torch.rand(logprob.shape, generator=draw.generator, device=logprob.device)
     gumbel = -torch.log(-torch.log(u.clamp(min=1e-20)))
     idx = torch.topk(logprob + gumbel, k, dim=-1).indices
-    return idx.reshape(-1), logprob.gather(-1, idx).reshape(-1)
+    return idx.reshape(-1), logprob.gather(-1, idx).reshape(-1), logprob
 
 
 def _pick_expanded(score: Tensor, start: int, n: int, n_exp: int) -> Tensor:
@@ -211,8 +222,12 @@ def grow_tree_pool(draft: TreeDraft, cfg: PoolConfig, draw: DraftDraw | None = N
     anc = torch.zeros(P, P, dtype=torch.bool, device=dev)
     drafter_pos = torch.full((P,), -1, dtype=torch.long, device=dev)
 
+    q_rows: list[Tensor] = []  # the rows children were drawn from, kept for coupling
+
     def children(logits: Tensor) -> tuple[Tensor, Tensor]:
-        idx, vals = _children(logits, cfg.top_k, draw)
+        idx, vals, rows = _children(logits, cfg.top_k, draw)
+        if draw is not None and draw.keep_rows:
+            q_rows.append(rows)
         return (idx if draft.token_ids is None else draft.token_ids[idx]), vals
 
     n1 = sizes[0][0]
@@ -243,4 +258,11 @@ def grow_tree_pool(draft: TreeDraft, cfg: PoolConfig, draw: DraftDraw | None = N
         anc[new] = anc[parent[new]]  # ancestors of a child = its parent's, plus itself
         anc[ar[new], ar[new]] = True
         start, n_level = new.start, new.stop - new.start
-    return Pool(token, parent, depth, logq, score, expanded, anc, drafter_pos, n1)
+    pool = Pool(token, parent, depth, logq, score, expanded, anc, drafter_pos, n1)
+    if q_rows:
+        # row 0 is the root's; expanded node e's is 1 + its place in feeding order
+        place = torch.zeros(P, dtype=torch.long, device=dev)
+        place[fed] = 1 + torch.arange(fed.shape[0], device=dev)
+        pool.q_rows, pool.q_ids = torch.cat(q_rows), draft.token_ids
+        pool.q_parent_row = torch.where(parent >= 0, place[parent.clamp(min=0)], 0)
+    return pool

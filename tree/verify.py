@@ -13,6 +13,11 @@ nodes), computed for all rows at once on the device:
     EAGLE-3    : visit u's tree children c1, c2, ... in pool order; accept c_j with
                  prob p(c_j) / (1 - p(c1) - ... - p(c_{j-1})); o(u) = first accepted child,
                  else a draw from p_T(. | u) with the children removed
+    coupling   : chains whose node c was drawn from the drafter's q(. | u) (T_d > 0):
+                 accept c with prob min(1, p(c) / q(c)), else o(u) ~ (p - q)+ normalised
+                 (speculative sampling's maximal coupling, DFlash's block acceptance at
+                 1|1). Given c ~ q, o(u) ~ p; it accepts at least as often as EAGLE-3's
+                 p(c), which is this rule with q a point mass (drafting at T_d = 0).
 
 A node is accepted when it and each of its ancestors is labelled by the outcome
 at its parent; the accepted nodes form one root path (siblings carry distinct
@@ -32,7 +37,7 @@ from transformers import DynamicCache, PreTrainedModel
 from tree.attention import forward_tree, tree_visibility
 from tree.pool import Pool
 
-VERIFIERS = ("exhaustive", "eagle3")
+VERIFIERS = ("exhaustive", "eagle3", "coupling")
 
 
 @dataclass
@@ -159,3 +164,27 @@ def accepted_mask(pool: Pool, in_tree: Tensor, prow: Tensor, outcome: Tensor) ->
     """
     match = in_tree & (pool.token == outcome[..., prow])  # [..., P]
     return in_tree & ~(pool.anc & ~match[..., None, :]).any(-1)
+
+
+def outcome_coupling(
+    row_logp: Tensor, child_token: Tensor, child_parent_row: Tensor, child_logq: Tensor,
+    child_q_row: Tensor, generator: torch.Generator,
+) -> Tensor:  # fmt: skip
+    """Maximal coupling at each row with one tree child (a chain). [n_rows].
+
+    child_*: [C] the tree's nodes, their parent's batch row, log q(c | parent) at the
+    drafter's temperature; child_q_row: [C, V] q(. | parent) over the target's vocabulary
+    (probabilities). Rows without a child draw from p.
+    """
+    probs = row_logp.exp()  # [n_rows, V] float32
+    p = probs[child_parent_row, child_token].double()
+    ratio = (p / child_logq.double().exp()).clamp(max=1.0)
+    u = torch.rand(p.shape, generator=generator, device=probs.device, dtype=torch.float64)
+    accepted = u < ratio  # [C]
+    residual = probs.clone()
+    residual[child_parent_row] = (probs[child_parent_row] - child_q_row).clamp(min=0.0)
+    # p <= q everywhere means p == q: c is accepted with probability 1 and this draw unused
+    residual[residual.sum(-1) <= 0] = 1.0
+    out = torch.multinomial(residual, 1, generator=generator)[:, 0]
+    out[child_parent_row[accepted]] = child_token[accepted]
+    return out

@@ -63,10 +63,10 @@ def read_block(folder: Path, target: PretrainedConfig) -> BlockCheckpoint:
     if spec.num_target_layers is not None and spec.num_target_layers != n:
         raise refuse(DRAFTER_SETTING, path, f"num_target_layers: expected the target's {n}, found "
                      f"{spec.num_target_layers}")  # fmt: skip
-    if max(ids) > n - 2 or min(ids) < 0:
+    if max(ids) > n - 1 or min(ids) < 0:
         raise refuse(DRAFTER_SETTING, path, f"dflash_config.target_layer_ids {list(ids)}: expected ids "
-                     f"in [0, {n - 2}] (id i reads hidden_states[i + 1], the state entering "
-                     f"layer i + 1 of the target's {n})")  # fmt: skip
+                     f"in [0, {n - 1}] (id i reads hidden_states[i + 1], the state leaving "
+                     f"layer i of the target's {n})")  # fmt: skip
     if spec.mask_token_id >= target.vocab_size:
         raise refuse(DRAFTER_SETTING, path, f"dflash_config.mask_token_id: {spec.mask_token_id} is not a "
                      f"row of the target's embedding ({target.vocab_size} rows)")  # fmt: skip
@@ -184,7 +184,7 @@ def attach_block(ckpt: BlockCheckpoint, target: PreTrainedModel, cfg: ModelConfi
     """The drafter on `target`'s device and dtype, with its embedding, lm_head and states."""
     spec = ckpt.spec
     spec.layer._attn_implementation = cfg.attn_implementation
-    module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids))
+    module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids), spec.context_mixing)
     module.load_state_dict(ckpt.state, strict=True)
     module = module.to(device=target.device, dtype=target.dtype).eval()
     return BlockDrafter(module, spec, AuxCapture(target, spec.capture_ids),
@@ -194,7 +194,9 @@ def attach_block(ckpt: BlockCheckpoint, target: PreTrainedModel, cfg: ModelConfi
 
 def block_ids(d: BlockDrafter) -> dict[str, str]:
     """What trace manifests record about the drafter beyond its path and config hash."""
-    return {
+    # DFlash's shared fc is left out, so stores recorded before the setting existed resume
+    mixing = {} if d.spec.context_mixing == "shared" else {"context_mixing": d.spec.context_mixing}
+    return mixing | {
         "drafter_kind": "block",
         "block_size": str(d.spec.block_size),
         # as written (output convention: id i = hidden_states[i + 1], leaving layer i)

@@ -10,6 +10,10 @@
                    block_size        positions per block: the bonus token and block_size - 1
                                      mask placeholders (default 16, the reference's)
                    mask_token_id     the placeholder's id in the target's vocabulary
+                   context_mixing    (this project's key) shared: DFlash's one `fc` over the
+                                     concatenated states (default); per_layer: DFlare's
+                                     per-draft-layer mixing (`pairs.block.module`), keys
+                                     `fuse` and `layers.{i}.context_{k,v}_proj` instead of `fc`
                  `num_target_layers` (optional) is checked against the target.
     weights      model.safetensors: `fc.weight`, `hidden_norm.weight`, per layer
                  `layers.{i}.self_attn.{q,k,v,o}_proj.weight`, `.self_attn.{q,k}_norm.weight`,
@@ -43,6 +47,7 @@ DRAFTER_SETTING = "model.drafter"
 WEIGHTS = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
 DEFAULT_BLOCK_SIZE = 16  # the reference's default
+CONTEXT_MIXING = ("shared", "per_layer")  # DFlash's one fc | DFlare's per-draft-layer mixing
 # The DFlash2 variant: its architecture and the dflash_config keys only it has
 DFLASH2 = "DFlash2DraftModel"
 DFLASH2_KEYS = ("selector_rank", "selector_top_k", "conv_kernel_size", "conv_group_size")
@@ -63,6 +68,7 @@ class BlockSpec:
     block_size: int
     mask_token_id: int
     num_target_layers: int | None
+    context_mixing: str = "shared"  # CONTEXT_MIXING
 
     @property
     def capture_ids(self) -> tuple[int, ...]:
@@ -107,11 +113,16 @@ def read_block_config(folder: Path) -> BlockSpec:
     size = _setting(raw, "block_size", DEFAULT_BLOCK_SIZE)
     if type(size) is not int or size < 2:
         raise _refuse(path, f"block_size: expected an int >= 2, found {size!r}")
+    mixing = _setting(raw, "context_mixing", "shared")
+    if mixing not in CONTEXT_MIXING:
+        raise _refuse(path, f"dflash_config.context_mixing: expected one of {list(CONTEXT_MIXING)}, "
+                           f"found {mixing!r}")  # fmt: skip
     _refuse_unsupported(raw, path)
     layer = Qwen3Config(**{k: v for k, v in raw.items() if k not in ("dflash_config", "auto_map")})
     layer.is_causal = False
     n_target = raw.get("num_target_layers")
-    return BlockSpec(layer, tuple(ids), size, mask, None if n_target is None else int(n_target))
+    n_target = None if n_target is None else int(n_target)
+    return BlockSpec(layer, tuple(ids), size, mask, n_target, mixing)
 
 
 def _refuse_unsupported(raw: dict, path: Path) -> None:
@@ -131,7 +142,7 @@ def _refuse_unsupported(raw: dict, path: Path) -> None:
 def block_shapes(spec: BlockSpec) -> dict[str, tuple[int, ...]]:
     """Every tensor of a drafter of `spec`, by name: the module's own state dict, unallocated."""
     with torch.device("meta"):
-        module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids))
+        module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids), spec.context_mixing)
     return {k: tuple(v.shape) for k, v in module.state_dict().items()}
 
 
@@ -173,6 +184,8 @@ def save_block_drafter(folder: Path, module: BlockDrafterModule, spec: BlockSpec
                                 "target_layer_ids": list(spec.target_layer_ids)}}  # fmt: skip
     if spec.num_target_layers is not None:
         config["num_target_layers"] = spec.num_target_layers
+    if spec.context_mixing != "shared":  # DFlash's own layout has no such key
+        config["dflash_config"]["context_mixing"] = spec.context_mixing
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
     save_file(state, folder / WEIGHTS)

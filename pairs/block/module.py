@@ -13,6 +13,14 @@ commit 10129599dffb338ff38cfd235a53ca6d3667b4dd; this is our own code of that la
                marginal for the token at position r + j, conditioned on the context and the
                root only, never on the other draft tokens.
 
+Context mixing `per_layer` (DFlare's, the DCore recipe's context; `dflash_config.context_mixing`):
+instead of one shared `fc`, draft layer i mixes the k normed target states with its own
+weights alpha(i) = softmax(W_fuse[i, :]) (`fuse`, [layers, k], zeros at start: the mean),
+and its own projections `context_k_proj`, `context_v_proj` turn the mixture into that
+layer's context keys and values. The paper gives the mixture and "per-draft-layer
+projections"; that they map to each layer's K and V is our reading of its parameter
+table (the fusion's size is 2 x layers x kv width x the target's width at both targets).
+
 The parameter names are the reference's (`fc`, `hidden_norm`, `layers.{i}.self_attn.q_proj`,
 ..., `norm`), so a released checkpoint's state dict loads as it is. Attention projections,
 q/k norms, MLP, norms and rotary embeddings are transformers' Qwen3 modules.
@@ -39,13 +47,17 @@ ContextKV = list[tuple[Tensor, Tensor]]  # per layer: keys and values [kv_heads,
 class BlockLayer(nn.Module):
     """One decoder layer: block queries over [context ; block] keys and values."""
 
-    def __init__(self, config: Qwen3Config, index: int) -> None:
+    def __init__(self, config: Qwen3Config, index: int, own_context: bool = False) -> None:
         super().__init__()
         self.self_attn = Qwen3Attention(config, layer_idx=index)
         self.mlp = Qwen3MLP(config)
         h = config.hidden_size
         self.input_layernorm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
+        if own_context:  # per_layer mixing: this layer's own context projections
+            kv = config.num_key_value_heads * self.self_attn.head_dim
+            self.context_k_proj = nn.Linear(h, kv, bias=False)
+            self.context_v_proj = nn.Linear(h, kv, bias=False)
 
     def _heads(self, proj: nn.Linear, x: Tensor, norm: nn.Module | None) -> Tensor:
         a = self.self_attn
@@ -55,10 +67,11 @@ class BlockLayer(nn.Module):
     def context_kv(self, context: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """This layer's keys and values of projected context rows [n, H] at their positions."""
         a = self.self_attn
-        k = self._heads(a.k_proj, context, a.k_norm)
+        own = hasattr(self, "context_k_proj")
+        k = self._heads(self.context_k_proj if own else a.k_proj, context, a.k_norm)
         cos, sin = rope
         k = k * cos[None] + rotate_half(k) * sin[None]  # keys only: no query at the context
-        return k, self._heads(a.v_proj, context, None)
+        return k, self._heads(self.context_v_proj if own else a.v_proj, context, None)
 
     def forward(self, hidden: Tensor, rope: tuple[Tensor, Tensor], ctx: tuple[Tensor, Tensor],
                 mask: Tensor | None = None) -> Tensor:  # fmt: skip
@@ -79,16 +92,21 @@ class BlockLayer(nn.Module):
 
 
 class BlockDrafterModule(nn.Module):
-    """fc + hidden_norm over the target's states, decoder layers, norm (see the module doc)."""
+    """fc + hidden_norm over the target's states (or per-layer mixing), decoder layers, norm
+    (see the module doc)."""
 
-    def __init__(self, config: Qwen3Config, n_target_layers: int) -> None:
+    def __init__(self, config: Qwen3Config, n_target_layers: int, mixing: str = "shared") -> None:
         super().__init__()
-        self.config = config
-        h = config.hidden_size
-        self.layers = nn.ModuleList(BlockLayer(config, i) for i in range(config.num_hidden_layers))
+        self.config, self.mixing, self.n_target_layers = config, mixing, n_target_layers
+        h, n = config.hidden_size, config.num_hidden_layers
+        per_layer = mixing == "per_layer"
+        self.layers = nn.ModuleList(BlockLayer(config, i, per_layer) for i in range(n))
         self.norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
-        self.fc = nn.Linear(n_target_layers * h, h, bias=False)
+        if per_layer:
+            self.fuse = nn.Parameter(torch.zeros(n, n_target_layers))  # W_fuse
+        else:
+            self.fc = nn.Linear(n_target_layers * h, h, bias=False)
         self.hidden_norm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
 
     def _rope(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -97,6 +115,12 @@ class BlockDrafterModule(nn.Module):
 
     def context(self, features: Tensor, positions: Tensor) -> ContextKV:
         """Every layer's keys and values of target states `features` [n, k*H] at `positions`."""
+        if self.mixing == "per_layer":  # each layer its own mixture of the normed states
+            states = self.hidden_norm(features.view(features.shape[0], self.n_target_layers, -1))
+            alpha = self.fuse.softmax(-1).to(states.dtype)  # [layers, k]
+            rope = self._rope(states[:, 0], positions)
+            return [layer.context_kv(torch.einsum("nkh,k->nh", states, a), rope)
+                    for layer, a in zip(self.layers, alpha, strict=True)]  # fmt: skip
         c = self.hidden_norm(self.fc(features))
         rope = self._rope(c, positions)
         return [layer.context_kv(c, rope) for layer in self.layers]

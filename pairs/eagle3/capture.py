@@ -29,14 +29,24 @@ from transformers import DynamicCache, PreTrainedModel
 CONVENTIONS = ("input", "output")
 
 
-def decoder_layers(target: PreTrainedModel) -> nn.ModuleList:
-    layers = getattr(getattr(target, "model", None), "layers", None)
-    if not isinstance(layers, nn.ModuleList):
+def _part(target: PreTrainedModel, name: str, kind: type, what: str) -> nn.Module:
+    """`target.model.<name>`, refused by name unless a `kind` (a Llama/Qwen-style causal LM)."""
+    part = getattr(getattr(target, "model", None), name, None)
+    if not isinstance(part, kind):
         raise ValueError(
-            f"model.target: {type(target).__name__} has no `model.layers` decoder stack "
-            "(expected a Llama/Qwen-style causal LM) to take EAGLE-3 hidden states from"
+            f"model.target: {type(target).__name__} has no `model.{name}` {what} (expected a "
+            "Llama/Qwen-style causal LM) to take hidden states from"
         )
-    return layers
+    return part
+
+
+def decoder_layers(target: PreTrainedModel) -> nn.ModuleList:
+    return _part(target, "layers", nn.ModuleList, "decoder stack")
+
+
+def final_norm(target: PreTrainedModel) -> nn.Module:
+    """The norm after the decoder stack: HF's `hidden_states[n_layers]` is its output."""
+    return _part(target, "norm", nn.Module, "after its decoder stack")
 
 
 def default_aux_layers(n_layers: int) -> tuple[int, ...]:
@@ -148,7 +158,10 @@ class FeatureRows:
 
 
 class AuxCapture:
-    """Forward hooks on a target that fill the `FeatureRows` of every tracked cache."""
+    """Forward hooks on a target that fill the `FeatureRows` of every tracked cache.
+
+    Layer id i (input convention) is the state entering decoder layer i; id n_layers, past
+    the stack, is the final norm's output (HF's `hidden_states[n_layers]`)."""
 
     def __init__(self, target: PreTrainedModel, layer_ids: tuple[int, ...]) -> None:
         layers = decoder_layers(target)
@@ -162,8 +175,13 @@ class AuxCapture:
             *(
                 layers[i].register_forward_pre_hook(self._grab(i), with_kwargs=True)
                 for i in self.layer_ids
+                if i < len(layers)
             ),
         ]
+        if len(layers) in self.layer_ids:  # the last state: the final norm's output, as HF's
+            self._handles.append(
+                final_norm(target).register_forward_hook(self._grab_out(len(layers)))
+            )
 
     def track(self, cache: DynamicCache, start: int = 0) -> FeatureRows:
         """Rows that every target forward extending `cache` will extend (positions from `start`)."""
@@ -187,6 +205,13 @@ class AuxCapture:
             if self._sink is not None:
                 hidden = args[0] if args else kwargs["hidden_states"]
                 self._parts[index] = hidden[0]  # [n, H]: batch size 1 (pairs.models)
+
+        return hook
+
+    def _grab_out(self, index: int):
+        def hook(module, args, output) -> None:
+            if self._sink is not None:
+                self._parts[index] = output[0]
 
         return hook
 

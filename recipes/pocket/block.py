@@ -2,13 +2,15 @@
 
     python -m decode.pocket.block                                       # train and ship
     python -m decode.pocket.block pocket_block.position_weights=dpace   # D-PACE's weights
+    python -m decode.pocket.block pocket_block=dcore                    # the DCore recipe
 
 Data: the pocket EAGLE-3 head's (`recipes.pocket.eagle3.training_data`): CPython
 standard-library text and the target's own T=1 continuations of prompts from it, the
 training side of the corpus' split only.
 
 Model (`pairs.block`, DFlash's layout): one Qwen3 decoder layer of the target's width; one
-shared `fc` over the states leaving target layers `target_layer_ids`; the target's
+shared `fc` over the states leaving target layers `target_layer_ids` (or, with
+`context_mixing=per_layer`, DFlare's per-draft-layer mixture of them); the target's
 embedding and lm_head, frozen. The pocket vocabulary has no mask token, so an id is
 reserved: the pad id (0), which training text never holds as a target and the target never
 emits; the block's placeholders are its (frozen) embedding row.
@@ -43,7 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import Qwen3Config
 
 import specrank.config  # noqa: F401  (registers the root schema)
-from pairs.block.layout import BlockSpec, save_block_drafter
+from pairs.block.layout import CONTEXT_MIXING, BlockSpec, save_block_drafter
 from pairs.block.module import BlockDrafterModule
 from recipes.pocket import corpus, train
 from recipes.pocket.block_card import write_card
@@ -58,6 +60,9 @@ LABELS = ("target", "data")
 
 
 def make_block_spec(pc: PocketBlockConfig, target) -> BlockSpec:
+    if pc.context_mixing not in CONTEXT_MIXING:
+        raise ValueError(f"pocket_block.context_mixing: expected one of {list(CONTEXT_MIXING)}, "
+                         f"found {pc.context_mixing!r}")  # fmt: skip
     t = target.config
     layer = Qwen3Config(
         hidden_size=t.hidden_size, intermediate_size=pc.intermediate,
@@ -67,7 +72,7 @@ def make_block_spec(pc: PocketBlockConfig, target) -> BlockSpec:
         rope_parameters=dict(t.rope_parameters),
     )  # fmt: skip
     return BlockSpec(layer, tuple(pc.target_layer_ids), pc.block_size, int(t.pad_token_id),
-                     t.num_hidden_layers)  # fmt: skip
+                     t.num_hidden_layers, pc.context_mixing)  # fmt: skip
 
 
 def block_batch(anchors: torch.Tensor, size: int, length: int, mask_id: int, x: torch.Tensor):
@@ -189,7 +194,7 @@ def run(pc: PocketBlockConfig, log: Log = print) -> dict:
     target, tok = load_target(target_dir)
     spec = make_block_spec(pc, target)
     torch.manual_seed(pc.seed)
-    module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids))
+    module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids), spec.context_mixing)
     loss = BlockLoss(module, target, spec, pc)  # the settings refused before the data is made
     data = training_data(pc, target, tok)
     data_minutes = (time.time() - t0) / 60

@@ -11,42 +11,30 @@ def write_card(out: Path, facts: dict) -> None:
     c, d, t, v = facts["config"], facts["data"], facts["train"], facts["val"]
     rows = " / ".join(f"{v[k]:.3f}" for k in sorted(v) if k.startswith("agree_row"))
     files = "\n".join(f"| `{name}` | {size:,} |" for name, size in facts["sizes"].items())
-    weights = (
-        f"DFlash's decay, row k weighted exp(-(k - 1) / {c['decay_gamma']}) "
-        "(normalised to mean 1). The paper gives no constant; 4 is the public DFlash training "
-        "code's for blocks of 8, close to this one's 9: the last row weighs about a sixth of the first"
-        if c["position_weights"] == "decayed"
-        else "D-PACE's acceptance-oriented weights w_j = sum_{m >= j} prod_{i <= m} q_i, q_i the "
-        "drafter's mean probability of the gold token at row i smoothed by a moving average "
-        f"of factor {c['dpace_smoothing']} over steps. The paper gives no smoothing constant; "
-        "0.9 averages about ten steps, enough to damp one batch's noise while following training"
-    )
-    labels = (
-        "the target's own row at that position (`labels: target`): the pocket corpus' text is "
-        "not target-generated, as DFlash's training data is, so the target's distribution is "
-        "the label"
-        if c.get("labels", "target") == "target"
-        else "the window's next token (`labels: data`, DFlash's hard labels)"
-    )
-    text = f"""# Pocket block drafter
+    weights, labels = _loss_text(c)
+    per_layer = c.get("context_mixing", "shared") == "per_layer"
+    name, command, context, keys = _context_text(per_layer)
+    text = f"""# Pocket block drafter{" (DCore recipe)" if per_layer else ""}
 
 A block-parallel drafter in DFlash's layout for the pocket target (`models/pocket/target`),
-trained by `python -m decode.pocket.block` on this machine's CPU. Like the pocket pair it is
-a stand-in: its figures say nothing about drafters for 8B-class targets. Select it with
-`model=pocket_block` (`conf/model/pocket_block.yaml`).
+trained by `python -m decode.pocket.block{command}` on this machine's CPU. Like the pocket pair
+it is a stand-in: its figures say nothing about drafters for 8B-class targets. Select it with
+`model=pocket_{name}` (`conf/model/pocket_{name}.yaml`).
 
 ## Format
 
 DFlash's layout (z-lab/dflash `DFlashDraftModel`): `config.json`, a Qwen3 layer config with
 `architectures: ["DFlashDraftModel"]`, `block_size: {c["block_size"]}` and `dflash_config`
-(`target_layer_ids: {c["target_layer_ids"]}`, `mask_token_id: {facts["mask_token_id"]}`);
-`model.safetensors` ({c["export_dtype"]}): `fc`, `hidden_norm`, `layers.0.*`, `norm`. No
+(`target_layer_ids: {c["target_layer_ids"]}`, `mask_token_id: {facts["mask_token_id"]}`{
+        ", `context_mixing: per_layer`" if per_layer else ""
+    });
+`model.safetensors` ({c["export_dtype"]}): {keys}, `norm`. No
 embedding and no lm_head: the drafter uses the target's.
 
 - one decoder layer, hidden {facts["hidden"]}, MLP {c["intermediate"]}, {c["heads"]} heads /
   {c["kv_heads"]} kv heads; {facts["params"]:,} parameters
 - target states: those LEAVING target layers {c["target_layer_ids"]} (output convention,
-  transformers' `hidden_states[i + 1]`), projected by one shared `fc`
+  transformers' `hidden_states[i + 1]`), {context}
 - mask: the pocket vocabulary has no mask token, so an id is reserved:
   the pad id ({facts["mask_token_id"]}), never a training target and never emitted by the
   target. The placeholders are its frozen embedding row; no embedding is learned
@@ -74,3 +62,43 @@ embedding and no lm_head: the drafter uses the target's.
 {files}
 """
     (out / "MODEL_CARD.md").write_text(text)
+
+
+def _loss_text(c: dict) -> tuple[str, str]:
+    """The card's sentences on the position weights and the labels."""
+    weights = (
+        f"DFlash's decay, row k weighted exp(-(k - 1) / {c['decay_gamma']}) "
+        "(normalised to mean 1). The paper gives no constant; 4 is the public DFlash training "
+        "code's for blocks of 8, close to this one's 9: the last row weighs about a sixth of the first"
+        if c["position_weights"] == "decayed"
+        else "D-PACE's acceptance-oriented weights w_j = sum_{m >= j} prod_{i <= m} q_i, q_i the "
+        "drafter's mean probability of the gold token at row i smoothed by a moving average "
+        f"of factor {c['dpace_smoothing']} over steps. The paper gives no smoothing constant; "
+        "0.9 averages about ten steps, enough to damp one batch's noise while following training"
+    )
+    labels = (
+        "the target's own row at that position (`labels: target`): the pocket corpus' text is "
+        "not target-generated, as DFlash's training data is, so the target's distribution is "
+        "the label"
+        if c.get("labels", "target") == "target"
+        else "the window's next token (`labels: data`, DFlash's hard labels)"
+    )
+    return weights, labels
+
+
+def _context_text(per_layer: bool) -> tuple[str, str, str, str]:
+    """(model name, recipe override, how the target states become context, weight keys)."""
+    name, command = ("block_dcore", " pocket_block=dcore") if per_layer else ("block", "")
+    context = (
+        "mixed for each draft layer i with its own weights softmax(W_fuse[i, :]) (`fuse`, "
+        "DFlare's per-draft-layer mixing, the DCore recipe's context) and turned into that "
+        "layer's context keys and values by its own `context_k_proj` / `context_v_proj`"
+        if per_layer
+        else "projected by one shared `fc`"
+    )
+    keys = (
+        "`fuse`, `hidden_norm`, `layers.0.*` (with `context_{k,v}_proj`)"
+        if per_layer
+        else ("`fc`, `hidden_norm`, `layers.0.*`")
+    )
+    return name, command, context, keys

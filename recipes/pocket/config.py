@@ -139,6 +139,9 @@ class PocketBlockConfig:
     # States LEAVING target layers 0, 1, 2 (DFlash's output convention: hidden_states[i + 1]),
     # the pocket EAGLE-3 head's layers; a 4-layer target's last layer feeds its lm_head.
     target_layer_ids: list[int] = field(default_factory=lambda: [0, 1, 2])
+    # shared: DFlash's one fc over the states; per_layer: DFlare's per-draft-layer mixing
+    # (pairs.block.module), the DCore recipe's context with target_layer_ids=[0,1,2,3]
+    context_mixing: str = "shared"
     block_size: int = 9  # the bonus token + 8 placeholders: depth 8, the default pool's
     intermediate: int = 432
     heads: int = 2

@@ -1,0 +1,64 @@
+"""`bench.bench_drafters` on the shipped pocket drafters at debug size (issue 29.5): the shapes
+each kind can draft at the paper's budgets, and the invariants of its tables. Timings are
+never asserted; greedy losslessness is checked by the bench itself (it stops otherwise)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.bench_drafters import main
+from bench.drafters import Variant, variants
+from tests.tiny_models import one_thread
+
+
+def test_shapes_follow_the_papers_triples_and_a_block_chain_stops_at_its_block():
+    chain8, tree16 = Variant("eagle3", "chain", "1|0", 8), Variant("block", "tree", "1|1", 16)
+    assert chain8.triple() == "7/1/8" and tree16.triple() == "8/10/16"
+    s = chain8.settings(32)
+    assert s.base.select.budget == 7 and s.base.pool.top_k == 1 and s.base.pool.steps == 6
+    assert (s.base.decode.temperature, s.base.decode.draft_temperature) == (1.0, 0.0)
+    chosen, skipped = variants(["eagle3", "block"], ["tree", "chain"], ["0|0"], [8, 16],
+                               {"block": 8})  # fmt: skip
+    assert Variant("block", "chain", "0|0", 16) not in chosen
+    assert Variant("eagle3", "chain", "0|0", 16) in chosen and len(chosen) == 7
+    assert skipped == ["block/chain at B=16: depth 15 > its 8 (block_size - 1)"]
+
+
+def test_every_kind_shape_and_pair_decodes_and_the_tables_hold_their_identities(tmp_path):
+    with one_thread():
+        out = main(["--prompts", "2", "--max-new-tokens", "8", "--budgets", "4", "8",
+                    "--pairs", "0|0", "1|1", "--offline-prompts", "0", "--resamples", "50",
+                    "--out", str(tmp_path / "d.json")])  # fmt: skip
+    assert (tmp_path / "d.json").exists()
+    groups = [g for g in out["groups"] if g["group"] == "all"]
+    # 4 kinds x 2 shapes x 2 pairs x 2 budgets: every chain fits the block drafters' depth 8
+    assert len(groups) == 32 and not out["skipped"]
+    for g in groups:
+        drafted = g["budget"] - 1
+        assert 1.0 <= g["tau"] <= drafted + 1  # a round commits its accepted nodes + 1
+        assert g["speedup_lo"] <= g["speedup"] <= g["speedup_hi"]
+        split = sum(v for k, v in g.items() if k.startswith("ms/"))
+        assert split > 0
+    assert len(out["elasticity"]) == 4 * 2 * 2  # kind x shape x pair, B = 4 -> 8
+    for e in out["elasticity"]:
+        assert e["from_budget"] == 4 and e["to_budget"] == 8
+        assert np.isclose(e["d_ln_tps"], e["d_ln_tau"] + e["d_ln_eta"])
+    assert {h["half"] for h in out["halves"]} == {"low", "high"}
+
+
+@pytest.mark.slow
+def test_the_offline_half_fits_rerankers_on_a_kinds_own_traces(tmp_path, monkeypatch):
+    import bench.bench_drafters as B
+
+    monkeypatch.setattr(B, "CACHE", tmp_path / "cache")
+    with one_thread():
+        out = main(["--prompts", "2", "--max-new-tokens", "12", "--kinds", "block",
+                    "--shapes", "tree", "--pairs", "0|0", "--offline-prompts", "8",
+                    "--resamples", "50"])  # fmt: skip
+    rows = out["offline"]
+    assert {r["law"] for r in rows} == {"greedy", "sampling"}
+    assert {r["budget"] for r in rows} == {7, 15}  # drafted nodes at the paper's B = 8, 16
+    assert {r["pair"] for r in rows} == {"0|0", "1|0"}
+    assert all(r["gain_lo"] <= r["gain"] <= r["gain_hi"] for r in rows)
+    assert (tmp_path / "cache" / "block-8x12" / "features" / "manifest.json").exists()
