@@ -8,7 +8,9 @@ decoded by every variant and target-only in an order rotating with the prompt (o
 target temperature; 1|0 and 1|1 share their baseline). Prints, per pair and budget:
 
 - each kind's shape triple (steps/top-k/tokens), tau, tokens/s and the speed-up over
-  target-only with a paired prompt-bootstrap interval;
+  target-only with a paired prompt-bootstrap interval; a chain drafted at T_d > 0 once per
+  `--chain-verifiers` (default: the exhaustive verifier, which accepts a node with p(c), and
+  `coupling`, the paper's 1|1 chain acceptance, min(1, p/q));
 - the paper's stage split in ms per round (which of our stages merge: `bench.drafters`);
 - the low/high-entropy halves (tasks split by the target's entropy on the baseline decodes);
 - the budget elasticity B = 8 -> 16: 100 x d ln tau, d ln TPS, d ln eta, paired intervals;
@@ -82,13 +84,13 @@ def groups_text(groups: pd.DataFrame, device: str) -> str:
     for (pair, b), part in groups[groups["group"] == "all"].groupby(["pair", "budget"], sort=False):
         target = part["target_tokens_per_s"].iloc[0]
         lines.append(f"\n== {pair} (T_t|T_d), B={b} ({head}); target-only {target:.1f} tok/s")
-        lines.append(f"  {'drafter':<18} {'shape':>8} {'tau':>6} {'tok/s':>7} "
+        lines.append(f"  {'drafter':<26} {'shape':>8} {'tau':>6} {'tok/s':>7} "
                      f"{'speed-up [95% CI]':>22}   ms/round: "
                      + " | ".join(PAPER_STAGES))  # fmt: skip
         for _, r in part.iterrows():
             sp = _speedup(r)
             ms = " | ".join(f"{r[f'ms/{s}']:.2f}" for s in PAPER_STAGES)
-            lines.append(f"  {r['kind'] + '/' + r['shape']:<18} {r['triple']:>8} {r['tau']:6.3f} "
+            lines.append(f"  {r['kind'] + '/' + r['shape']:<26} {r['triple']:>8} {r['tau']:6.3f} "
                          f"{r['tokens_per_s']:7.1f} {sp:>22}   {ms}")  # fmt: skip
     return "\n".join(lines)
 
@@ -109,7 +111,7 @@ def halves_text(groups: pd.DataFrame, halves: pd.DataFrame) -> str:
                 continue
             r = keyed.loc[(kind, shape, pair, b, f"entropy/{h}")]
             cells.append(f"{h}: tau {r['tau']:.3f}, speed-up {_speedup(r)}")
-        lines.append(f"  {pair} B={b:<3} {kind + '/' + shape:<18} " + "; ".join(cells))
+        lines.append(f"  {pair} B={b:<3} {kind + '/' + shape:<26} " + "; ".join(cells))
     return "\n".join(lines)
 
 
@@ -122,7 +124,7 @@ def elasticity_text(table: pd.DataFrame) -> str:
             for q in ("tau", "tps", "eta")
         ]
         lines.append(f"  {r['pair']} B={r['from_budget']:g}->{r['to_budget']:g} "
-                     f"{r['kind'] + '/' + r['shape']:<18} " + ", ".join(cells))  # fmt: skip
+                     f"{r['kind'] + '/' + r['shape']:<26} " + ", ".join(cells))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -149,6 +151,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     ap.add_argument("--shapes", nargs="+", default=["tree", "chain"], choices=["tree", "chain"])
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    ap.add_argument("--chain-verifiers", nargs="+", default=["exhaustive", "coupling"],
+                    choices=["exhaustive", "eagle3", "coupling"],
+                    help="verifiers of a chain drafted at T_d > 0, each its own decoder")  # fmt: skip
     ap.add_argument("--budgets", nargs="+", type=int, default=[8, 16],
                     help="the paper's B: verified tokens, root included")  # fmt: skip
     ap.add_argument("--prompts", type=int, default=12, help="the default suite's first N, in turn")
@@ -174,7 +179,8 @@ def main(argv: list[str] | None = None) -> dict:
     prompts, fit = suite_prompts(args.prompts, args.offline_prompts)
     pairs = {k: load_kind(k, args.device, args.dtype) for k in args.kinds}
     depth = {k: d for k, p in pairs.items() if (d := max_depth(p)) is not None}
-    chosen, skipped = variants(args.kinds, args.shapes, args.pairs, args.budgets, depth)
+    chosen, skipped = variants(args.kinds, args.shapes, args.pairs, args.budgets, depth,
+                               tuple(args.chain_verifiers))  # fmt: skip
     print(f"{len(prompts)} prompts (data=default), <= {args.max_new_tokens} new tokens, "
           f"rule=draft, score=tree, {args.dtype} on {args.device}, {args.threads} thread(s); "
           f"{load_before}")  # fmt: skip

@@ -65,6 +65,9 @@ class Variant:
     shape: str  # tree | chain
     pair: str  # "T_t|T_d"
     budget: int  # verified tokens, root included (the paper's B)
+    # exhaustive: the default (a chain's node accepted with p(c)); coupling: a sampled chain
+    # accepted with min(1, p/q), the paper's 1|1 chain acceptance (decode.verifier)
+    verifier: str = "exhaustive"
 
     @property
     def temperatures(self) -> tuple[float, float]:
@@ -72,8 +75,13 @@ class Variant:
         return float(t_t), float(t_d)
 
     @property
+    def shape_label(self) -> str:
+        """The shape, and the verifier where it is not the default (`chain+coupling`)."""
+        return self.shape if self.verifier == "exhaustive" else f"{self.shape}+{self.verifier}"
+
+    @property
     def label(self) -> str:
-        return f"{self.kind}/{self.shape}"
+        return f"{self.kind}/{self.shape_label}"
 
     def pool(self) -> PoolConfig:
         if self.shape == "chain":
@@ -87,16 +95,19 @@ class Variant:
     def settings(self, max_new_tokens: int, seed: int = 0) -> OnlineSettings:
         t_t, t_d = self.temperatures
         dec = DecodeConfig(temperature=t_t, max_new_tokens=max_new_tokens, seed=seed,
-                           draft_temperature=t_d)  # fmt: skip
+                           draft_temperature=t_d, verifier=self.verifier)  # fmt: skip
         sel = SelectConfig(budget=self.budget - 1)
         return OnlineSettings(DecodeSettings(self.pool(), sel, dec), rule="draft", score="tree")
 
 
 def variants(kinds: list[str], shapes: list[str], pairs: list[str], budgets: list[int],
-             max_depth: dict[str, int]) -> tuple[list[Variant], list[str]]:  # fmt: skip
+             max_depth: dict[str, int], chain_verifiers: tuple[str, ...] = ("exhaustive",),
+             ) -> tuple[list[Variant], list[str]]:  # fmt: skip
     """Every (kind, shape, pair, budget) a drafter can draft, and a note for each it cannot.
 
-    max_depth: kind -> the deepest pool it drafts (a block drafter's block_size - 1)."""
+    max_depth: kind -> the deepest pool it drafts (a block drafter's block_size - 1).
+    chain_verifiers: the verifiers of a chain drafted at T_d > 0, each its own variant (over
+    deterministic drafts coupling is the default's rule, so it is not run there)."""
     out, skipped = [], []
     for kind in kinds:
         for shape in shapes:
@@ -106,7 +117,12 @@ def variants(kinds: list[str], shapes: list[str], pairs: list[str], budgets: lis
                     skipped.append(f"{kind}/{shape} at B={b}: depth {depth} > its "
                                    f"{max_depth[kind]} (block_size - 1)")  # fmt: skip
                     continue
-                out += [Variant(kind, shape, p, b) for p in pairs]
+                for p in pairs:
+                    sampled_chain = (
+                        shape == "chain" and Variant(kind, shape, p, b).temperatures[1] > 0
+                    )
+                    verifiers = chain_verifiers if sampled_chain else ("exhaustive",)
+                    out += [Variant(kind, shape, p, b, ver) for ver in verifiers]
     return out, skipped
 
 
@@ -203,14 +219,14 @@ def variant_tables(
 
 
 def _keys(v: Variant) -> dict:
-    return {"kind": v.kind, "shape": v.shape, "pair": v.pair, "budget": v.budget,
+    return {"kind": v.kind, "shape": v.shape_label, "pair": v.pair, "budget": v.budget,
             "triple": v.triple()}  # fmt: skip
 
 
 def _elasticity(tables: dict, n_resamples: int, seed: int) -> pd.DataFrame:
     by_arm: dict[tuple, dict[int, pd.DataFrame]] = {}
     for v, (_, prompts) in tables.items():
-        by_arm.setdefault((v.kind, v.shape, v.pair), {})[v.budget] = prompts
+        by_arm.setdefault((v.kind, v.shape_label, v.pair), {})[v.budget] = prompts
     rows = []
     for (kind, shape, pair), per_budget in by_arm.items():
         e = budget_elasticity(per_budget, n_resamples, seed)
