@@ -33,6 +33,7 @@ from specrank.checks import check_choice, check_int, check_real
 
 log = logging.getLogger(__name__)
 BACKENDS = ("local", "ray")
+KILL_WAIT_S = 30.0  # at most this long for killed actors to be gone before their claims are voided
 
 
 @dataclass
@@ -211,6 +212,11 @@ def deal(
             bar.close()
         for a in actors:
             ray.kill(a, no_restart=True)
+        if in_flight:
+            # ray.kill returns before the process is gone: a task still in flight could yet
+            # write its claim after the driver voids it. Its ref resolves (ActorDiedError)
+            # once the actor is dead, so wait for that first.
+            ray.wait(list(in_flight), num_returns=len(in_flight), timeout=KILL_WAIT_S)
         if on_dead is not None:
             for actor, sid in in_flight.values():
                 on_dead(sid, owners[actor])
