@@ -53,7 +53,8 @@ from specrank.paths import PROJECT_ROOT, project_path
 CACHE = PROJECT_ROOT / "bench" / ".cache" / "drafters"
 
 
-def _load() -> str:
+def machine_load() -> str:
+    """The machine load (`uptime`), printed beside every figure."""
     return "load average {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg())
 
 
@@ -175,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
-    load_before = _load()
+    load_before = machine_load()
     prompts, fit = suite_prompts(args.prompts, args.offline_prompts)
     pairs = {k: load_kind(k, args.device, args.dtype) for k in args.kinds}
     depth = {k: d for k, p in pairs.items() if (d := max_depth(p)) is not None}
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> dict:
                               CACHE, args.resamples)  # fmt: skip
         print(offline_text(gains))
         out["offline"] = gains.to_dict("records")
-    load_after = _load()
+    load_after = machine_load()
     print(f"\n{load_after}")
     out |= {"load_before": load_before, "load_after": load_after, "skipped": skipped,
             "args": {k: str(v) for k, v in vars(args).items()}}  # fmt: skip

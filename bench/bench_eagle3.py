@@ -17,23 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
 import transformers
 
-from bench.bench_drafters import load_kind
+from bench.bench_drafters import load_kind, machine_load
 from bench.bench_online import suite_prompts
 from bench.drafters import Variant, decode_law, variant_tables
 from recipes.pocket.eagle3_card import write_card
 from specrank.paths import PROJECT_ROOT
 
 NAMES = ("standalone", "eagle3")
-
-
-def _load() -> str:
-    return "load average {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg())
 
 
 def card_rows(groups, law: str) -> list[dict]:
@@ -78,7 +73,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
-    load_before = _load()
+    load_before = machine_load()
     prompts, _ = suite_prompts(args.prompts, 0)
     pairs = {n: load_kind(n, "cpu", "float32") for n in NAMES}
     print(f"{len(prompts)} prompts (data=default), <= {args.max_new_tokens} new tokens, pool 710, "
@@ -94,7 +89,7 @@ def main() -> None:
         law_rows = card_rows(groups, f"T={temp:g}")
         print_law(law_rows, f"T={temp:g}", time.perf_counter() - t0)
         rows += law_rows
-    load_after = _load()
+    load_after = machine_load()
     print(f"\n{load_after}")
     if args.card:
         folder = PROJECT_ROOT / "models" / "pocket" / "eagle3"

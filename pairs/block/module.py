@@ -54,6 +54,7 @@ class BlockLayer(nn.Module):
         h = config.hidden_size
         self.input_layernorm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(h, eps=config.rms_norm_eps)
+        self.own_context = own_context
         if own_context:  # per_layer mixing: this layer's own context projections
             kv = config.num_key_value_heads * self.self_attn.head_dim
             self.context_k_proj = nn.Linear(h, kv, bias=False)
@@ -67,7 +68,7 @@ class BlockLayer(nn.Module):
     def context_kv(self, context: Tensor, rope: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
         """This layer's keys and values of projected context rows [n, H] at their positions."""
         a = self.self_attn
-        own = hasattr(self, "context_k_proj")
+        own = self.own_context
         k = self._heads(self.context_k_proj if own else a.k_proj, context, a.k_norm)
         cos, sin = rope
         k = k * cos[None] + rotate_half(k) * sin[None]  # keys only: no query at the context
