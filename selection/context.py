@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 from torch import Tensor
 
+from selection import fused
 from selection.pool_batch import PoolBatch
 from selection.ranking import (
     Levels,
@@ -18,6 +20,11 @@ from selection.ranking import (
     ranking_keys,
     restrict_to_top_m,
 )
+
+# A round whose path mass sits on at most this many candidates is valued from their ranks
+# alone: greedy rounds (mass on the argmax path, a few nodes deep); sampling rounds have
+# mass nearly everywhere.
+SPARSE_MASS = 32
 
 
 @dataclass
@@ -37,6 +44,13 @@ class PoolContext:
     def draft_keys(self) -> Tensor:
         """int64 ranking keys of the draft scores (torch route only; see select.ranking_keys)."""
         return ranking_keys(self.draft, self.restrict)
+
+    @cached_property
+    def sparse_mass(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per round, the candidates that hold path mass when at most SPARSE_MASS do (a
+        greedy round's argmax path), and how many (-1: more); compiled route only. Built
+        once a batch for every rule's values (`fused.lead_factor_values`)."""
+        return fused.sparse_mass_rows(self.path_prob.contiguous().numpy(), SPARSE_MASS)
 
 
 def pool_context(pool: PoolBatch, top_m: int = 0) -> PoolContext:

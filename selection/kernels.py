@@ -154,34 +154,73 @@ def heap_pop(heap: np.ndarray, n: int) -> np.int64:
 
 
 @njit(inline="always", cache=True)
+def _radix_order(score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int,
+                 out: np.ndarray) -> bool:  # fmt: skip
+    """`_rank_row` by a sort of every key: an LSD radix sort, 8 bits a pass, of the keys'
+    score halves (their low halves, the index tie-break, come from the sort's stability:
+    the candidates enter in index order). About 3x a comparison sort on a 710 pool
+    (`bench/select_values.py`); a pass whose byte every key shares is skipped."""
+    width = score.shape[0]
+    nan = False
+    src_k = np.empty(width, dtype=np.uint32)
+    src_i = np.empty(width, dtype=np.int32)
+    for i in range(width):
+        s = np.float32(score[i])
+        nan |= not (s < np.inf)  # NaN or +inf
+        key32 = np.int32(heap_key(s, i, width, valid[i] if has_valid else True) >> 32)
+        # signed -> unsigned order (flip the sign bit), then complemented: ascending = best first
+        src_k[i] = ~(np.uint32(key32) ^ np.uint32(0x80000000))
+        src_i[i] = i
+    dst_k = np.empty_like(src_k)
+    dst_i = np.empty_like(src_i)
+    count = np.empty(257, dtype=np.int64)
+    for shift in range(0, 32, 8):
+        count[:] = 0
+        for i in range(width):
+            count[((src_k[i] >> shift) & 255) + 1] += 1
+        if count[((src_k[0] >> shift) & 255) + 1] == width:
+            continue
+        for b in range(256):
+            count[b + 1] += count[b]
+        for i in range(width):
+            d = (src_k[i] >> shift) & 255
+            dst_k[count[d]] = src_k[i]
+            dst_i[count[d]] = src_i[i]
+            count[d] += 1
+        src_k, dst_k = dst_k, src_k
+        src_i, dst_i = dst_i, src_i
+    for j in range(k):
+        out[j] = src_i[j]
+    return not nan
+
+
+@njit(inline="always", cache=True)
 def _rank_row(
-    score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int, out: np.ndarray
-) -> bool:
+    score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int, out: np.ndarray,
+    scan: np.ndarray,
+) -> bool:  # fmt: skip
     """The first k pool indices of one round best-first into `out`; False if a score is NaN/+inf.
 
-    Small k scans the pool once with a k-entry min-heap of keys (O(P log k));
-    large k sorts every key.
+    Small k scans the pool once with a k-entry min-heap of keys (O(P log k)), in the
+    order `scan` when it holds the whole pool (else pool order): the result does not
+    depend on it, the time does (a scan in about best-first order, e.g. draft's for
+    rules that differ from it in first factors, seldom replaces a heap entry);
+    large k sorts every key (`_radix_order`).
     """
     width = score.shape[0]
     nan = False
     if not 4 * k < width:
-        keys = np.empty(width, dtype=np.int64)
-        for i in range(width):
-            s = np.float32(score[i])
-            nan |= not (s < np.inf)  # NaN or +inf
-            keys[i] = heap_key(s, i, width, valid[i] if has_valid else True)
-        keys = np.sort(keys)
-        for j in range(k):
-            out[j] = key_index(keys[width - 1 - j], width)
-        return not nan
+        return _radix_order(score, valid, has_valid, k, out)
     heap = np.empty(k, dtype=np.int64)
-    for i in range(width):
+    in_scan = scan.shape[0] == width
+    for t in range(width):
+        i = scan[t] if in_scan else t
         s = np.float32(score[i])
         nan |= not (s < np.inf)  # NaN or +inf
         key = heap_key(s, i, width, valid[i] if has_valid else True)
-        if i < k:
-            heap[i] = key
-            if i == k - 1:
+        if t < k:
+            heap[t] = key
+            if t == k - 1:
                 for j in range(k // 2 - 1, -1, -1):
                     _sift_down(heap, k, j)
         elif key > heap[0]:
@@ -205,185 +244,6 @@ def rank_order_kernel(
     out = np.empty((n_rounds, k), dtype=np.int64)
     nan = np.zeros(n_rounds, dtype=np.bool_)
     for r in prange(n_rounds):
-        nan[r] = not _rank_row(score[r], valid[r] if has_valid else valid[0], has_valid, k, out[r])
-    return out, not nan.any()
-
-
-@njit(inline="always", cache=True)
-def _merge_rank_row(
-    score: np.ndarray,
-    valid: np.ndarray,
-    has_valid: bool,
-    draft_order: np.ndarray,
-    first: np.ndarray,
-    n_groups: int,
-    k: int,
-    out: np.ndarray,
-) -> bool:
-    """`_rank_row` for scores whose first-level factors alone differ from draft's.
-
-    Every candidate belongs to one first-level subtree (`first`: its depth-1
-    ancestor, in 0..n_groups-1). Each subtree's candidates, laid out in the
-    draft order, are sorted by their ranking keys (an insertion sort: the draft
-    order already nearly sorts them, a shared first factor moving them
-    together), then the sorted subtrees are merged by key. Sorted lists merged
-    by unique keys give the order one sort of all keys gives, whatever the
-    starting arrangement, which only sets the cost: about one comparison per
-    candidate instead of a heap or a sort of the pool.
-    """
-    width = score.shape[0]
-    nan = False
-    keys = np.empty(width, dtype=np.int64)
-    for i in range(width):
-        s = np.float32(score[i])
-        nan |= not (s < np.inf)  # NaN or +inf
-        keys[i] = heap_key(s, i, width, valid[i] if has_valid else True)
-    start = np.zeros(n_groups + 1, dtype=np.int64)
-    for i in range(width):
-        start[first[i] + 1] += 1
-    for g in range(n_groups):
-        start[g + 1] += start[g]
-    fill = start[:n_groups].copy()
-    lists = np.empty(width, dtype=np.int64)  # keys, grouped by subtree, in draft order
-    for j in range(width):
-        u = draft_order[j]
-        g = first[u]
-        lists[fill[g]] = keys[u]
-        fill[g] += 1
-    for g in range(n_groups):  # insertion sort, best first
-        for a in range(start[g] + 1, start[g + 1]):
-            item = lists[a]
-            b = a - 1
-            while b >= start[g] and lists[b] < item:
-                lists[b + 1] = lists[b]
-                b -= 1
-            lists[b + 1] = item
-    heap = np.empty(n_groups, dtype=np.int64)  # ~key of each subtree's next candidate
-    head = start[:n_groups].copy()
-    n = 0
-    for g in range(n_groups):
-        if head[g] < start[g + 1]:
-            heap_push(heap, n, ~lists[head[g]])
-            n += 1
-    for j in range(k):
-        key = ~heap_pop(heap, n)
-        n -= 1
-        u = key_index(key, width)
-        out[j] = u
-        g = first[u]
-        head[g] += 1
-        if head[g] < start[g + 1]:
-            heap_push(heap, n, ~lists[head[g]])
-            n += 1
-    return not nan
-
-
-@njit(cache=True, nogil=True)
-def _all_nan(lead_row: np.ndarray) -> bool:
-    """No leading factor given: the round ranks like draft selection."""
-    for i in range(lead_row.shape[0]):  # noqa: SIM110 (a loop numba compiles; no generators)
-        if not np.isnan(lead_row[i]):
-            return False
-    return True
-
-
-@njit(cache=True, nogil=True)
-def _lead_scores(draft_row, lead_row, parent_row, score) -> bool:
-    """Candidate scores into `score`: path sums of the draft log factors, the leading
-    `lead_row` ones where not NaN (float32 sums, as `path_reduce`); False if a parent
-    comes after its child (not pool order)."""
-    n_lead = lead_row.shape[0]
-    for i in range(draft_row.shape[0]):
-        e = draft_row[i]
-        if i < n_lead and not np.isnan(lead_row[i]):
-            e = lead_row[i]
-        p = parent_row[i]
-        if p < 0:
-            score[i] = e
-        elif p < i:
-            score[i] = score[p] + e
-        else:
-            return False
-    return True
-
-
-@njit(cache=True, nogil=True)
-def _cumulative_mass(path_prob_row, order) -> np.ndarray:
-    """Cumulative path probability in rank order, accumulated in float64 and rounded to
-    float32 as torch's CPU cumsum does."""
-    acc = 0.0
-    mass = np.empty(order.shape[0], dtype=np.float32)
-    for j in range(order.shape[0]):
-        acc += path_prob_row[order[j]]
-        mass[j] = np.float32(acc)
-    return mass
-
-
-@njit(parallel=True, cache=True, nogil=True)
-def lead_factor_values(
-    draft_logprob: np.ndarray,
-    parent: np.ndarray,
-    lead: np.ndarray,
-    path_prob: np.ndarray,
-    valid: np.ndarray,
-    has_valid: bool,
-    k: int,
-    at: np.ndarray,
-    curve: bool,
-    copy: np.ndarray,
-    nan_copies: bool,
-    src_values: np.ndarray,
-    src_curve: np.ndarray,
-    draft_order: np.ndarray,
-    first: np.ndarray,
-    n_groups: int,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Values of a rule whose leading factors are replaced, per round in one pass.
-
-    What `selection.values` computes from a rule's scores, fused: scores =
-    path sums of per-edge log factors, `lead[r, i]` for the first L pool columns
-    where not NaN and the draft factor elsewhere (the same float32 sums as
-    `path_reduce`); the best-first top k (`_rank_row`); the cumulative path
-    probability in that order, accumulated in float64 and rounded to float32 as
-    torch's CPU cumsum does, read at positions `at` (-1: the empty tree, 0).
-    `curve` keeps the whole cumulative curve ([R, k]; k must then be the pool).
-    With `n_groups` > 0 (first-level factors only, `draft_order` the whole pool's,
-    `first` each candidate's depth-1 ancestor) the ranking merges the subtrees
-    (`_merge_rank_row`); else it takes the heap or sort of `_rank_row`.
-    Rounds known to rank like a source rule are copied from its outputs
-    (`src_values`, `src_curve`): those with `copy[r]`, and with `nan_copies`
-    those whose leading factors are all NaN (the source is then draft selection).
-    Returns (values [R, len(at)] float32, curve [R, k or 0] float32, status):
-    status 0 ok, 1 a parent after its child (not pool order), 2 a NaN/+inf score.
-    """
-    n_rounds, width = draft_logprob.shape
-    values = np.zeros((n_rounds, at.shape[0]), dtype=np.float32)
-    curves = np.empty((n_rounds, k if curve else 0), dtype=np.float32)
-    status = np.zeros(n_rounds, dtype=np.int64)
-    for r in prange(n_rounds):
-        if copy[r] or (nan_copies and _all_nan(lead[r])):
-            values[r] = src_values[r]
-            if curve:
-                curves[r] = src_curve[r]
-            continue
-        score = np.empty(width, dtype=np.float32)
-        if not _lead_scores(draft_logprob[r], lead[r], parent[r], score):
-            status[r] = 1
-            continue
-        order = np.empty(k, dtype=np.int64)
         ok_valid = valid[r] if has_valid else valid[0]
-        if n_groups > 0:
-            ok = _merge_rank_row(score, ok_valid, has_valid, draft_order[r], first[r], n_groups,
-                                 k, order)  # fmt: skip
-        else:
-            ok = _rank_row(score, ok_valid, has_valid, k, order)
-        if not ok:
-            status[r] = 2
-            continue
-        mass = _cumulative_mass(path_prob[r], order)
-        for b in range(at.shape[0]):
-            if at[b] >= 0:
-                values[r, b] = mass[at[b]]
-        if curve:
-            curves[r] = mass
-    return values, curves, status.max()
+        nan[r] = not _rank_row(score[r], ok_valid, has_valid, k, out[r], out[r, :0])
+    return out, not nan.any()

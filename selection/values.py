@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from selection import kernels as select_kernels
+from selection import fused
 from selection.context import PoolContext, pool_context
 from selection.draws import draw_values, pearl_curves
 from selection.pool_batch import PoolBatch
@@ -110,14 +110,14 @@ def _fused_values(
     src: tuple[Tensor, Tensor | None],
     copy: Tensor | None = None,
     nan_copies: bool = False,
-    draft_order: Tensor | None = None,
+    scan: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """`lead_factor_values` (one compiled pass: scores, top k, values) for a pool with levels.
 
     `src` (values [R, n_budgets], whole curve [R, P] or None) of a rule that ranks like
     this one in the rounds `copy` (and, with `nan_copies`, where `lead` is all NaN).
-    `draft_order`, the whole pool's: first-level factors are ranked by merging the
-    first-level subtrees, each nearly sorted in draft order already.
+    Rounds whose mass sits on few candidates rank only those (`ctx.sparse_mass`).
+    `scan`, the draft order of the whole pool when known: the top-k heap scans in it.
     """
     end = ctx.levels[min(upto, len(ctx.levels)) - 1][1]
     width = ctx.pool.shape[1]
@@ -128,9 +128,7 @@ def _fused_values(
     src_values, src_curve = src
     if curve and src_curve is None:  # nothing to copy a curve from: compute every round
         copy, nan_copies = None, False
-    merge = upto == 1 and draft_order is not None and draft_order.shape[1] == width
-    n_groups = end if merge else 0  # with levels the first level is columns 0..end-1
-    values, cum, status = select_kernels.lead_factor_values(
+    values, cum, status = fused.lead_factor_values(
         ctx.pool.draft_logprob.contiguous().numpy(),
         ctx.pool.parent.contiguous().numpy(),
         lead[:, :end].float().contiguous().numpy(),
@@ -144,9 +142,8 @@ def _fused_values(
         nan_copies,
         src_values.float().contiguous().numpy(),
         np.zeros((0, 0), np.float32) if src_curve is None else src_curve.contiguous().numpy(),
-        draft_order.contiguous().numpy() if merge else np.zeros((1, 1), np.int64),
-        ctx.first_ancestor.contiguous().numpy() if merge else np.zeros((1, 1), np.int64),
-        n_groups,
+        *ctx.sparse_mass,
+        np.zeros((1, 0), np.int64) if scan is None else scan.contiguous().numpy(),
     )
     if status == 2:
         raise ValueError(NAN_SCORES_MESSAGE)
@@ -190,7 +187,7 @@ def evaluate_pools(
     (n <= P; entries at depth-1 candidates are read, NaN keeps the draft factor,
     values <= 0). On CPU pools with a shared depth layout a first-factor rule
     (and root, root_softmax, depth_two) is scored, ranked and valued in one
-    compiled pass (`kernels.lead_factor_values`), which gives what its scores
+    compiled pass (`fused.lead_factor_values`), which gives what its scores
     would (`tests/test_select_kernels.py`). `ctx` and `draft_order` (the whole
     pool's, or at least max(budgets)) may be passed when the caller built them
     (`pool_context(pool, top_m)`, `rank_order(ctx.draft, ctx.restrict)`), and
@@ -209,6 +206,7 @@ def evaluate_pools(
     ctx = pool_context(pool, top_m) if ctx is None else ctx
     k = max(budgets)
     draft_order = _draft_order(ctx, pool.shape[1], k, curves, draft_order)
+    whole_order = draft_order if draft_order.shape[1] == pool.shape[1] else None
     out: dict[str, Tensor] = {}
     fused = compiled_route(ctx.draft) and ctx.levels is not None
     firsts = dict(first_factors or {})
@@ -225,13 +223,13 @@ def evaluate_pools(
         if fused and name in firsts:  # a round without any factor ranks like draft selection
             out[name], cum = _fused_values(ctx, firsts[name], 1, budgets, k, full,
                                            (draft_values, draft_curve), nan_copies=True,
-                                           draft_order=draft_order)  # fmt: skip
+                                           scan=whole_order)  # fmt: skip
         elif fused and name in POOL_RULES and rule_entry(name).offline == "lead":
             src, copy, twin = (draft_values, None), None, _law_twin(name)
             if twin in out:  # sampling: the row at T is the law
                 src, copy = (out[twin], out.get(f"curve/{twin}")), ~ctx.pool.greedy[:, 0]
             out[name], cum = _fused_values(ctx, *_lead(ctx, name), budgets, k, full, src, copy,
-                                           draft_order=draft_order)  # fmt: skip
+                                           scan=whole_order)  # fmt: skip
         else:
             out[name], cum = _ranked_values(ctx, name, firsts, extra_scores, budgets, k, full)
         if full:

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 import pytest
 
 from bench.bench_rerankers import same_model_values
+from bench.pool_pass import ROOT, child_pass
 from features.extract import extract
 from features.schema import candidate_store
 from recipes.synth.config import SynthConfig, SynthJobConfig
@@ -170,6 +171,16 @@ def test_a_runs_saved_predictions_give_its_rule_values_again(stores, tmp_path):
     same = same_model_values(tmp_path / "out", traces, features, rerank=cfg)
     assert same["columns"] > 20 and same["identical"] == same["columns"], same
     assert same["max_abs_diff"] == 0.0
+    # `bench.pool_pass`'s child, run from this tree in its own interpreter, as well
+    values = tmp_path / "values.parquet"
+    settings = {"calibration_edges": cfg.calibration_edges, "chunk_rounds": cfg.chunk_rounds}
+    got = child_pass(ROOT, traces, features, tmp_path / "out" / "oof_predictions.parquet", values,
+                     settings)  # fmt: skip
+    then = pd.read_parquet(tmp_path / "out" / "per_round_values.parquet")
+    assert got["rounds"] == len(then) and got["pass_s"] > 0
+    now = pd.read_parquet(values)
+    cols = [c for c in then.columns if "@B" in c]
+    assert len(cols) > 20 and all(now[c].equals(then[c]) for c in cols)
 
 
 def test_candidate_table_from_other_traces_is_refused(stores, tmp_path):

@@ -237,3 +237,70 @@ def test_score_rule_values_equal_a_brute_force_sort_on_tied_scores(seed):
         order = idx[np.lexsort((idx, -score[r, idx].numpy().astype(np.float64)))]
         want = [path_prob[r, order[:b]].astype(np.float64).sum() for b in budgets]
         np.testing.assert_allclose(got[r].numpy(), want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_radix_ranking_equals_a_brute_force_sort(seed):
+    """The whole-pool ranking (`kernels._radix_order`) on scores with ties, both zeros,
+    -inf, and invalid candidates: descending score, then lower index, invalid last by
+    index, as numpy's lexsort orders them (not the kernels' own keys)."""
+    rng = np.random.default_rng(seed)
+    values = np.float32([0.0, -0.0, -1.5, -1.5000001, -3.0, -np.inf, -(2.0**-149)])
+    score = torch.from_numpy(rng.choice(values, size=(40, 300)).astype(np.float32))
+    valid = torch.from_numpy(rng.random((40, 300)) < 0.9)
+    got = rank_order(score, valid).numpy()
+    for r in range(40):
+        s = np.where(valid[r].numpy(), score[r].numpy().astype(np.float64) + 0.0, np.nan)
+        idx = np.arange(300)
+        want = np.lexsort((idx, np.where(np.isnan(s), np.inf, -s), ~valid[r].numpy()))
+        assert got[r].tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("top_m", [0, 25])
+def test_every_route_of_the_fused_kernel_gives_the_torch_rankings_values(top_m):
+    """The fused kernel's shortcuts change no value or curve bit: greedy rounds valued from
+    their mass-holding candidates' ranks (`_sparse_mass`), the top-k heap scanning in the
+    draft order or in pool order, the radix sort of the whole pool (`_rank_row`); against
+    each rule's scores ranked by torch and cumulated in that order."""
+    from selection import fused
+    from selection.ranking import kernel_valid
+
+    rng = np.random.default_rng(21)
+    pool = random_pool_batch(rng, 120, [6, 12, 12, 8], temperature=1.0, tie_values=True)
+    pool.temperature[::2] = 0.0
+    ctx = pool_context(pool, top_m)
+    n1 = 6
+    lead = torch.from_numpy(  # first-level factors, or (upto 2) the second level's too
+        rng.choice(np.float32([0.0, -0.6931472, -1.3862944, -np.inf, np.nan]), size=(120, 18))
+    )
+    lead[5, 0] = 0.5  # factors above 0, first level and below
+    lead[7, n1:] = 3.0
+    valid, has_valid = kernel_valid(ctx.restrict, ctx.draft)
+    nonzero, count = ctx.sparse_mass
+    assert (count[::2] >= 0).all()  # greedy rounds: mass on the argmax path
+    assert top_m or (count[1::2] < 0).all()  # sampling: everywhere (but the top M)
+    draft_order = rank_order(ctx.draft, ctx.restrict).numpy()
+    width = pool.shape[1]
+
+    def run(lead, k, curve, sparse, scan):
+        return fused.lead_factor_values(
+            pool.draft_logprob.numpy(), pool.parent.numpy(), lead.numpy(),
+            ctx.path_prob.numpy(), valid, has_valid, k, np.int64([0, 2, 3, k - 1]), curve,
+            np.zeros(120, np.bool_), False, np.zeros((120, 4), np.float32),
+            np.zeros((0, 0), np.float32), nonzero, count if sparse else np.full(120, -1),
+            scan,
+        )  # fmt: skip
+
+    for n_lead in (n1, 18):
+        score = lead_factor_scores(ctx, lead[:, :n_lead], upto=1 if n_lead == n1 else 2)
+        with torch_route():
+            order = rank_order(score, ctx.restrict)
+        mass = torch.cumsum(torch.gather(ctx.path_prob, -1, order), -1).numpy()
+        for k, curve in ((4, False), (9, False), (12, False), (width, True)):  # heap, radix
+            want = mass[:, [0, 2, 3, k - 1]]
+            for sparse in (False, True):
+                for scan in (np.zeros((1, 0), np.int64), draft_order):
+                    values, cum, status = run(lead[:, :n_lead], k, curve, sparse, scan)
+                    assert status == 0
+                    assert np.array_equal(values, want)
+                    assert not curve or np.array_equal(cum, mass)

@@ -1,0 +1,183 @@
+"""The fused kernel of first-factor rules: one compiled pass per rule and batch from the
+rule's edges to its values at every budget (`selection.values._fused_values`).
+
+A rule of `selection.values` that replaces the leading (first-level, or first two levels)
+log factors of draft's path scores is scored, ranked and valued per round in one loop
+that touches a round's candidates while they sit in cache. Its routes give the same
+bits (`tests/test_select_kernels.py`):
+
+- rounds whose path mass sits on few candidates (greedy rounds: the argmax path) are
+  valued from those candidates' ranks alone (`_sparse_mass`);
+- otherwise every score is computed and ranked (`kernels._rank_row`): for a small top k
+  a heap that scans the pool in the draft order (first-factor rules rank near it, so
+  the heap's minimum soon rises and few candidates replace it), for a large one a
+  radix sort of the whole pool. This route also reports NaN/+inf scores and pools out of
+  pool order.
+
+A top-k that scored only the candidates whose parent may still enter was tried and
+dropped: the pool is grown by expanding draft's best nodes, so nearly every parent may.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from selection.kernels import _rank_row, heap_key
+
+
+@njit(cache=True, nogil=True)
+def _all_nan(lead_row: np.ndarray) -> bool:
+    """No leading factor given: the round ranks like draft selection."""
+    for i in range(lead_row.shape[0]):  # noqa: SIM110 (a loop numba compiles; no generators)
+        if not np.isnan(lead_row[i]):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _lead_scores(draft_row, lead_row, parent_row, score) -> bool:
+    """Candidate scores into `score`: path sums of the draft log factors, the leading
+    `lead_row` ones where not NaN (float32 sums, as `path_reduce`); False if a parent
+    comes after its child (not pool order)."""
+    n_lead = lead_row.shape[0]
+    for i in range(draft_row.shape[0]):
+        e = draft_row[i]
+        if i < n_lead and not np.isnan(lead_row[i]):
+            e = lead_row[i]
+        p = parent_row[i]
+        if p < 0:
+            score[i] = e
+        elif p < i:
+            score[i] = score[p] + e
+        else:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _sparse_mass(score, valid, has_valid, nonzero, n_nonzero, path_prob_row, k, mass) -> bool:
+    """The cumulative path probability at ranks 0..k-1 into `mass` for a round whose mass
+    sits on `n_nonzero` candidates (`nonzero`; a greedy round's argmax path): only their
+    ranks are needed (the candidates ranked above each), and the float64 sum in rank order
+    adds the same terms in the same order as the whole ranking's, whose other terms are
+    exact zeros. False if a score is NaN or +inf."""
+    width = score.shape[0]
+    keys = np.empty(width, dtype=np.int64)
+    nan = False
+    for i in range(width):
+        s = np.float32(score[i])
+        nan |= not (s < np.inf)  # NaN or +inf
+        keys[i] = heap_key(s, i, width, valid[i] if has_valid else True)
+    rank = np.empty(n_nonzero, dtype=np.int64)
+    for a in range(n_nonzero):
+        key, above = keys[nonzero[a]], 0
+        for i in range(width):
+            above += keys[i] > key
+        rank[a] = above
+    by_rank = np.argsort(rank)
+    acc, at = 0.0, 0
+    for a in by_rank:
+        if rank[a] >= k:
+            break
+        while at < rank[a]:
+            mass[at] = np.float32(acc)
+            at += 1
+        acc += path_prob_row[nonzero[a]]
+    while at < k:
+        mass[at] = np.float32(acc)
+        at += 1
+    return not nan
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def lead_factor_values(
+    draft_logprob: np.ndarray,
+    parent: np.ndarray,
+    lead: np.ndarray,
+    path_prob: np.ndarray,
+    valid: np.ndarray,
+    has_valid: bool,
+    k: int,
+    at: np.ndarray,
+    curve: bool,
+    copy: np.ndarray,
+    nan_copies: bool,
+    src_values: np.ndarray,
+    src_curve: np.ndarray,
+    nonzero: np.ndarray,
+    n_nonzero: np.ndarray,
+    scan: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Values of a rule whose leading factors are replaced, per round in one pass.
+
+    What `selection.values` computes from a rule's scores, fused: scores =
+    path sums of per-edge log factors, `lead[r, i]` for the first L pool columns
+    where not NaN and the draft factor elsewhere (the same float32 sums as
+    `path_reduce`); the best-first top k (`_rank_row`); the cumulative path
+    probability in that order, accumulated in float64 and rounded to float32 as
+    torch's CPU cumsum does, read at positions `at` (-1: the empty tree, 0).
+    `curve` keeps the whole cumulative curve ([R, k]; k must then be the pool).
+    Rounds whose mass sits on few candidates (`n_nonzero[r]` >= 0 of them, listed in
+    `nonzero`: `sparse_mass_rows`) rank only those (`_sparse_mass`); `scan` ([R, P], the
+    draft order, or [1, 0]: pool order) is the order the others' top-k heap scans in.
+    Rounds known to rank like a source rule are copied from its outputs
+    (`src_values`, `src_curve`): those with `copy[r]`, and with `nan_copies`
+    those whose leading factors are all NaN (the source is then draft selection).
+    Returns (values [R, len(at)] float32, curve [R, k or 0] float32, status):
+    status 0 ok, 1 a parent after its child (not pool order), 2 a NaN/+inf score.
+    """
+    n_rounds, width = draft_logprob.shape
+    use_scan = scan.shape[0] == n_rounds
+    values = np.zeros((n_rounds, at.shape[0]), dtype=np.float32)
+    curves = np.empty((n_rounds, k if curve else 0), dtype=np.float32)
+    status = np.zeros(n_rounds, dtype=np.int64)
+    for r in prange(n_rounds):
+        if copy[r] or (nan_copies and _all_nan(lead[r])):
+            values[r] = src_values[r]
+            if curve:
+                curves[r] = src_curve[r]
+            continue
+        score = np.empty(width, dtype=np.float32)
+        if not _lead_scores(draft_logprob[r], lead[r], parent[r], score):
+            status[r] = 1
+            continue
+        ok_valid = valid[r] if has_valid else valid[0]
+        mass = curves[r] if curve else np.empty(k, dtype=np.float32)
+        if n_nonzero[r] >= 0:
+            ok = _sparse_mass(score, ok_valid, has_valid, nonzero[r], n_nonzero[r],
+                              path_prob[r], k, mass)  # fmt: skip
+        else:
+            order = np.empty(k, dtype=np.int64)
+            ok = _rank_row(score, ok_valid, has_valid, k, order, scan[r] if use_scan else scan[0])
+            acc = 0.0  # float64, rounded per position as torch's CPU cumsum does
+            for j in range(k):
+                acc += path_prob[r, order[j]]
+                mass[j] = np.float32(acc)
+        if not ok:
+            status[r] = 2
+            continue
+        for b in range(at.shape[0]):
+            if at[b] >= 0:
+                values[r, b] = mass[at[b]]
+    return values, curves, status.max()
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def sparse_mass_rows(path_prob: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per round, the candidates with nonzero path probability when there are at most
+    `most` of them ([R, most] int64, in index order), and how many (-1: more)."""
+    n_rounds, width = path_prob.shape
+    nonzero = np.zeros((n_rounds, most), dtype=np.int64)
+    count = np.zeros(n_rounds, dtype=np.int64)
+    for r in prange(n_rounds):
+        n = 0
+        for i in range(width):
+            if path_prob[r, i] != 0:
+                if n == most:
+                    n = -1
+                    break
+                nonzero[r, n] = i
+                n += 1
+        count[r] = n
+    return nonzero, count
