@@ -93,7 +93,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     per_round = evaluate_traces(
         dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves,
         consumers=[policy, *([acc] if acc else [])],
-        workers=rerank.workers or len(os.sched_getaffinity(0)), chunk_map=chunk_map,
+        workers=rerank.workers or len(os.sched_getaffinity(0)) + 1, chunk_map=chunk_map,
     )  # fmt: skip
     pass_s = time.perf_counter() - t0  # the pass over the pools, consumers included
     per_round = policy.apply(per_round)
