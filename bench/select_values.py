@@ -7,7 +7,11 @@ Prints generation time (once), read + densify time, evaluation time for draft,
 root, depth-two, oracle, root-draw and PEARL-style values at B=8 and B=59,
 rounds per second, peak memory, and two ratios measured in the same run: the
 compiled CPU kernels against the selector's torch route (the CUDA route) on one
-chunk, and the batched evaluator against a per-round reference loop.
+chunk, and the batched evaluator against a per-round reference loop. Then the
+profile per rule: each rule's time on one greedy and one sampling chunk, its context
+(the batch's shared quantities and draft order) built once beforehand, and a
+first-factor rule (a reranker's place in the pass: random first-level factors) as the
+job evaluates it, with and without its every-budget curve.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import resource
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +27,7 @@ import pyarrow as pa
 import torch
 
 from bench.bench_extract import paper_traces
+from selection.context import pool_context
 from selection.pool_batch import POOL_COLUMNS, pool_batch_from_table
 from selection.ranking import (
     draft_scores,
@@ -76,6 +82,46 @@ def _timed(fn) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def _law_chunk(dataset, greedy: bool, chunk_rounds: int):
+    """The first chunk whose rounds are all of one law (None if there is none)."""
+    for batch in dataset.to_batches(columns=POOL_COLUMNS, batch_size=chunk_rounds):
+        t = batch.column("temperature").to_numpy()
+        if ((t == 0) if greedy else (t > 0)).all():
+            return pool_batch_from_table(pa.Table.from_batches([batch]))
+    return None
+
+
+def _rule_times(pool) -> dict[str, float]:
+    """Seconds of each rule alone on the pool, its context and draft order built before."""
+    ctx = pool_context(pool)
+    order = rank_order(ctx.draft, ctx.restrict)
+    n1 = int((pool.depth[0] == 1).sum())
+    lead = torch.log(torch.rand(pool.shape[0], n1, generator=torch.Generator().manual_seed(0)))
+    cases = {r: {"rules": [r]} for r in RULES}
+    cases["first factor"] = {"rules": ["draft"], "first_factors": {"ff": lead}}
+    cases["first factor, curve"] = {"rules": ["draft"], "first_factors": {"ff": lead},
+                                    "curves": True, "curve_rules": ["ff"]}  # fmt: skip
+
+    def run(kw: dict) -> None:
+        evaluate_pools(pool, BUDGETS, ctx=ctx, draft_order=order, **kw)
+
+    return {name: _timed(partial(run, kw)) for name, kw in cases.items()}
+
+
+def per_rule_profile(dataset, chunk_rounds: int) -> None:
+    """Milliseconds per 1,000 rounds of each rule, alone on a prebuilt context, by law."""
+    print(f"\nper rule, ms per 1,000 rounds (one chunk of each law, <= {chunk_rounds:,} rounds):")
+    for law in ("greedy", "sampling"):
+        pool = _law_chunk(dataset, law == "greedy", chunk_rounds)
+        if pool is None:
+            print(f"  {law}: no chunk of that law alone")
+            continue
+        times = _rule_times(pool)
+        per_k = {k: 1e6 * v / pool.shape[0] for k, v in times.items()}
+        print(f"  {law} ({pool.shape[0]:,} rounds): "
+              + ", ".join(f"{k} {v:.1f}" for k, v in per_k.items()))  # fmt: skip
 
 
 def main() -> None:
@@ -145,6 +191,7 @@ def main() -> None:
     print(
         f"batched vs per-round loop (draft, root, oracle; 500 rounds): {t_loop / t_fast:.0f}x faster"
     )
+    per_rule_profile(dataset, args.chunk)
     print("\nmean expected accepted tokens per round:")
     for r in RULES:
         print(
