@@ -171,7 +171,16 @@ def test_a_runs_saved_predictions_give_its_rule_values_again(stores, tmp_path):
     same = same_model_values(tmp_path / "out", traces, features, rerank=cfg)
     assert same["columns"] > 20 and same["identical"] == same["columns"], same
     assert same["max_abs_diff"] == 0.0
-    # `bench.pool_pass`'s child, run from this tree in its own interpreter, as well
+
+
+@pytest.mark.slow
+def test_the_pool_pass_bench_child_gives_a_runs_values(stores, tmp_path):
+    """`bench.pool_pass`'s child, run from this tree in its own interpreter, evaluates a
+    run's saved predictions to every per-round rule value the run wrote."""
+    traces, features = stores
+    cfg = _config(traces, features, feature_sets=["rows"], calibrators=["iso_q1", "per_depth"])
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    train_and_evaluate(cfg, MlflowConfig(tracking_uri=uri), {}, 0, tmp_path / "out")
     values = tmp_path / "values.parquet"
     settings = {"calibration_edges": cfg.calibration_edges, "chunk_rounds": cfg.chunk_rounds}
     got = child_pass(ROOT, traces, features, tmp_path / "out" / "oof_predictions.parquet", values,
