@@ -208,7 +208,7 @@ def evaluate_pools(
     draft_order = _draft_order(ctx, pool.shape[1], k, curves, draft_order)
     whole_order = draft_order if draft_order.shape[1] == pool.shape[1] else None
     out: dict[str, Tensor] = {}
-    fused = compiled_route(ctx.draft) and ctx.levels is not None
+    one_pass = compiled_route(ctx.draft) and ctx.levels is not None
     firsts = dict(first_factors or {})
     names = [r for r in rules if r in FACTOR_RULES] + list(firsts) + list(extra_scores or {})
     draft_values = values_at_budgets(draft_order, ctx.path_prob, budgets)
@@ -220,11 +220,11 @@ def evaluate_pools(
         if name in POOL_RULES and rule_entry(name).offline == "draft":
             out[name] = draft_values
             continue
-        if fused and name in firsts:  # a round without any factor ranks like draft selection
+        if one_pass and name in firsts:  # a round without any factor ranks like draft selection
             out[name], cum = _fused_values(ctx, firsts[name], 1, budgets, k, full,
                                            (draft_values, draft_curve), nan_copies=True,
                                            scan=whole_order)  # fmt: skip
-        elif fused and name in POOL_RULES and rule_entry(name).offline == "lead":
+        elif one_pass and name in POOL_RULES and rule_entry(name).offline == "lead":
             src, copy, twin = (draft_values, None), None, _law_twin(name)
             if twin in out:  # sampling: the row at T is the law
                 src, copy = (out[twin], out.get(f"curve/{twin}")), ~ctx.pool.greedy[:, 0]
