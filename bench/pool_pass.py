@@ -63,7 +63,7 @@ fitted = Fitted(cands, folds, ffp, prediction_quality(cands, ffp), 0.0)
 cpu = time.process_time()
 ev = evaluate(rerank, fitted, 0, store_budgets(rerank))
 cpu = time.process_time() - cpu  # the stage's CPU seconds, every thread
-values = ev.per_round[[c for c in ev.per_round.columns if "@B" in c or c == "round_index"]]
+values = ev.per_round[[c for c in ev.per_round.columns if "@B" in c]]
 values.to_parquet(args["values"])
 print(json.dumps({"pass_s": ev.seconds["pool_pass"], "stage_cpu_s": cpu,
                   "rounds": len(ev.per_round)}))
@@ -130,7 +130,7 @@ def bench_size(prompts: int, current: Path, baseline: Path | None, repeats: int)
         if baseline:
             same, cols = same_values(Path(tmp) / "current.parquet", Path(tmp) / "baseline.parquet")
             print(f"  {prompts} prompts: {same} of {cols} rule-value columns identical")
-            for row in rows[-len(trees) * repeats :]:
+            for row in rows:
                 row["identical"] = f"{same}/{cols}"
     return rows
 

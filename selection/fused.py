@@ -9,9 +9,8 @@ bits (`tests/test_select_kernels.py`):
 - rounds whose path mass sits on few candidates (greedy rounds: the argmax path) are
   valued from those candidates' ranks alone (`_sparse_mass`);
 - otherwise every score is computed and ranked (`kernels._rank_row`): for a small top k
-  a heap that scans the pool in the draft order (first-factor rules rank near it, so
-  the heap's minimum soon rises and few candidates replace it), for a large one a
-  radix sort of the whole pool. This route also reports NaN/+inf scores and pools out of
+  a heap that scans the pool in the draft order (cheaper the nearer the rule ranks to
+  draft), for a large one a radix sort of the whole pool. This route also reports NaN/+inf scores and pools out of
   pool order.
 
 A top-k that scored only the candidates whose parent may still enter was tried and

@@ -158,8 +158,9 @@ def _radix_order(score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int,
                  out: np.ndarray) -> bool:  # fmt: skip
     """`_rank_row` by a sort of every key: an LSD radix sort, 8 bits a pass, of the keys'
     score halves (their low halves, the index tie-break, come from the sort's stability:
-    the candidates enter in index order). About 3x a comparison sort on a 710 pool
-    (`bench/select_values.py`); a pass whose byte every key shares is skipped."""
+    the candidates enter in index order); a pass whose byte every key shares is skipped.
+    The draft order of a 2048-round chunk of 710 pools, one thread: 37-44 ms, against
+    107-116 ms for numpy's sort of the int64 keys (2026-12-03)."""
     width = score.shape[0]
     nan = False
     src_k = np.empty(width, dtype=np.uint32)
@@ -203,9 +204,9 @@ def _rank_row(
 
     Small k scans the pool once with a k-entry min-heap of keys (O(P log k)), in the
     order `scan` when it holds the whole pool (else pool order): the result does not
-    depend on it, the time does (a scan in about best-first order, e.g. draft's for
-    rules that differ from it in first factors, seldom replaces a heap entry);
-    large k sorts every key (`_radix_order`).
+    depend on it, the time does (in draft order, a first-level factor near draft's
+    replaces few heap entries: 29 -> 17 ms for top 59 of a 2048-round sampling chunk,
+    one thread; a random one gains nothing); large k sorts every key (`_radix_order`).
     """
     width = score.shape[0]
     nan = False

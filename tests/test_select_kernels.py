@@ -273,7 +273,7 @@ def test_every_route_of_the_fused_kernel_gives_the_torch_rankings_values(top_m):
     lead = torch.from_numpy(  # first-level factors, or (upto 2) the second level's too
         rng.choice(np.float32([0.0, -0.6931472, -1.3862944, -np.inf, np.nan]), size=(120, 18))
     )
-    lead[5, 0] = 0.5  # factors above 0, first level and below
+    lead[5, 0] = 0.5  # factors above 0 (scores that rise along a path), first level and below
     lead[7, n1:] = 3.0
     valid, has_valid = kernel_valid(ctx.restrict, ctx.draft)
     nonzero, count = ctx.sparse_mass
