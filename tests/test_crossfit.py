@@ -305,3 +305,86 @@ def test_a_subsampled_fit_trains_on_a_share_of_its_half_and_predicts_the_other(s
     assert np.isfinite(res.phat).all()  # every held-out row predicted
     full = crossfit_predict(frame, "base", "lgbm", "sampling", folds, n_threads=1, capacity=FAST)
     assert not np.array_equal(full.phat, res.phat)
+
+
+# -- fits read in row blocks ---------------------------------------------------------------------
+
+
+def test_a_fit_from_row_blocks_is_the_fit_from_the_matrix(monkeypatch) -> None:
+    # LightGBM bins the rows it samples one at a time and pushes the rest in blocks; the
+    # model must be the one a Dataset of the rows' float32 matrix gives, bit for bit.
+    import lightgbm as lgb
+
+    from rerank.fit import boosting
+    from rerank.fit import design as design_module
+    from rerank.fit.boosting import Capacity, fit_estimator, lgbm_params
+    from rerank.fit.design import DesignColumns, DesignRows, design_matrix
+    from rerank.fit.models import feature_list
+
+    monkeypatch.setattr(design_module, "_SAMPLE_BLOCK", 97)  # many blocks, odd edges
+    monkeypatch.setattr(DesignRows, "batch_size", 500)
+    # bins from a sample of the rows (as every fit above 200k rows has), one sampled row
+    # at a time from the blocks
+    monkeypatch.setattr(boosting, "lgbm_params",
+                        lambda *a: {**lgbm_params(*a), "bin_construct_sample_cnt": 900})  # fmt: skip
+    frame = make_candidate_frame(n_prompts=30, rounds=20, temperature=0.0, seed=4)
+    features, cats = feature_list("rows"), sorted(frame["task"].unique())
+    prior = np.random.default_rng(1).random(len(frame)).astype(np.float32)
+    y = frame["label_is_argmax"].to_numpy().astype(np.float64)
+    rows = np.flatnonzero(np.random.default_rng(2).random(len(frame)) < 0.7)
+    cap = Capacity(n_iter=15, learning_rate=0.1, max_leaves=15)
+    design = DesignColumns(frame, features, cats, prior)
+    est = fit_estimator(design, y, features, "lgbm", "greedy", cap, 3, 1, rows=rows)
+    X = design_matrix(frame, features, cats, prior)[rows]
+    assert np.isnan(X).any()  # missing features travel as NaN through the blocks
+    # LightGBM's own sample of the rows: `seed` alone, no data_random_seed given
+    params = {k: v for k, v in boosting.lgbm_params("greedy", cap, 3, 1).items()
+              if k != "data_random_seed"}  # fmt: skip
+    cat_idx = [features.index("task")]
+    ref = lgb.train(params, lgb.Dataset(X, label=y[rows], feature_name=features,
+                                        categorical_feature=cat_idx, params=params), 15)  # fmt: skip
+    assert est.model_to_string() == ref.model_to_string()
+
+
+def test_design_rows_serve_any_row_and_block_with_their_own_prior(monkeypatch) -> None:
+    from rerank.fit import design as design_module
+    from rerank.fit.design import DesignColumns, DesignRows, design_matrix
+    from rerank.fit.models import feature_list
+
+    monkeypatch.setattr(design_module, "_SAMPLE_BLOCK", 7)
+    frame = make_candidate_frame(n_prompts=6, rounds=5, temperature=1.0, seed=2)
+    features, cats = feature_list("base"), sorted(frame["task"].unique())
+    X = design_matrix(frame, features, cats, np.arange(len(frame), dtype=np.float32))
+    index = np.array([5, 3, 40, 41, 42, 0, 59, 17])
+    own = -np.arange(index.size, dtype=np.float32)  # a prior of these rows' own
+    rows = DesignRows(DesignColumns(frame, features, cats, np.arange(len(frame), dtype=np.float32)),
+                      index, own, features.index("token_prior"))  # fmt: skip
+    want = X[index]
+    want[:, features.index("token_prior")] = own
+    for i in [0, 1, 2, 7, 3, 4, 5, 6]:  # forward, with gaps and a step back
+        row = rows[i]
+        assert row.dtype == np.float64
+        np.testing.assert_array_equal(row, want[i].astype(np.float64))
+    np.testing.assert_array_equal(rows[2:6], want[2:6])
+    np.testing.assert_array_equal(rows.matrix(), want)
+
+
+def test_row_hashes_and_held_out_predictions_do_not_depend_on_the_block(
+    monkeypatch, sampling_frame
+) -> None:
+    from rerank.fit import design as design_module
+    from rerank.fit import halves as halves_module
+    from rerank.fit.design import hash_rows
+
+    frame = sampling_frame
+    folds = prompt_halves(frame["prompt_id"].to_numpy())
+    columns = ["prompt_id", "task", "token", "draft_prob", "label_target_prob"]
+    whole = hash_rows(frame, columns)
+    res = crossfit_predict(frame, "rows", "lgbm", "sampling", folds, n_threads=1, capacity=FAST)
+    monkeypatch.setattr(design_module, "_HASH_BLOCK", 13)
+    monkeypatch.setattr(halves_module, "_PREDICT_BLOCK", 11)
+    np.testing.assert_array_equal(hash_rows(frame, columns), whole)
+    assert len(np.unique(whole)) > len(frame) // 2  # rows hash apart
+    again = crossfit_predict(frame, "rows", "lgbm", "sampling", folds, n_threads=1, capacity=FAST)
+    np.testing.assert_array_equal(again.phat, res.phat)
+    assert [m.train_fingerprint for m in again.models] == [m.train_fingerprint for m in res.models]

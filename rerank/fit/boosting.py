@@ -41,9 +41,9 @@ from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostin
 from threadpoolctl import threadpool_limits
 
 from rerank.fit.crossfit import inner_validation
+from rerank.fit.design import CATEGORICAL, DesignColumns, DesignRows
 from rerank.fit.token_prior import PriorColumn, split_priors
 
-CATEGORICAL = ("task",)
 SMALL_FIT_ROWS = 100_000  # fits on fewer rows run on one thread (module doc)
 
 
@@ -82,7 +82,7 @@ def _check_fit_inputs(y: np.ndarray, law: str, w: np.ndarray | None) -> None:
 
 
 def fit_estimator(
-    X: np.ndarray,
+    X: np.ndarray | DesignColumns,
     y: np.ndarray,
     features: list[str],
     kind: str,
@@ -96,25 +96,27 @@ def fit_estimator(
     rows: np.ndarray | None = None,
     prior: PriorColumn | None = None,
 ) -> Any:
-    """One library's estimator fitted on a design matrix (columns = ``features``).
+    """One library's estimator fitted on a design (a matrix or `DesignColumns`; columns =
+    ``features``).
 
     ``sample_weight`` (one per row, None: equal) weighs the training loss and,
     with early stopping, the held-out loss that chooses the capacity.
     ``groups`` (the prompt of each row) and ``tasks`` (its task) form the inner
     split; early stopping needs ``groups``. ``n_threads``: see the module doc.
     ``rows`` (indices into X and into every per-row argument; None: all rows) are
-    the training rows: the fit copies just those (cross-fitting passes one matrix for
-    both halves), and, with early stopping, the inner and held-out rows straight from X.
-    X stays float32: HGB's own float64 conversion then costs less than one of ours would.
+    the training rows. LightGBM reads them from X in row blocks (`DesignRows`), with
+    early stopping the inner and held-out rows too; HGB fits a float32 copy of them (its
+    own float64 conversion then costs less than one of ours would).
     ``prior``: the token prior's column; with early stopping it is recomputed inside the
     inner split (`rerank.fit.token_prior.split_priors`), so no prior reads a label of the
     held-out prompts.
     """
+    design = X if isinstance(X, DesignColumns) else DesignColumns.of_matrix(X, features)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     for name, per_row in (("y", y), ("sample_weight", w)):
-        if per_row is not None and per_row.shape != (X.shape[0],):
-            raise ValueError(f"{name} has shape {per_row.shape}; expected ({X.shape[0]},)")
-    every = np.arange(X.shape[0]) if rows is None else np.asarray(rows, dtype=np.int64)
+        if per_row is not None and per_row.shape != (design.n_rows,):
+            raise ValueError(f"{name} has shape {per_row.shape}; expected ({design.n_rows},)")
+    every = np.arange(design.n_rows) if rows is None else np.asarray(rows, dtype=np.int64)
     if rows is not None:
         y, w = y[every], None if w is None else w[every]
         groups = None if groups is None else np.asarray(groups)[every]
@@ -122,10 +124,9 @@ def fit_estimator(
     _check_fit_inputs(y, law, w)
     if n_threads is None and every.size < SMALL_FIT_ROWS:
         n_threads = 1
-    if not capacity.early_stopping:  # a copy of the training rows only (rows= given)
-        X_fit = X if rows is None else X[every]
-        return _fit(X_fit, y, w, features, kind, law, capacity, capacity.n_iter, seed,
-                    n_threads)[0]  # fmt: skip
+    fit = DesignRows(design, every)
+    if not capacity.early_stopping:
+        return _fit(fit, y, w, features, kind, law, capacity, capacity.n_iter, seed, n_threads)[0]
     if groups is None:
         raise ValueError(
             "early stopping needs the prompt of every training row (groups=) for its "
@@ -135,17 +136,17 @@ def fit_estimator(
     inner = ~held
     w_in, w_held = (None, None) if w is None else (w[inner], w[held])
     _check_fit_inputs(y[inner], law, w_in)
-    X_in, X_held = X[every[inner]], X[every[held]]  # copies: their prior column is theirs
-    if prior is not None:
-        X_in[:, prior.column], X_held[:, prior.column] = split_priors(prior, y, every, held, groups)
+    # each with its own prior column where the prior is given
+    p_in, p_held = (None, None) if prior is None else split_priors(prior, y, every, held, groups)
+    column = None if prior is None else prior.column
     est, loss = _fit(
-        X_in, y[inner], w_in, features, kind, law, capacity, capacity.n_iter, seed, n_threads,
-        valid=(X_held, y[held], w_held),
+        DesignRows(design, every[inner], p_in, column), y[inner], w_in, features, kind, law,
+        capacity, capacity.n_iter, seed, n_threads,
+        valid=(DesignRows(design, every[held], p_held, column), y[held], w_held),
     )  # fmt: skip
     chosen = int(np.argmin(loss)) + 1  # first iteration with the lowest held-out loss
     if capacity.refit:
-        X_fit = X if rows is None else X[every]
-        return _fit(X_fit, y, w, features, kind, law, capacity, chosen, seed, n_threads)[0]
+        return _fit(fit, y, w, features, kind, law, capacity, chosen, seed, n_threads)[0]
     return _cut(est, kind, chosen)
 
 
@@ -162,24 +163,9 @@ def _cut(est: Any, kind: str, n_iter: int) -> Any:
     return est
 
 
-def _fit(
-    X: np.ndarray,
-    y: np.ndarray,
-    w: np.ndarray | None,
-    features: list[str],
-    kind: str,
-    law: str,
-    capacity: Capacity,
-    n_iter: int,
-    seed: int,
-    n_threads: int | None,
-    valid: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None = None,
-) -> tuple[Any, np.ndarray | None]:
-    """(estimator, held-out loss after each iteration, or None without `valid`)."""
-    cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
-    if kind == "hgb":
-        return _fit_hgb(X, y, w, features, law, capacity, n_iter, seed, n_threads, cat_idx, valid)
-    params = {
+def lgbm_params(law: str, capacity: Capacity, seed: int, n_threads: int | None) -> dict:
+    """LightGBM's parameters for a fit of ``capacity`` (the iterations are lgb.train's)."""
+    return {
         "objective": "binary" if law == "greedy" else "regression",
         "metric": "binary_logloss" if law == "greedy" else "l2",
         "learning_rate": capacity.learning_rate,
@@ -195,27 +181,58 @@ def _fit(
         # the memory of the columns (tens of MB here). Forced, so LightGBM does not time both.
         "force_row_wise": True,
         "seed": seed,
+        # What LightGBM derives from `seed` for the rows its bins are built from, given
+        # explicitly: a Dataset built from row blocks (`DesignRows`) reads only the Dataset
+        # parameters, which leave `seed` out, and would bin another sample of the rows.
+        "data_random_seed": _data_random_seed(seed),
         "num_threads": n_threads or 0,
         "verbosity": -1,
     }
-    # Binned up front: the Datasets then keep no reference to the matrices (free_raw_data),
-    # and dropping ours frees the copies fit_estimator made for this fit while it trains
-    # (their last references: the arguments move into this frame).
+
+
+def _data_random_seed(seed: int) -> int:
+    """LightGBM's `data_random_seed` for `seed` (its Config::Set: one step of its LCG
+    `Random(seed).NextShort(0, 32767)`; `tests/test_crossfit.py` checks it is the one the
+    library derives)."""
+    x = (214013 * seed + 2531011) & 0xFFFFFFFF
+    return ((x >> 16) & 0x7FFF) % 32767
+
+
+def _fit(
+    X: DesignRows,
+    y: np.ndarray,
+    w: np.ndarray | None,
+    features: list[str],
+    kind: str,
+    law: str,
+    capacity: Capacity,
+    n_iter: int,
+    seed: int,
+    n_threads: int | None,
+    valid: tuple[DesignRows, np.ndarray, np.ndarray | None] | None = None,
+) -> tuple[Any, np.ndarray | None]:
+    """(estimator, held-out loss after each iteration, or None without `valid`)."""
+    cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
+    if kind == "hgb":  # scikit-learn fits in-memory matrices only
+        valid = None if valid is None else (valid[0].matrix(), *valid[1:])
+        return _fit_hgb(X.matrix(), y, w, features, law, capacity, n_iter, seed, n_threads,
+                        cat_idx, valid)  # fmt: skip
+    params = lgbm_params(law, capacity, seed, n_threads)
+    # Binned up front from the rows' blocks (`DesignRows`): the Datasets keep no reference
+    # to them (free_raw_data), and no float copy of the rows is made.
     data = lgb.Dataset(
-        X, label=y, weight=w, feature_name=list(features), categorical_feature=cat_idx,
+        [X], label=y, weight=w, feature_name=list(features), categorical_feature=cat_idx,
         params=params,
     ).construct()  # fmt: skip
-    del X
     if valid is None:
         return lgb.train(params, data, num_boost_round=n_iter), None
     Xv, yv, wv = valid
     # the training set's features and categories, as lgb.train would set them (it cannot
     # once the raw rows are freed)
     held = lgb.Dataset(
-        Xv, label=yv, weight=wv, feature_name=list(features), categorical_feature=cat_idx,
+        [Xv], label=yv, weight=wv, feature_name=list(features), categorical_feature=cat_idx,
         params=params, reference=data,
     ).construct()  # fmt: skip
-    del Xv, valid
     record: dict = {}
     callbacks = [
         lgb.early_stopping(capacity.patience, first_metric_only=True, verbose=False),

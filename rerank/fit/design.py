@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from rerank.fit.boosting import CATEGORICAL
-
 TOKEN_PRIOR = "token_prior"  # the design column filled from rerank.fit.token_prior
+CATEGORICAL = ("task",)  # the design columns the models split as categories
 # HGB bins a categorical feature into at most 255 values (one kept for missing).
 _MAX_CATEGORIES = 254
 
@@ -36,7 +36,123 @@ def task_categories(frame: pd.DataFrame, declared: Sequence[str] | None = None) 
     return cats
 
 
-_DESIGN_BLOCK = 16_384  # rows per block of design_matrix's copy (about 4 MB of float32 rows)
+_DESIGN_BLOCK = 16_384  # rows per block of a design copy (about 4 MB of float32 rows)
+
+
+class DesignColumns:
+    """The design matrix of ``features`` over a frame's rows, kept as the frame's columns.
+
+    `rows(index)` copies any rows out as the float32 matrix `design_matrix` gives, so a
+    fit reads its rows in blocks (`rerank.fit.boosting.DesignRows`) and no matrix of a
+    law's every row is ever held: at 10x the paper one law's matrix is 4 GiB beside the
+    frame's 5. ``token_prior`` (one value per row; None: zeros) fills the prior column.
+    """
+
+    def __init__(self, frame: pd.DataFrame, features: Sequence[str], categories: Sequence[str],
+                 token_prior: np.ndarray | None = None) -> None:  # fmt: skip
+        missing = [f for f in features if f != TOKEN_PRIOR and f not in frame.columns]
+        if missing:
+            raise ValueError(f"the frame lacks feature column(s) {missing}")
+        self.n_rows, self.features = len(frame), list(features)
+        self.columns: list[np.ndarray] = []
+        for name in features:
+            if name == TOKEN_PRIOR:
+                prior = np.zeros(len(frame), np.float32) if token_prior is None else token_prior
+                prior = np.asarray(prior)
+                if prior.shape != (len(frame),):
+                    raise ValueError(
+                        f"token_prior has shape {prior.shape}; expected ({len(frame)},)"
+                    )
+                self.columns.append(prior)
+            elif name in CATEGORICAL:
+                codes = pd.Index(list(categories)).get_indexer(frame[name].astype(str))
+                self.columns.append(np.where(codes < 0, np.nan, codes).astype(np.float32))
+            else:
+                self.columns.append(_numeric_view(frame[name]))
+
+    @property
+    def prior(self) -> np.ndarray:
+        """The token prior's column (one value per row), written in place by the fits."""
+        return self.columns[self.features.index(TOKEN_PRIOR)]
+
+    @classmethod
+    def of_matrix(cls, X: np.ndarray, features: Sequence[str]) -> DesignColumns:
+        """A design matrix's columns (views: the prior column writes into ``X``)."""
+        design = cls.__new__(cls)
+        design.n_rows, design.features = X.shape[0], list(features)
+        design.columns = [X[:, j] for j in range(X.shape[1])]
+        return design
+
+    def rows(self, index: np.ndarray | slice, prior: np.ndarray | None = None,
+             column: int | None = None) -> np.ndarray:  # fmt: skip
+        """Float32 matrix of the rows `index` (in that order); ``prior`` (one per row taken)
+        replaces their token-prior column (``column``; None: the `TOKEN_PRIOR` feature's)."""
+        span = range(self.n_rows)[index] if isinstance(index, slice) else None
+        n = len(span) if span is not None else len(index)
+        X = np.empty((n, len(self.columns)), dtype=np.float32)
+        j_prior = -1 if prior is None else column
+        if prior is not None and column is None:
+            j_prior = self.features.index(TOKEN_PRIOR)
+        # Filled in blocks of rows that stay in cache: a whole column at a time writes one
+        # float of every 57-float row, 7x slower at paper scale (1.84M rows: 2.6 s vs 0.35 s).
+        for lo in range(0, n, _DESIGN_BLOCK):
+            block = X[lo : lo + _DESIGN_BLOCK]
+            # a slice of rows reads views of the columns; an index array gathers
+            at = (
+                span[lo : lo + _DESIGN_BLOCK]
+                if span is not None
+                else index[lo : lo + _DESIGN_BLOCK]
+            )
+            at = slice(at.start, at.stop, at.step) if span is not None else at
+            for j, values in enumerate(self.columns):
+                block[:, j] = prior[lo : lo + _DESIGN_BLOCK] if j == j_prior else values[at]
+        return X
+
+
+_SAMPLE_BLOCK = 4_096  # rows copied at once to serve LightGBM's row-by-row bin sample
+
+
+class DesignRows(lgb.Sequence):
+    """Rows ``index`` of a design, with their own token prior where ``prior`` is given, as
+    LightGBM's `Sequence`: a Dataset built from it reads the rows in blocks of `batch_size`,
+    so a fit holds its binned rows and one block, never a float copy of its rows. The bins
+    and the fitted model are the same bits as from the rows' matrix
+    (`tests/test_crossfit.py::test_a_fit_from_row_blocks_is_the_fit_from_the_matrix`)."""
+
+    batch_size = 65_536  # rows per block pushed into the Dataset (about 15 MB of 57 floats)
+
+    def __init__(self, design: DesignColumns, index: np.ndarray, prior: np.ndarray | None = None,
+                 column: int | None = None) -> None:  # fmt: skip
+        self.design, self.index, self.prior, self.column = design, index, prior, column
+        self._block: tuple[int, np.ndarray] = (0, np.empty((0, len(design.columns)), np.float32))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, idx: int | slice) -> np.ndarray:  # type: ignore[override]
+        if isinstance(idx, slice):
+            return self.matrix(idx)
+        # LightGBM samples single rows in increasing order (float64, as it requires):
+        # served from a block of rows read at once, not one gather per feature per row
+        lo, block = self._block
+        if not lo <= idx < lo + len(block):
+            lo, block = idx, self.matrix(slice(idx, idx + _SAMPLE_BLOCK))
+            self._block = (lo, block)
+        return block[idx - lo].astype(np.float64)
+
+    def matrix(self, part: slice = slice(None)) -> np.ndarray:
+        """The float32 matrix of these rows (``part`` of them)."""
+        prior = None if self.prior is None else self.prior[part]
+        return self.design.rows(self.index[part], prior, self.column)
+
+
+def _numeric_view(col: pd.Series) -> np.ndarray:
+    """A numeric column as numpy (a view where its dtype is numpy's); nulls as NaN."""
+    if isinstance(col.dtype, pd.CategoricalDtype) or col.dtype == object:
+        col = pd.to_numeric(col)
+    if isinstance(col.dtype, np.dtype):
+        return col.to_numpy()
+    return col.to_numpy(dtype=np.float32, na_value=np.nan)
 
 
 def design_matrix(
@@ -50,40 +166,9 @@ def design_matrix(
     ``task`` becomes its index in ``categories`` (NaN for a task not listed:
     the models treat it as missing). ``token_prior`` fills the prior column.
     """
-    feats = [f for f in features if f != TOKEN_PRIOR]
-    missing = [f for f in feats if f not in frame.columns]
-    if missing:
-        raise ValueError(f"the frame lacks feature column(s) {missing}")
-    columns = []  # one array per feature, each read in row blocks below
-    for name in features:
-        if name == TOKEN_PRIOR:
-            if token_prior is None:
-                raise ValueError(f"feature list includes {TOKEN_PRIOR!r} but no prior was given")
-            prior = np.asarray(token_prior)
-            if prior.shape != (len(frame),):
-                raise ValueError(f"token_prior has shape {prior.shape}; expected ({len(frame)},)")
-            columns.append(prior)
-        elif name in CATEGORICAL:
-            codes = pd.Index(list(categories)).get_indexer(frame[name].astype(str))
-            columns.append(np.where(codes < 0, np.nan, codes))
-        else:
-            col = frame[name]
-            if isinstance(col.dtype, pd.CategoricalDtype) or col.dtype == object:
-                col = pd.to_numeric(col)
-            # numpy dtypes: a view of the frame's column (cast block by block below)
-            columns.append(
-                col.to_numpy()
-                if isinstance(col.dtype, np.dtype)
-                else col.to_numpy(dtype=np.float32, na_value=np.nan)
-            )
-    X = np.empty((len(frame), len(features)), dtype=np.float32)
-    # Filled in blocks of rows that stay in cache: a whole column at a time writes one
-    # float of every 57-float row, 7x slower at paper scale (1.84M rows: 2.6 s vs 0.35 s).
-    for lo in range(0, len(frame), _DESIGN_BLOCK):
-        block = X[lo : lo + _DESIGN_BLOCK]
-        for j, values in enumerate(columns):
-            block[:, j] = values[lo : lo + _DESIGN_BLOCK]
-    return X
+    if TOKEN_PRIOR in features and token_prior is None:
+        raise ValueError(f"feature list includes {TOKEN_PRIOR!r} but no prior was given")
+    return DesignColumns(frame, features, categories, token_prior).rows(slice(None))
 
 
 def frame_fingerprint(frame: pd.DataFrame, columns: Sequence[str]) -> str:
@@ -91,10 +176,17 @@ def frame_fingerprint(frame: pd.DataFrame, columns: Sequence[str]) -> str:
     return digest_rows(columns, hash_rows(frame, columns))
 
 
+_HASH_BLOCK = 1 << 20  # rows hashed at once
+
+
 def hash_rows(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
     # One uint64 per row, independent of the other rows: a half's fingerprint is
-    # the digest of its rows' hashes, without copying the half out of the frame.
-    return pd.util.hash_pandas_object(frame[list(columns)], index=False).to_numpy()
+    # the digest of its rows' hashes, without copying the half out of the frame. Hashed
+    # a block of rows at a time: `frame[columns]` of every row copies the whole frame.
+    parts = [pd.util.hash_pandas_object(frame.iloc[lo : lo + _HASH_BLOCK][list(columns)],
+                                        index=False).to_numpy()
+             for lo in range(0, len(frame), _HASH_BLOCK)]  # fmt: skip
+    return np.concatenate(parts) if parts else np.empty(0, np.uint64)
 
 
 def digest_rows(columns: Sequence[str], row_hashes: np.ndarray) -> str:

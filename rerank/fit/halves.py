@@ -19,7 +19,14 @@ import pandas as pd
 
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity, fit_estimator
 from rerank.fit.crossfit import check_grouped, fold_masks, prompt_subsample
-from rerank.fit.design import TOKEN_PRIOR, design_matrix, digest_rows, hash_rows, task_categories
+from rerank.fit.design import (
+    TOKEN_PRIOR,
+    DesignColumns,
+    DesignRows,
+    digest_rows,
+    hash_rows,
+    task_categories,
+)
 from rerank.fit.models import (
     BATCH_ROUTE,
     FittedReranker,
@@ -97,8 +104,8 @@ def crossfit_predict(
     features = feature_list(feature_set)
     cats = task_categories(frame, categories)
     masks = _training_masks(folds, prompt_ids, tasks, train_share, seed)
-    X, y, priors, column = _design(frame, features, cats, law, masks, pseudo_count,
-                                   _prior_groups(prior_split, prompt_ids))  # fmt: skip
+    design, y, priors, column = _design(frame, features, cats, law, masks, pseudo_count,
+                                        _prior_groups(prior_split, prompt_ids))  # fmt: skip
     fp_cols = _fingerprint_columns(frame, features, law)
     sample_weight = _checked_weights(sample_weight, len(frame))
     phat = np.full(len(frame), np.nan, dtype=np.float64)
@@ -107,7 +114,7 @@ def crossfit_predict(
 
     def fit_fold(train: np.ndarray) -> Any:
         return fit_estimator(
-            X, y, features, kind, law, capacity, seed, fit_threads, sample_weight=sample_weight,
+            design, y, features, kind, law, capacity, seed, fit_threads, sample_weight=sample_weight,
             groups=prompt_ids, tasks=tasks, rows=np.flatnonzero(train), prior=column,
         )  # fmt: skip
 
@@ -120,16 +127,15 @@ def crossfit_predict(
     todo = [i for i, s in enumerate(saved) if s is None]
     fitted = dict(zip(todo, _fit_folds(fit_fold, [masks[i][1] for i in todo], workers),
                       strict=True))  # fmt: skip
-    release_freed_heap()  # the fits' copies and bins, before the held-out halves' copies
+    release_freed_heap()  # the fits' bins, before the held-out halves' blocks
     for i, ((_, train, predict), (prior, full)) in enumerate(zip(masks, priors, strict=True)):
         if saved[i] is None:
             est, secs = fitted[i]
             model = FittedReranker(kind, law, feature_set, features, cats, est, full,
                                    prints[i][0], seed, capacity, _prompts(prompt_ids[train]))  # fmt: skip
-            X_predict = X[predict]  # the other fold's rows: a copy with this fold's prior
-            X_predict[:, column.column] = prior[predict]
-            saved[i] = SavedFit(model, model.predict_matrix(X_predict, n_threads, route=route),
-                                secs)  # fmt: skip
+            # the other fold's rows, with this fold's prior
+            rows = DesignRows(design, np.flatnonzero(predict), prior[predict], column.column)
+            saved[i] = SavedFit(model, predict_blocks(model, rows, n_threads, route), secs)
             if fits is not None:
                 fits.save(keys[i], saved[i])
         phat[predict] = saved[i].phat
@@ -203,18 +209,31 @@ def _fit_keys(fp_cols: list[str], row_hashes: np.ndarray, masks: list,
 
 def _design(frame: pd.DataFrame, features: list[str], cats: list[str], law: str, masks: list,
             pseudo_count: float, by_prompt: np.ndarray | None) -> tuple:  # fmt: skip
-    """(X, y, each fold's (prior, table), the prior column) for both folds' fits."""
+    """(the design's columns, y, each fold's (prior, table), the prior column) for both
+    folds' fits."""
     y = _labels(frame, law)
     tokens = frame["token"].to_numpy()
-    # Built once for both folds. The folds' training halves are disjoint, so each sets its
-    # own training rows' prior column in place and fits on rows of this one matrix.
-    X = design_matrix(frame, features, cats, np.zeros(len(frame), np.float32))
-    j_prior = features.index(TOKEN_PRIOR)
+    # One design for both folds, its rows read in blocks by each fit. The folds' training
+    # halves are disjoint, so each sets its own training rows' prior column in place.
+    design = DesignColumns(frame, features, cats, np.zeros(len(frame), np.float32))
     priors = [token_prior_features(tokens, y, train, pseudo_count, by_prompt)
               for _, train, _ in masks]  # fmt: skip
     for (_, train, _), (prior, _) in zip(masks, priors, strict=True):
-        X[train, j_prior] = prior[train]
-    return X, y, priors, PriorColumn(j_prior, tokens, pseudo_count, by_prompt is not None)
+        design.prior[train] = prior[train]
+    j_prior = features.index(TOKEN_PRIOR)
+    return design, y, priors, PriorColumn(j_prior, tokens, pseudo_count, by_prompt is not None)
+
+
+_PREDICT_BLOCK = 1 << 19  # held-out rows predicted at once (about 120 MB of 57 floats)
+
+
+def predict_blocks(model: FittedReranker, rows: DesignRows, n_threads: int | None,
+                   route: str) -> np.ndarray:  # fmt: skip
+    """`model.predict_matrix` of ``rows``, a block of rows at a time (each row's phat
+    depends on that row alone): a fit at 10x the paper never copies a half's matrix."""
+    parts = [model.predict_matrix(rows.matrix(slice(lo, lo + _PREDICT_BLOCK)), n_threads, route)
+             for lo in range(0, len(rows), _PREDICT_BLOCK)]  # fmt: skip
+    return np.concatenate(parts) if parts else np.empty(0, np.float64)
 
 
 def _taken(fits: FitStore | None, keys: list[str], n_predicted: list[int],

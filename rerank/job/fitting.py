@@ -17,7 +17,8 @@ from features.schema import candidate_store
 from rerank.config import RerankConfig
 from rerank.evaluate.policy import for_policy
 from rerank.evaluate.pool_chunks import ROUND_KEYS
-from rerank.fit.models import LABEL_OF_LAW
+from rerank.fit.design import TOKEN_PRIOR
+from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.predict import FirstFactorPredictions, fold_map, halves_table, predict_first_factors
 from rerank.fit.quality import prediction_quality
 from rerank.fit.resume import FitFolder
@@ -67,15 +68,23 @@ class Fitted:
     seconds: float
 
 
+def fit_columns(feature_sets: list[str]) -> list[str]:
+    """What a law's cross-fits read of the candidate table: the controls' inputs, the token
+    and the features of `feature_sets` (at 10x the paper the other columns of one law would
+    hold another 0.7 GiB)."""
+    features = [f for fs in feature_sets for f in feature_list(fs) if f != TOKEN_PRIOR]
+    return list(dict.fromkeys([*CONTROL_COLUMNS, "token", *features]))
+
+
 def law_frame(features: Path, score: str, temperature: float,
               columns: list[str] | None = None) -> pd.DataFrame:  # fmt: skip
-    """Every column of one law's candidate rows, as a decoder under policy `score` holds them
-    (`for_policy`); read by the fitting process, or by a Ray worker (hence a module function).
-    `columns`: only these, none of them masked by a policy (CONTROL_COLUMNS)."""
+    """One law's candidate rows (`columns` of them; None: every column), as a decoder under
+    policy `score` holds them (`for_policy`); read by the fitting process, or by a Ray worker
+    (hence a module function)."""
     dataset = candidate_store(features).dataset()
     law = pc.field("temperature") == pa.scalar(temperature, pa.float32())
     rows = dataset.to_table(columns=columns, filter=law)
-    frame = rows.to_pandas() if columns is not None else for_policy(rows.to_pandas(), score)
+    frame = for_policy(rows.to_pandas(), score)
     del rows
     release_freed_heap()  # the Arrow table's buffers, now converted
     return frame
@@ -93,7 +102,7 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
         candidates["prompt_id"].to_numpy(), rerank.halves, seed, candidates["task"].to_numpy()
     )
     log.info("halves=%s:\n%s", rerank.halves, halves_table(candidates, folds).to_string())
-    frame_of = partial(law_frame, features, rerank.score)
+    frame_of = partial(law_frame, features, rerank.score, columns=fit_columns(rerank.feature_sets))
     prefit = None
     if parallel is not None and parallel.backend == "ray":
         from rerank.on_ray import RayFits  # Ray is imported only by a run that uses it
