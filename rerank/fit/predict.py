@@ -154,7 +154,9 @@ def predict_first_factors(
         positions.append(rows)
         frame = _law_rows(candidates, rows, float(temperature), law_frame)
         fold = frame_folds(frame, folds)
-        out = frame[[*ROUND_KEYS, "cand_index"]].copy()
+        # the keys in the candidate table's own dtypes (categories of the job's strings:
+        # 3 bytes a row where two strings take 33), the rows checked equal to the frame's
+        out = candidates[[*ROUND_KEYS, "cand_index"]].take(rows).reset_index(drop=True)
         out["fold"] = fold
         for feature_set in feature_sets:
             name = learned(feature_set, kind).name
