@@ -76,7 +76,7 @@ _PARQUET_BLOCK = 1 << 20  # rows converted to Arrow and written at once
 
 def _parquet(frame: pd.DataFrame) -> Callable[[Path], object]:
     """`frame.to_parquet(tmp, index=False)`, a block of rows at a time: the whole frame's
-    Arrow copy is what it spares (2 GiB for the predictions at 10x the paper)."""
+    Arrow copy is what it spares."""
 
     def write(tmp: Path) -> None:
         schema = pa.Schema.from_pandas(frame, preserve_index=False)

@@ -98,8 +98,8 @@ class FirstFactorPredictions:
     def law_columns(self, candidates: pd.DataFrame, columns: list[str]
                     ) -> Iterator[tuple[float, dict[str, np.ndarray]]]:  # fmt: skip
         """Per temperature (ascending), `columns` of its predictions' rows (of the prediction
-        frame or of each one's candidate), as the rows of `joined` give them, without a
-        copy of the whole frame (at 10x the paper `joined` is 2 GiB)."""
+        frame or of each one's candidate), as the rows of `joined` give them, without its
+        copy of the whole prediction frame."""
         if self.rows is None:  # a frame not made from the candidate table: joined by keys
             merged = self.joined(candidates, [c for c in columns if c not in self.frame])
             for t, part in merged.groupby("temperature"):

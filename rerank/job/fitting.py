@@ -70,8 +70,7 @@ class Fitted:
 
 def fit_columns(feature_sets: list[str]) -> list[str]:
     """What a law's cross-fits read of the candidate table: the controls' inputs, the token
-    and the features of `feature_sets` (at 10x the paper the other columns of one law would
-    hold another 0.7 GiB)."""
+    and the features of `feature_sets` (by default 10 of the table's 64 columns are left)."""
     features = [f for fs in feature_sets for f in feature_list(fs) if f != TOKEN_PRIOR]
     return list(dict.fromkeys([*CONTROL_COLUMNS, "token", *features]))
 
@@ -85,7 +84,7 @@ def law_frame(features: Path, score: str, temperature: float,
     law = pc.field("temperature") == pa.scalar(temperature, pa.float32())
     rows = dataset.to_table(columns=columns, filter=law)
     # each Arrow column freed as it is converted: the table and the frame are never both
-    # held whole (1.1 GiB each for one law at 3x the paper)
+    # held whole
     frame = for_policy(rows.to_pandas(split_blocks=True, self_destruct=True), score)
     del rows
     release_freed_heap()  # the Arrow table's buffers, now converted
@@ -107,8 +106,8 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
     t0 = time.perf_counter()
     features = project_path(rerank.features)
     # Every row's keys and what the evaluation joins; the features of one law at a time.
-    # Its strings (prompt, rule, task) as categories: 6 bytes a row where they took 48, 1.6 GiB
-    # at 10x the paper; the predictions' keys take the same dtypes.
+    # Its strings (prompt, rule, task) as categories: 6 bytes a row where they took 48
+    # (36.6 M rows at 10x the paper); the predictions' keys take the same dtypes.
     candidates = sorted_categories(
         candidate_store(features)
         .dataset()
