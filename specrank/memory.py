@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pyarrow as pa
 
@@ -23,20 +25,52 @@ _M_TRIM_THRESHOLD = -1  # glibc malloc.h
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 _THRESHOLD = 2**30  # 1 GiB: every chunk-sized block stays on the heap
+_GLIBC_DEFAULT = 128 * 1024  # glibc's own M_MMAP_THRESHOLD and M_TRIM_THRESHOLD
 
 
-def retain_freed_heap() -> bool:
-    """Ask glibc to keep freed large blocks; True if the setting took effect."""
+def _thresholds(threshold: int) -> bool:
+    """Set glibc's mmap and trim thresholds to `threshold` and one arena for every thread;
+    True if every setting took effect."""
     name = ctypes.util.find_library("c")
     if name is None:
         return False
     libc = ctypes.CDLL(name)
     if not hasattr(libc, "mallopt"):
         return False
-    ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, _THRESHOLD)
-    ok_trim = libc.mallopt(_M_TRIM_THRESHOLD, _THRESHOLD)
+    ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, threshold)
+    ok_trim = libc.mallopt(_M_TRIM_THRESHOLD, threshold)
     ok_arena = libc.mallopt(_M_ARENA_MAX, 1)
     return bool(ok_mmap and ok_trim and ok_arena)
+
+
+def retain_freed_heap() -> bool:
+    """Ask glibc to keep freed large blocks; True if the setting took effect."""
+    return _thresholds(_THRESHOLD)
+
+
+def return_freed_heap() -> bool:
+    """Undo `retain_freed_heap` (glibc's default thresholds; still one arena) and release what
+    is free now; True if the setting took effect.
+
+    After the evaluation pass: the job's tail allocates each large frame once, so a kept
+    block is never reused and resident memory only climbs (at 3x the paper it rose from 3.7
+    to 6.8 GiB over the tail, measured with /proc/self/statm). Blocks from 128 KiB are then
+    mapped for themselves and returned to the OS when freed.
+    """
+    ok = _thresholds(_GLIBC_DEFAULT)
+    release_freed_heap()
+    return ok
+
+
+@contextmanager
+def heap_retained() -> Iterator[None]:
+    """Freed large blocks kept for reuse inside the block (`retain_freed_heap`), returned to
+    the OS after it (`return_freed_heap`): around a chunked pass, not the work after it."""
+    retain_freed_heap()
+    try:
+        yield
+    finally:
+        return_freed_heap()
 
 
 def release_freed_heap() -> None:

@@ -218,7 +218,9 @@ def size_means(per_round: pd.DataFrame, n_resamples: int = 0, seed: int = 0) -> 
     if not cols:
         raise KeyError("the per-round table has no 'size/<rule>@B<b>' columns (no draw rules)")
     rows = []
-    for temperature, part in per_round.groupby("temperature"):
+    # the columns read, selected first (no copy): each law's part then copies only those
+    by_law = per_round[["temperature", "prompt_id", "task", *cols]].groupby("temperature")
+    for temperature, part in by_law:
         stats = PromptSums.from_rounds(part, cols)
         point = stats.sums.sum(0) / stats.rounds.sum()
         draws = bootstrap_means(stats, "round", n_resamples, seed)[1] if n_resamples else None

@@ -161,7 +161,7 @@ class PolicyRounds:
         same[0] = False
         r = keys["round_index"].to_numpy(np.int64)
         follows = same & np.concatenate([[False], r[1:] == r[:-1] + 1])
-        out = per_round.copy()
+        out = per_round.copy(deep=False)  # copy-on-write: the new columns only, no data copied
         for b in self.budgets:
             cov_d = frame[value_key(f"cov/{BASELINE}", b)].to_numpy()[order]
             cov_r = frame[value_key(f"cov/{ROOT}", b)].to_numpy()[order]

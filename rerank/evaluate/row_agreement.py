@@ -99,8 +99,10 @@ class RowRounds:
     """Collects, chunk by chunk, each round's retained-row comparisons and next-list rebuild."""
 
     frames: list[pd.DataFrame] = field(default_factory=list)
-    tv: list[np.ndarray] = field(default_factory=list)  # [R, 25] token-only TV, NaN past the list
-    agree: list[np.ndarray] = field(default_factory=list)  # [R, 25] 1/0, NaN past the list
+    tv: list[np.ndarray] = field(
+        default_factory=list
+    )  # [R, 25] f32 token-only TV, NaN past the list
+    agree: list[np.ndarray] = field(default_factory=list)  # [R, 25] f32 1/0, NaN past the list
 
     def add(self, chunk: PoolChunk) -> None:
         self.merge(self.part(chunk))
@@ -118,9 +120,11 @@ class RowRounds:
         frame["n_token_only"] = (
             t["token_only_tv"].combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
         )
-        tv = trace_matrix(t, "token_only_tv", np.nan, np.float64, _LIST)[0]
-        agree = t["token_only_argmax_agree"].combine_chunks().cast(pa.list_(pa.float64()))
-        return frame, tv, list_matrix(agree, np.nan, np.float64, _LIST)[0]
+        # float32 holds the trace's float32 TVs and the 0/1 agreements exactly: half the
+        # bytes of float64 for 2 x 25 values a round (_kind_row averages them in float64)
+        tv = trace_matrix(t, "token_only_tv", np.nan, np.float32, _LIST)[0]
+        agree = t["token_only_argmax_agree"].combine_chunks().cast(pa.list_(pa.float32()))
+        return frame, tv, list_matrix(agree, np.nan, np.float32, _LIST)[0]
 
     def merge(self, part: tuple[pd.DataFrame, np.ndarray, np.ndarray]) -> None:
         frame, tv, agree = part
@@ -145,7 +149,7 @@ class RowRounds:
 def _kind_row(present: np.ndarray, tv: np.ndarray, agree: np.ndarray, n_rounds: int) -> dict:
     """Availability over rounds, then TV / argmax agreement over the present rows."""
     has_row = present.any(axis=1) if present.ndim == 2 else present
-    tv, agree = tv[present], agree[present]
+    tv, agree = tv[present].astype(np.float64), agree[present].astype(np.float64)
     return {
         "rounds": n_rounds,
         "availability": has_row.sum() / n_rounds,

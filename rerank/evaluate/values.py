@@ -275,7 +275,7 @@ def evaluate_traces(
         for name, v in values.items():
             for j, b in enumerate(plan.budgets):
                 cols[value_key(name, b)] = v[:, j].double().numpy()
-        return pd.concat([frame, pd.DataFrame(cols)], axis=1), curve_part, reports
+        return (frame, cols), curve_part, reports
 
     if chunk_map is None:
         chunks = _in_order(one_chunk, iter_trace_chunks(dataset, chunk_rounds, columns), workers)
@@ -296,18 +296,29 @@ def _curve_part(curves: PromptCurves, table: pa.Table, values: dict[str, Tensor]
 
 def _merge_all(chunks: Iterator, curves: PromptCurves | None, consumers: Sequence) -> pd.DataFrame:
     """Merge every chunk's contributions in chunk order; their rounds as one table."""
-    parts = []
-    for i, (frame, curve_part, reports) in enumerate(chunks):
+    frames, values = [], []
+    for i, ((frame, cols), curve_part, reports) in enumerate(chunks):
         if curve_part is not None:
             curves.merge(curve_part)
         for consumer, part in zip(consumers, reports, strict=True):
             consumer.merge(part)
-        parts.append(frame)
+        frames.append(frame)
+        values.append(cols)
         if i % _TRIM_EVERY == _TRIM_EVERY - 1:
             release_freed_heap()  # the results kept fragment the heap (specrank.memory)
-    if not parts:
+    if not frames:
         raise ValueError("the trace store holds no rounds")
-    return pd.concat(parts, ignore_index=True)
+    return pd.concat([pd.concat(frames, ignore_index=True), _joined_columns(values)], axis=1)
+
+
+def _joined_columns(values: list[dict[str, np.ndarray]]) -> pd.DataFrame:
+    """The chunks' value columns end to end, each chunk's array freed once joined: the
+    rule values are held once and one column twice, where a concat of whole chunk tables
+    holds all of them twice."""
+    joined = {}
+    for name in list(values[0]):
+        joined[name] = np.concatenate([cols.pop(name) for cols in values])
+    return pd.DataFrame(joined, copy=False)  # a block per column: nothing copied again
 
 
 def _in_order(fn: Callable, items: Iterator, workers: int) -> Iterator:

@@ -25,6 +25,7 @@ from rerank.fit.design import (
     DesignRows,
     digest_rows,
     hash_rows,
+    shared_strings,
     task_categories,
 )
 from rerank.fit.models import (
@@ -99,7 +100,7 @@ def crossfit_predict(
     folds = _checked_folds(folds, len(frame))
     # Object arrays whose rows share one string per distinct id (8 bytes a row): a string
     # per row, Python's or numpy's, would cost 50-100 bytes a row at every fit.
-    prompt_ids, tasks = (frame[c].astype("category").to_numpy() for c in ("prompt_id", "task"))
+    prompt_ids, tasks = (shared_strings(frame[c]) for c in ("prompt_id", "task"))
     check_grouped(prompt_ids, folds)
     features = feature_list(feature_set)
     cats = task_categories(frame, categories)
@@ -145,8 +146,11 @@ def crossfit_predict(
 
 def frame_folds(frame: pd.DataFrame, folds: dict[str, int]) -> np.ndarray:
     """The fold (int8) of each row's prompt; refuses prompts outside the fold map."""
-    fold = frame["prompt_id"].map(folds).to_numpy()
-    if np.isnan(fold.astype(float)).any():
+    # looked up once per distinct prompt (a per-row map made a string per row)
+    ids = frame["prompt_id"].astype("category")
+    of_id = [folds.get(p, np.nan) for p in ids.cat.categories]
+    fold = np.append(np.asarray(of_id, dtype=np.float64), np.nan)[ids.cat.codes.to_numpy()]
+    if np.isnan(fold).any():
         raise ValueError("candidate rows with prompts outside the fold map")
     return fold.astype(np.int8)
 

@@ -27,7 +27,7 @@ from rerank.report.variants import variant_table, variants_text
 from rerank.settings import comparison_pairs
 from selection.rules import learned
 from specrank import faults
-from specrank.memory import release_freed_heap
+from specrank.memory import heap_retained, release_freed_heap
 from specrank.parallel import ParallelConfig
 from specrank.paths import project_path
 from specrank.trace_schema import trace_store
@@ -90,14 +90,17 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
 
         chunk_map = chunks_on_ray(parallel)
     t0 = time.perf_counter()
-    per_round = evaluate_traces(
-        dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves,
-        consumers=[policy, *([acc] if acc else [])],
-        workers=rerank.workers or len(os.sched_getaffinity(0)) + 1, chunk_map=chunk_map,
-    )  # fmt: skip
+    with heap_retained():  # the chunks' blocks are reused while the pass runs, not after it
+        per_round = evaluate_traces(
+            dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves,
+            consumers=[policy, *([acc] if acc else [])],
+            workers=rerank.workers or len(os.sched_getaffinity(0)) + 1, chunk_map=chunk_map,
+        )  # fmt: skip
     pass_s = time.perf_counter() - t0  # the pass over the pools, consumers included
     per_round = policy.apply(per_round)
-    release_freed_heap()  # the chunks' blocks, kept for reuse while the pass ran
+    # the report tables first: their per-round accumulators are then freed (0.6 GiB at 3x)
+    reports = acc.tables(per_round, rerank.n_resamples, seed) if acc else {}
+    del acc
     per_round["fold"] = per_round["prompt_id"].map(folds).astype(np.int8)
     per_round, mix_weights = choose_mixture_weights(per_round)
     draws = law_draws(per_round, rerank.n_resamples, seed, curves=curves)  # one set of resamples
@@ -112,7 +115,6 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
                        rerank.score_top_m, policy.simulable_share), comparisons_table(comparisons),
                        variants_text(variants)])  # fmt: skip
     groups = labelled(breakdown_gains(per_round, rerank.n_resamples, seed))
-    reports = acc.tables(per_round, rerank.n_resamples, seed) if acc else {}
     reports = {k: labelled(v) for k, v in reports.items()}
     reports["halves"] = halves_table(fitted.candidates, folds).reset_index()  # keeps `task`
     reports["variants"] = variants

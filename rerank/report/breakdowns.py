@@ -22,7 +22,7 @@ GROUPINGS = ("task", "category", "entropy_quintile", "draft_top_is_argmax")
 def _grouped(frame: pd.DataFrame):
     """(temperature, by, group, rounds of the group) over every law and grouping."""
     for temperature, part in frame.groupby("temperature"):
-        part = part.copy()
+        # copy-on-write: the new column is the part's alone (no copy of the table's rows)
         part["entropy_quintile"] = (
             pd.qcut(part["root_entropy"].rank(method="first"), 5, labels=False) + 1
         )

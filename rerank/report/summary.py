@@ -80,17 +80,22 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
             groups.setdefault((m[0], m[2]), {})[m[1]] = col
     new_cols: dict[str, np.ndarray] = {}
     chosen = []
+    # each law and half as row positions: a column's values are taken where needed, with no
+    # copy of the table's rows per law and half
+    temps, halves = frame["temperature"].to_numpy(), frame["fold"].to_numpy()
     for (row, b), by_w in groups.items():
         values = np.full(len(frame), np.nan)
-        for temperature, part in frame.groupby("temperature"):
+        for temperature in np.unique(temps):
+            law = temps == temperature
             for fold in (0, 1):
-                other = part[part["fold"] == 1 - fold]
-                if other.empty:
+                other = np.flatnonzero(law & (halves == 1 - fold))
+                if not len(other):
                     raise ValueError(
                         f"fold {1 - fold} has no rounds at T={temperature}: cannot pick w"
                     )
-                best_w = max(by_w, key=lambda w: (other[by_w[w]].mean(), -w))
-                target = frame.index.get_indexer(part.index[part["fold"] == fold])
+                means = {w: pd.Series(frame[c].to_numpy()[other]).mean() for w, c in by_w.items()}
+                best_w = max(by_w, key=lambda w: (means[w], -w))
+                target = np.flatnonzero(law & (halves == fold))
                 values[target] = frame[by_w[best_w]].to_numpy()[target]
                 chosen.append(
                     {
@@ -103,7 +108,8 @@ def choose_mixture_weights(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFr
                 )
         new_cols[value_key(mixture(row).name, b)] = values
     dropped = [c for by_w in groups.values() for c in by_w.values()]
-    # one concat instead of column-by-column inserts (pandas warns about fragmentation)
+    # one concat instead of column-by-column inserts (pandas warns about fragmentation); with
+    # copy-on-write neither the drop nor the concat copies the kept columns
     out = pd.concat(
         [frame.drop(columns=dropped), pd.DataFrame(new_cols, index=frame.index)], axis=1
     )

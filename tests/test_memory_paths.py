@@ -1,0 +1,69 @@
+"""The job's memory-saving paths give what the plain pandas calls gave (issue 31 point 1)."""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from rerank.fit.design import codes_in, shared_strings
+from rerank.fit.halves import frame_folds
+from specrank.memory import heap_retained, return_freed_heap
+
+VALUES = ["p2", "p0", None, "p1", "p0", "p2", "p9"]
+
+
+@pytest.mark.parametrize("dtype", ["str", "object", "category"])
+def test_shared_strings_are_the_column_with_one_string_per_value(dtype):
+    column = pd.Series(VALUES, dtype=dtype)
+    got = shared_strings(column)
+    assert got.dtype == object
+    assert [None if pd.isna(v) else v for v in got] == VALUES
+    same = [i for i, v in enumerate(VALUES) if v == "p0"]
+    assert got[same[0]] is got[same[1]]  # one object per distinct value
+
+
+@pytest.mark.parametrize("dtype", ["str", "object", "category"])
+def test_codes_in_are_the_indexer_of_every_row(dtype):
+    column = pd.Series(VALUES, dtype=dtype)
+    categories = ["p0", "p1", "p2"]  # p9 and the missing row are not among them
+    want = pd.Index(categories).get_indexer(column.astype(str))
+    np.testing.assert_array_equal(codes_in(column, categories), want)
+    assert codes_in(column, categories).tolist() == [2, 0, -1, 1, 0, 2, -1]
+
+
+def test_frame_folds_map_each_prompt_and_refuse_one_outside_the_map():
+    frame = pd.DataFrame({"prompt_id": pd.Series(["a", "b", "a", "c"], dtype="str")})
+    got = frame_folds(frame, {"a": 1, "b": 0, "c": 1})
+    assert got.dtype == np.int8 and got.tolist() == [1, 0, 1, 1]
+    with pytest.raises(ValueError, match="outside the fold map"):
+        frame_folds(frame, {"a": 1, "b": 0})
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _touch_and_free(mb: int) -> None:
+    block = np.ones(mb << 17)  # float64: 8 bytes each, every page touched
+    del block
+
+
+@pytest.mark.skipif(
+    ctypes.util.find_library("c") is None or not os.path.exists("/proc/self/statm"),
+    reason="needs glibc's mallopt and /proc",
+)
+def test_the_heap_is_kept_inside_the_pass_and_returned_after_it():
+    with heap_retained():
+        before = _resident_mb()
+        _touch_and_free(256)
+        kept = _resident_mb() - before  # freed, but kept for the next chunk
+    returned = _resident_mb() - before
+    _touch_and_free(256)
+    after = _resident_mb() - before  # glibc's defaults: mapped for itself, unmapped when freed
+    assert kept > 200 and returned < 100 and after < 100, (kept, returned, after)
+    assert return_freed_heap()
