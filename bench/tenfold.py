@@ -6,7 +6,8 @@ memory of each stage from `/usr/bin/time -v` (issue 31 point 1: 10x in under 12 
 
 Synthetic traces of `--scale` x 1402 prompts x 261 rounds (both laws, 710-candidate pools,
 `decode.synth`'s generator) are generated once into bench/.cache/ (about 6.4 GB per million
-rounds on disk; 10x is 23 GB and the better part of an hour on 2 cores). Then two child
+rounds on disk; 10x is 23 GB, and its generation runs on one core: 1,320 s at 3x, about two
+hours at 10x at low priority beside other work; an interrupted generation resumes). Then two child
 processes, each under `/usr/bin/time -v`: `python -m features.extract` (resumable: on a store
 extracted before, its figures are those of checking the finished shards) and the
 default `python -m rerank.train` (its fits kept under bench/.cache/tenfold-fits-<scale>, so a

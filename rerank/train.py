@@ -109,8 +109,9 @@ def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> tuple[list[st
     parts, cols = [], ["draft_prob", *fitted.preds.rules]
     laws = fitted.preds.law_columns(fitted.candidates, [*LABEL_OF_LAW.values(), *cols])
     for temperature, part in laws:
-        label = part[LABEL_OF_LAW[law_kind(temperature)]].astype(np.float64)
-        preds = {c: part[c].astype(np.float64) for c in cols}
+        # asarray, not astype: the float64 prediction columns are not copied again
+        label = np.asarray(part[LABEL_OF_LAW[law_kind(temperature)]], np.float64)
+        preds = {c: np.asarray(part[c], np.float64) for c in cols}
         parts.append(reliability_table(preds, label, law_name(temperature)))
     # logged as a table too, so the notebook redraws the reliability figure from artifacts
     reliability = pd.concat(parts, ignore_index=True)
