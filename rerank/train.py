@@ -48,7 +48,7 @@ from specrank.cli import run_entry_point
 from specrank.config import MlflowConfig
 from specrank.files import atomic_write
 from specrank.laws import law_kind, law_name
-from specrank.memory import retain_freed_heap
+from specrank.memory import release_freed_heap, retain_freed_heap
 from specrank.parallel import ParallelConfig
 from specrank.paths import CONF_DIR, project_path
 from specrank.run_record import TrackingError, log_or_explain, write_record
@@ -145,6 +145,7 @@ def train_and_evaluate(
     t0 = time.perf_counter()
     fitted = fit(rerank, seed, parallel)
     ev = evaluate(rerank, fitted, seed, budgets, parallel=parallel)
+    release_freed_heap()  # the evaluation's freed blocks, before the tables' (as in its tail)
     total = time.perf_counter() - t0
     written = write_tables(out_dir, fitted, ev)
     tags = {"trace_fingerprint": fingerprint, "rerank_model": rerank.model.kind}
