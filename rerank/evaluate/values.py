@@ -312,13 +312,19 @@ def _merge_all(chunks: Iterator, curves: PromptCurves | None, consumers: Sequenc
 
 
 def _joined_columns(values: list[dict[str, np.ndarray]]) -> pd.DataFrame:
-    """The chunks' value columns end to end, each chunk's array freed once joined: the
-    rule values are held once and one column twice, where a concat of whole chunk tables
-    holds all of them twice."""
-    joined = {}
-    for name in list(values[0]):
-        joined[name] = np.concatenate([cols.pop(name) for cols in values])
-    return pd.DataFrame(joined, copy=False)  # a block per column: nothing copied again
+    """The chunks' value columns (float64) end to end, as one block written a column at a
+    time, each chunk's array freed once copied in: the rule values are held once, where a
+    concat of whole chunk tables holds all of them twice. One block, as that concat gave:
+    a block per column makes pandas warn when the policy adds its columns."""
+    names = list(values[0])
+    out = np.empty((sum(len(cols[names[0]]) for cols in values), len(names)), order="F")
+    for j, name in enumerate(names):
+        lo = 0
+        for cols in values:
+            part = cols.pop(name)
+            out[lo : lo + len(part), j] = part
+            lo += len(part)
+    return pd.DataFrame(out, columns=names, copy=False)  # F order: the block is out's view
 
 
 def _in_order(fn: Callable, items: Iterator, workers: int) -> Iterator:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -66,17 +67,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     policy = PolicyRounds(
         budgets, rerank.score, rerank.score_top_m, f"rerank.traces={rerank.traces}"
     )
-    extra = None
-    if "per_depth" in rerank.calibrators:
-        maps = fit_per_depth_maps(
-            dataset, folds, rerank.calibration_edges, seed, rerank.chunk_rounds
-        )
-        release_freed_heap()
-
-        def extra(pool, table):
-            ids = table["prompt_id"].to_numpy(zero_copy_only=False)
-            return {"per_depth": per_depth_scores(pool, ids, folds, maps)}
-
+    extra = _per_depth_scores(rerank, dataset, folds, seed)
     rerankers = [learned(fs, rerank.model.kind).name for fs in rerank.feature_sets]
     plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
                     mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m,
@@ -129,3 +120,19 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     by_group = labelled(breakdowns(per_round))
     return Evaluation(per_round, summary, comparisons, by_group, groups, mix_weights, table,
                       reports, {"pool_pass": pass_s})  # fmt: skip
+
+
+def _per_depth_scores(rerank: RerankConfig, dataset: ds.Dataset, folds: dict[str, int],
+                      seed: int) -> Callable | None:  # fmt: skip
+    """The pass's `extra_factor`: the per-depth calibration's whole candidate scores, from
+    maps fitted out of fold here (None when `rerank.calibrators` has no `per_depth`)."""
+    if "per_depth" not in rerank.calibrators:
+        return None
+    maps = fit_per_depth_maps(dataset, folds, rerank.calibration_edges, seed, rerank.chunk_rounds)
+    release_freed_heap()
+
+    def extra(pool, table):
+        ids = table["prompt_id"].to_numpy(zero_copy_only=False)
+        return {"per_depth": per_depth_scores(pool, ids, folds, maps)}
+
+    return extra
