@@ -99,9 +99,7 @@ class RowRounds:
     """Collects, chunk by chunk, each round's retained-row comparisons and next-list rebuild."""
 
     frames: list[pd.DataFrame] = field(default_factory=list)
-    tv: list[np.ndarray] = field(
-        default_factory=list
-    )  # [R, 25] f32 token-only TV, NaN past the list
+    tv: list[np.ndarray] = field(default_factory=list)  # [R, 25] f32 token-only TV, NaN after
     agree: list[np.ndarray] = field(default_factory=list)  # [R, 25] f32 1/0, NaN past the list
 
     def add(self, chunk: PoolChunk) -> None:

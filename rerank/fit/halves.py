@@ -25,6 +25,7 @@ from rerank.fit.design import (
     DesignRows,
     digest_rows,
     hash_rows,
+    per_value,
     shared_strings,
     task_categories,
 )
@@ -147,9 +148,9 @@ def crossfit_predict(
 def frame_folds(frame: pd.DataFrame, folds: dict[str, int]) -> np.ndarray:
     """The fold (int8) of each row's prompt; refuses prompts outside the fold map."""
     # looked up once per distinct prompt (a per-row map made a string per row)
-    ids = frame["prompt_id"].astype("category")
-    of_id = [folds.get(p, np.nan) for p in ids.cat.categories]
-    fold = np.append(np.asarray(of_id, dtype=np.float64), np.nan)[ids.cat.codes.to_numpy()]
+    fold = per_value(frame["prompt_id"],
+                     lambda ids: np.array([folds.get(p, np.nan) for p in ids], np.float64),
+                     np.nan)  # fmt: skip
     if np.isnan(fold).any():
         raise ValueError("candidate rows with prompts outside the fold map")
     return fold.astype(np.int8)
