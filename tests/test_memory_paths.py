@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rerank.fit.design import codes_in, shared_strings
+from rerank.evaluate.joined import joined_columns, joined_rows, law_order, law_spans
+from rerank.fit.design import codes_in, same_values, shared_strings
 from rerank.fit.halves import frame_folds
 from specrank.memory import heap_retained, return_freed_heap
 
@@ -57,6 +58,43 @@ def _touch_and_free(mb: int) -> None:
     ctypes.util.find_library("c") is None or not os.path.exists("/proc/self/statm"),
     reason="needs glibc's mallopt and /proc",
 )
+def _chunks(seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Three chunks' temperatures (two laws, interleaved) and [R, 3] values."""
+    rng = np.random.default_rng(seed)
+    temps = [rng.choice(np.array([1.0, 0.0], np.float32), n) for n in (5, 0, 7)]
+    return temps, [rng.normal(size=(len(t), 3)) for t in temps]
+
+
+def test_joined_rows_are_the_concatenation_taken_in_order_and_free_the_parts():
+    temps, parts = _chunks()
+    order = law_order(np.concatenate(temps))
+    want = np.concatenate(parts)
+    np.testing.assert_array_equal(joined_rows(list(parts), None), want)
+    held = list(parts)
+    np.testing.assert_array_equal(joined_rows(held, order), want[order])
+    assert held == []  # every part popped once placed
+
+
+def test_law_spans_give_the_rows_groupby_gives_in_its_order():
+    temps, parts = _chunks(1)
+    frame = pd.DataFrame(np.concatenate(parts), columns=list("abc"))
+    frame["temperature"] = np.concatenate(temps)
+    order = law_order(frame["temperature"].to_numpy())
+    values = [{c: p[:, j] for j, c in enumerate("abc")} for p in parts]
+    joined = joined_columns(values, order)
+    assert all(v == {} for v in values)
+    spans = law_spans(frame["temperature"].to_numpy()[order])
+    groups = list(frame.groupby("temperature"))
+    assert [t for t, _ in spans] == [float(t) for t, _ in groups] == [0.0, 1.0]
+    for (_, span), (_, part) in zip(spans, groups, strict=True):
+        got = joined.iloc[span]
+        np.testing.assert_array_equal(got.to_numpy(), part[list("abc")].to_numpy())
+        # the same values in the same order: the same sums, bit for bit
+        assert got.mean().tolist() == part[list("abc")].mean().tolist()
+    with pytest.raises(ValueError, match="law by law"):
+        law_spans(np.array([1.0, 0.0]))
+
+
 def test_the_heap_is_kept_inside_the_pass_and_returned_after_it():
     with heap_retained():
         before = _resident_mb()
@@ -67,3 +105,15 @@ def test_the_heap_is_kept_inside_the_pass_and_returned_after_it():
     after = _resident_mb() - before  # glibc's defaults: mapped for itself, unmapped when freed
     assert kept > 200 and returned < 100 and after < 100, (kept, returned, after)
     assert return_freed_heap()
+
+
+def test_same_values_compare_categoricals_whose_categories_differ():
+    got = pd.Series(["p1", "p0", "p1"], dtype="category")  # one law's prompts
+    want = pd.Series(["p0", "p1", "p2", "p1"], dtype="category").iloc[[1, 0, 2]]
+    np.testing.assert_array_equal(
+        same_values(got, want.reset_index(drop=True)), [True, True, False]
+    )
+    missing = pd.Series(["p1", None, "p1"], dtype="category")
+    np.testing.assert_array_equal(same_values(missing, got), [True, False, True])
+    as_str = pd.Series(["p1", "p0", "p9"], dtype="str")
+    np.testing.assert_array_equal(same_values(got, as_str), [True, True, False])

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 
+from rerank.evaluate.joined import joined_rows, law_order, law_spans
 from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from selection.pool_batch import list_matrix, trace_matrix
 from specrank.laws import law_name
@@ -50,6 +51,9 @@ ROW_COLUMNS = [
     *[f"{r}_{s}" for r in SCALAR_ROWS.values() for s in ("tv", "argmax_agree")],
 ]  # fmt: skip
 _LIST = TOKEN_ONLY_MAX + 1  # the root row joins the 24 without counting toward them
+# next_round_lists' integers held in a narrower exact type over the pass (25 path bits, a
+# list of at most 25; the prefix counts, at most the pool's width, by `_narrow`)
+_NARROW = {"path_bits": np.int32, "n_list": np.int8}
 
 
 def next_round_lists(chunk: PoolChunk) -> dict[str, np.ndarray]:
@@ -91,7 +95,9 @@ def next_round_lists(chunk: PoolChunk) -> dict[str, np.ndarray]:
 
 
 def _nan_if_null(col: pa.ChunkedArray) -> np.ndarray:
-    return col.cast(pa.float64()).to_numpy(zero_copy_only=False)  # null -> NaN
+    # float32 holds the trace's float32 TVs and 0/1 agreements exactly (_kind_row averages
+    # them in float64); null -> NaN
+    return col.cast(pa.float32()).to_numpy(zero_copy_only=False)
 
 
 @dataclass
@@ -113,8 +119,9 @@ class RowRounds:
         for kind, col in SCALAR_ROWS.items():
             frame[f"{kind}_tv"] = _nan_if_null(t[f"{col}_tv"])
             frame[f"{kind}_agree"] = _nan_if_null(t[f"{col}_argmax_agree"])
+        count = np.int16 if chunk.pool.shape[1] < 2**15 else np.int32  # 710 in the paper
         for k, v in next_round_lists(chunk).items():
-            frame[k] = v
+            frame[k] = v.astype(_NARROW.get(k, count if k.endswith("_ending") else v.dtype))
         frame["n_token_only"] = (
             t["token_only_tv"].combine_chunks().value_lengths().to_numpy(zero_copy_only=False)
         )
@@ -131,11 +138,16 @@ class RowRounds:
         self.agree.append(agree)
 
     def _joined(self) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
-        """All rounds with their predecessor's rebuild; token-only path mask [R, 25]."""
+        """All rounds, law by law (`rerank.evaluate.joined`: each law's rows a slice), with
+        their predecessor's rebuild; token-only path mask [R, 25]. Takes the rounds added
+        (the accumulator is empty after)."""
         if not self.frames:
             raise ValueError("the trace store holds no rounds")
         frame = pd.concat(self.frames, ignore_index=True)
-        tv, agree = np.concatenate(self.tv), np.concatenate(self.agree)
+        self.frames = []
+        order = law_order(frame["temperature"].to_numpy())
+        frame = frame.take(order).reset_index(drop=True)
+        tv, agree = joined_rows(self.tv, order), joined_rows(self.agree, order)
         codes = RoundCodes(frame[ROUND_KEYS])
         at = pd.Index(codes.encode(frame)).get_indexer(codes.encode(frame, shift=-1))
         split = (at >= 0) & (frame["n_list"].to_numpy()[np.maximum(at, 0)] == frame["n_token_only"])
@@ -163,12 +175,10 @@ def agreement_tables(rows: RowRounds) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(row agreement per law and row kind, match rates per law); columns in the module doc."""
     frame, tv, agree, split_path = rows._joined()
     split, on_path = split_path[:, 0], split_path[:, 1:]
-    temperature = frame["temperature"].to_numpy()
     out, rates = [], []
-    for t in np.unique(temperature):
-        m = temperature == t
-        n = int(m.sum())
-        law = law_name(float(t))
+    for t, m in law_spans(frame["temperature"].to_numpy()):  # a law's rows: slices, no copies
+        n = m.stop - m.start
+        law = law_name(t)
         listed = ~np.isnan(tv[m])
         kinds = {
             "token_only": listed,
@@ -182,7 +192,7 @@ def agreement_tables(rows: RowRounds) -> tuple[pd.DataFrame, pd.DataFrame]:
                 k_tv = frame[f"{kind}_tv"].to_numpy()[m]
                 rec = _kind_row(~np.isnan(k_tv), k_tv, frame[f"{kind}_agree"].to_numpy()[m], n)
             out.append({"law": law, "row": kind, **rec})
-        part = frame[m]
+        part = frame.iloc[m]
         rates.append(
             {
                 "law": law,

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
 from rerank.evaluate.curves import PromptCurves
+from rerank.evaluate.joined import joined_columns
 from rerank.evaluate.pool_chunks import (
     ROUND_KEYS,
     PoolChunk,
@@ -308,23 +309,7 @@ def _merge_all(chunks: Iterator, curves: PromptCurves | None, consumers: Sequenc
             release_freed_heap()  # the results kept fragment the heap (specrank.memory)
     if not frames:
         raise ValueError("the trace store holds no rounds")
-    return pd.concat([pd.concat(frames, ignore_index=True), _joined_columns(values)], axis=1)
-
-
-def _joined_columns(values: list[dict[str, np.ndarray]]) -> pd.DataFrame:
-    """The chunks' value columns (float64) end to end, as one block written a column at a
-    time, each chunk's array freed once copied in: the rule values are held once, where a
-    concat of whole chunk tables holds all of them twice. One block, as that concat gave:
-    a block per column makes pandas warn when the policy adds its columns."""
-    names = list(values[0])
-    out = np.empty((sum(len(cols[names[0]]) for cols in values), len(names)), order="F")
-    for j, name in enumerate(names):
-        lo = 0
-        for cols in values:
-            part = cols.pop(name)
-            out[lo : lo + len(part), j] = part
-            lo += len(part)
-    return pd.DataFrame(out, columns=names, copy=False)  # F order: the block is out's view
+    return pd.concat([pd.concat(frames, ignore_index=True), joined_columns(values)], axis=1)
 
 
 def _in_order(fn: Callable, items: Iterator, workers: int) -> Iterator:

@@ -60,6 +60,19 @@ def codes_in(column: pd.Series, categories: Sequence[str]) -> np.ndarray:
     return per_value(column, lambda values: index.get_indexer(values.astype(str)), -1)
 
 
+def same_values(got: pd.Series, want: pd.Series) -> np.ndarray:
+    """Row by row, whether two columns hold the same value. Two categorical columns are
+    compared by their codes in one category list (pandas refuses `!=` between
+    categoricals whose categories differ, e.g. one law's prompts against every prompt's)."""
+    if isinstance(got.dtype, pd.CategoricalDtype) and isinstance(want.dtype, pd.CategoricalDtype):
+        # want's codes moved into got's categories (-1: not among them, never equal)
+        moved = got.cat.categories.get_indexer(want.cat.categories)
+        codes = want.cat.codes.to_numpy()
+        want_codes = np.where(codes < 0, -2, moved[codes])
+        return (got.cat.codes.to_numpy() == want_codes) & (want_codes >= 0)
+    return (got == want).to_numpy(dtype=bool, na_value=False)
+
+
 _DESIGN_BLOCK = 16_384  # rows per block of a design copy (about 4 MB of float32 rows)
 
 

@@ -26,6 +26,7 @@ from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
 from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
+from rerank.fit.design import same_values
 from rerank.fit.halves import CrossfitResult, FitStore, LawFits, frame_folds
 from rerank.fit.models import LABEL_OF_LAW, FittedReranker
 from selection.pool_batch import PoolBatch
@@ -250,7 +251,7 @@ def _check_same_rows(
     for key in keys:  # Series compared as Series: no Python string per row
         got = frame[key].reset_index(drop=True)
         want = candidates[key].iloc[rows].reset_index(drop=True)
-        bad = np.flatnonzero((got != want).to_numpy())
+        bad = np.flatnonzero(~same_values(got, want))
         if bad.size:
             raise ValueError(
                 f"law_frame({temperature:g}) gave its rows in another order than the candidate "
