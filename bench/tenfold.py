@@ -9,7 +9,8 @@ Synthetic traces of `--scale` x 1402 prompts x 261 rounds (both laws, 710-candid
 rounds on disk; 10x is 23 GB, and its generation runs on one core: 1,320 s at 3x, about two
 hours at 10x at low priority beside other work; an interrupted generation resumes). Then two child
 processes, each under `/usr/bin/time -v`: `python -m features.extract` (resumable: on a store
-extracted before, its figures are those of checking the finished shards) and the
+extracted before, its figures are those of checking the finished shards; at 10x a first
+extraction took 321 s wall, 445 CPU-s, 0.94 GiB peak, 2.8 GB on disk) and the
 default `python -m rerank.train` (its fits kept under bench/.cache/tenfold-fits-<scale>, so a
 stopped run resumes; `--refit` starts them afresh). Extra `--set key=value` overrides go to
 `rerank.train` (e.g. `--set rerank.train_share=0.5`).

@@ -20,15 +20,21 @@ GROUPINGS = ("task", "category", "entropy_quintile", "draft_top_is_argmax")
 
 
 def _grouped(frame: pd.DataFrame):
-    """(temperature, by, group, rounds of the group) over every law and grouping."""
-    for temperature, part in frame.groupby("temperature"):
-        # copy-on-write: the new column is the part's alone (no copy of the table's rows)
-        part["entropy_quintile"] = (
-            pd.qcut(part["root_entropy"].rank(method="first"), 5, labels=False) + 1
-        )
+    """(temperature, by, group, rounds of the group) over every law and grouping.
+
+    Each group's rounds are taken from the whole table by position, the grouping done on
+    the law's keys alone: a copy of each law's rows (all of the per-round table's columns)
+    held beside each group's was 1 GiB at 10x the paper. The groups, their order and their
+    rows' order are `groupby`'s, on the law's rows as before."""
+    for temperature, law in sorted(frame.groupby("temperature").indices.items()):
+        keys = frame[[g for g in GROUPINGS if g != "entropy_quintile"]].iloc[law]
+        keys = keys.reset_index(drop=True)  # a group's index: positions among the law's rows
+        keys["entropy_quintile"] = (
+            pd.qcut(frame["root_entropy"].iloc[law].rank(method="first"), 5, labels=False) + 1
+        ).to_numpy()
         for by in GROUPINGS:
-            for group, sub in part.groupby(by):
-                yield temperature, by, group, sub
+            for group, members in keys.groupby(by):
+                yield temperature, by, group, frame.take(law[members.index.to_numpy()])
 
 
 def breakdowns(frame: pd.DataFrame) -> pd.DataFrame:

@@ -1,0 +1,103 @@
+"""`python -m bench.stage_memory`: resident memory of `rerank.train`, stage by stage.
+
+    python -m bench.stage_memory rerank.traces=<dir> rerank.features=<dir> rerank.fits=<dir>
+
+Runs the job in this process with its Hydra overrides, its stages wrapped (a law's frame,
+each (law, feature set) cross-fit, the pass over the pools, the report tables, the tail's
+steps). A thread reads `/proc/self/statm` every 20 ms; each stage prints the resident GiB
+before it, its peak and after it, and its wall seconds, and the run ends with the peak
+(`ru_maxrss`). Run it under `/usr/bin/time -v` for the figure issue 31 asks for; the
+sampling thread holds no arrays. A stage's peak includes what earlier stages still hold,
+so the table says where the job's peak is reached and what each stage adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import resource
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_GIB = 2**30
+
+
+def resident_gib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * _PAGE / _GIB
+
+
+class StagePeaks:
+    """Resident memory sampled in a thread; `wrap` reports a function's stage."""
+
+    def __init__(self, every_s: float = 0.02) -> None:
+        self.peak, self.t0, self.rows = 0.0, time.time(), []
+        threading.Thread(target=self._sample, args=(every_s,), daemon=True).start()
+
+    def _sample(self, every_s: float) -> None:
+        while True:
+            self.peak = max(self.peak, resident_gib())
+            time.sleep(every_s)
+
+    def wrap(self, owner: object, attr: str, name: str) -> None:
+        fn: Callable = getattr(owner, attr)
+
+        @functools.wraps(fn)
+        def staged(*args, **kwargs):
+            before = resident_gib()
+            self.peak, start = before, time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                row = (name, before, max(self.peak, resident_gib()), resident_gib(),
+                       time.time() - start)  # fmt: skip
+                self.rows.append(row)
+                print(f"[stage] {time.time() - self.t0:8.1f}s {name:<26} before {row[1]:6.2f} "
+                      f"peak {row[2]:6.2f} after {row[3]:6.2f} GiB  {row[4]:7.1f} s", flush=True)  # fmt: skip
+
+        setattr(owner, attr, staged)
+
+
+def wrap_stages(peaks: StagePeaks) -> None:
+    """The job's stages, wrapped where the job looks them up (module attributes)."""
+    import rerank.evaluate.policy as policy
+    import rerank.evaluate.reports as reports
+    import rerank.fit.halves as halves
+    import rerank.job.evaluation as evaluation
+    import rerank.job.fitting as fitting
+    import rerank.train as train
+
+    for name in ("fit", "evaluate", "write_tables"):
+        peaks.wrap(train, name, name)
+    peaks.wrap(fitting, "law_frame", "law frame")
+    peaks.wrap(halves.LawFits, "crossfit", "cross-fit")
+    for name in ("fit_per_depth_maps", "evaluate_traces", "choose_mixture_weights", "law_draws",
+                 "breakdown_gains", "breakdowns"):  # fmt: skip
+        peaks.wrap(evaluation, name, name)
+    peaks.wrap(policy.PolicyRounds, "apply", "policy rows")
+    peaks.wrap(reports.ReportAccumulators, "tables", "report tables")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("overrides", nargs="*", help="rerank.train's Hydra overrides")
+    args = parser.parse_args()
+    peaks = StagePeaks()
+    wrap_stages(peaks)
+    import rerank.train as train
+    from specrank.cli import run_entry_point
+
+    sys.argv = ["rerank.train", *args.overrides]
+    run_entry_point(train.main, stage="rerank.train")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"[stage] the job's peak resident memory (ru_maxrss): {peak:.2f} GiB", flush=True)
+
+
+if __name__ == "__main__":
+    main()
