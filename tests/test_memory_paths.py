@@ -117,3 +117,17 @@ def test_same_values_compare_categoricals_whose_categories_differ():
     np.testing.assert_array_equal(same_values(missing, got), [True, False, True])
     as_str = pd.Series(["p1", "p0", "p9"], dtype="str")
     np.testing.assert_array_equal(same_values(got, as_str), [True, True, False])
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 6, 1001])
+def test_the_row_agreement_median_is_numpy_s_in_float64(n):
+    from rerank.evaluate.row_agreement import _mean64, _median64
+
+    values = np.random.default_rng(n).random(n).astype(np.float32)
+    values[: n // 3] = values[0] if n else values[:0]  # ties
+    want = np.median(values.astype(np.float64)) if n else np.nan
+    assert _median64(values) == want or (np.isnan(want) and np.isnan(_median64(values)))
+    mean = _mean64(values)
+    assert mean == values.astype(np.float64).mean() if n else np.isnan(mean)
+    if n:
+        assert np.isnan(_median64(np.append(values, np.float32(np.nan))))

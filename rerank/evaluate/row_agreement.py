@@ -162,18 +162,39 @@ class RowRounds:
 
 
 def _kind_row(present: np.ndarray, tv: np.ndarray, agree: np.ndarray, n_rounds: int) -> dict:
-    """Availability over rounds, then TV / argmax agreement over the present rows."""
+    """Availability over rounds, then TV / argmax agreement over the present rows (in
+    float64, one copy at a time: the present rows' float64 TVs, agreements and the
+    median's partition held together were 1.4 GiB at 10x the paper)."""
     has_row = present.any(axis=1) if present.ndim == 2 else present
-    tv, agree = tv[present].astype(np.float64), agree[present].astype(np.float64)
+    rows = tv[present]
+    tv_mean, tv_median = _mean64(rows), _median64(rows)
+    del rows
     return {
         "rounds": n_rounds,
         "availability": has_row.sum() / n_rounds,
         "rows": int(present.sum()),
         "rows_per_round": present.sum() / n_rounds,
-        "tv_mean": tv.mean() if tv.size else np.nan,
-        "tv_median": np.median(tv) if tv.size else np.nan,
-        "argmax_agree": agree.mean() if agree.size else np.nan,
+        "tv_mean": tv_mean,
+        "tv_median": tv_median,
+        "argmax_agree": _mean64(agree[present]),
     }
+
+
+def _mean64(values: np.ndarray) -> float:
+    """``values.astype(np.float64).mean()`` (NaN when empty)."""
+    return values.astype(np.float64).mean() if values.size else np.nan
+
+
+def _median64(values: np.ndarray) -> float:
+    """``np.median(values.astype(np.float64))`` (NaN when empty) from a partition of the
+    values themselves: the cast keeps their order, and the middle values are averaged in
+    float64 as `np.median` averages them."""
+    n = values.size
+    if n == 0 or np.isnan(values).any():
+        return np.nan
+    kth = [(n - 1) // 2, n // 2]  # one index when n is odd
+    middle = np.partition(values, kth)[kth].astype(np.float64)
+    return middle.mean() if n % 2 == 0 else middle[0]
 
 
 def agreement_tables(rows: RowRounds) -> tuple[pd.DataFrame, pd.DataFrame]:
