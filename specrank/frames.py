@@ -1,9 +1,9 @@
 """A scan of a dataset as a pandas frame, filled batch by batch (no whole Arrow table held).
 
 `scanner.to_table().to_pandas(...)` holds the whole Arrow table while the frame is made:
-at 10x the paper one law's candidate rows are 3.9 GiB of Arrow beside 4.4 GiB of frame,
-and Arrow's allocator keeps buffers a while after `self_destruct` frees them (peak 8.6 GiB
-where the frame alone is 4.4). Arrow has no scan-into-numpy, so `scanned_frame`
+at 10x the paper one law's candidate rows peaked at 8.6 GiB that way, for a frame of 4.4
+(`self_destruct` frees each column only once converted). Arrow has no scan-into-numpy, so
+`scanned_frame`
 preallocates each column (the scan's row count first) and writes each record batch into
 it; strings are dictionary-encoded per batch and made categories at the end.
 """

@@ -2,9 +2,8 @@
 
 Chunks are merged in the store's order; the tables group rounds by law. A plain
 `pd.concat` of the chunks' frames holds every round twice, and a `groupby` over laws
-copies each law's rows once more (at 10x the paper the report accumulators' rounds
-take about 2.3 GiB). Here each chunk's array is placed once into the joined array and
-freed, and the rows can be put law by law (`law_order`) so each law's rows are a
+copies each law's rows once more. Here each chunk's array is placed once into the joined
+array and freed, and the rows can be put law by law (`law_order`) so each law's rows are a
 slice of the joined table: a view, not a copy. Within a law the rows keep the chunks'
 order, which is the order `groupby` gives, so every sum runs over the same values in
 the same order and the tables are the same bits.

@@ -155,7 +155,7 @@ class RowRounds:
         )
         bits = np.where(split, frame["path_bits"].to_numpy()[np.maximum(at, 0)], 0)
         # bit i of each round's mask as a bool column, unpacked from the mask's little-endian
-        # bytes: shifting int64 masks by 25 held two [R, 25] int64 arrays (1.5 GiB at 10x)
+        # bytes: shifting int64 masks by 25 held two [R, 25] int64 arrays (1.5 GB at 10x)
         mask_bytes = bits.astype("<u4").view(np.uint8).reshape(-1, 4)
         on_path = np.unpackbits(mask_bytes, axis=1, bitorder="little")[:, :_LIST].view(bool)
         return frame, tv, agree, np.concatenate([split[:, None], on_path], axis=1)
@@ -163,8 +163,8 @@ class RowRounds:
 
 def _kind_row(present: np.ndarray, tv: np.ndarray, agree: np.ndarray, n_rounds: int) -> dict:
     """Availability over rounds, then TV / argmax agreement over the present rows (in
-    float64, one copy at a time: the present rows' float64 TVs, agreements and the
-    median's partition held together were 1.4 GiB at 10x the paper)."""
+    float64, one copy at a time: a law's present TVs and agreements as float64 and the
+    median's partition are each up to 25 values a round)."""
     has_row = present.any(axis=1) if present.ndim == 2 else present
     rows = tv[present]
     tv_mean, tv_median = _mean64(rows), _median64(rows)

@@ -150,7 +150,7 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
     quality = prediction_quality(candidates, preds)
     # the laws' prediction parts, joined into one table, and the fits' transients: without a
     # trim they stay resident into the pass (at 10x the fitting ended at 7.2 GiB resident,
-    # its candidate and prediction tables about 3 of it; at 1x a trim here returns 0.3 GiB)
+    # 3.9 with it)
     release_freed_heap()
     seconds = time.perf_counter() - t0
     return Fitted(candidates, folds, preds, quality, seconds, halves)
