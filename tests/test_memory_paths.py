@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rerank.evaluate.joined import joined_columns, joined_rows, law_order, law_spans
+from rerank.evaluate.joined import joined_columns, joined_rows, law_major_order, law_spans
 from rerank.fit.design import codes_in, same_values, shared_strings
 from rerank.fit.halves import frame_folds
 from specrank.memory import heap_retained, return_freed_heap
@@ -67,7 +67,7 @@ def _chunks(seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
 
 def test_joined_rows_are_the_concatenation_taken_in_order_and_free_the_parts():
     temps, parts = _chunks()
-    order = law_order(np.concatenate(temps))
+    order = law_major_order(np.concatenate(temps))
     want = np.concatenate(parts)
     np.testing.assert_array_equal(joined_rows(list(parts), None), want)
     held = list(parts)
@@ -79,7 +79,7 @@ def test_law_spans_give_the_rows_groupby_gives_in_its_order():
     temps, parts = _chunks(1)
     frame = pd.DataFrame(np.concatenate(parts), columns=list("abc"))
     frame["temperature"] = np.concatenate(temps)
-    order = law_order(frame["temperature"].to_numpy())
+    order = law_major_order(frame["temperature"].to_numpy())
     values = [{c: p[:, j] for j, c in enumerate("abc")} for p in parts]
     joined = joined_columns(values, order)
     assert all(v == {} for v in values)

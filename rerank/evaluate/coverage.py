@@ -29,7 +29,7 @@ import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
-from rerank.evaluate.joined import joined_columns, law_order, law_spans
+from rerank.evaluate.joined import joined_columns, law_major_order, law_spans
 from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
 from selection.rules import parse_value_key, value_key
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
@@ -170,7 +170,7 @@ class CoverageRounds:
         head = pd.concat([h for h, _ in self.parts], ignore_index=True)
         values = [cols for _, cols in self.parts]
         self.parts = []
-        order = law_order(head["temperature"].to_numpy())
+        order = law_major_order(head["temperature"].to_numpy())
         head = head.take(order).reset_index(drop=True)
         return pd.concat([head, joined_columns(values, order)], axis=1)
 

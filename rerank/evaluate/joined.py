@@ -3,7 +3,7 @@
 Chunks are merged in the store's order; the tables group rounds by law. A plain
 `pd.concat` of the chunks' frames holds every round twice, and a `groupby` over laws
 copies each law's rows once more. Here each chunk's array is placed once into the joined
-array and freed, and the rows can be put law by law (`law_order`) so each law's rows are a
+array and freed, and the rows can be put law by law (`law_major_order`) so each law's rows are a
 slice of the joined table: a view, not a copy. Within a law the rows keep the chunks'
 order, which is the order `groupby` gives, so every sum runs over the same values in
 the same order and the tables are the same bits.
@@ -15,15 +15,15 @@ import numpy as np
 import pandas as pd
 
 
-def law_order(temperature: np.ndarray) -> np.ndarray:
+def law_major_order(temperature: np.ndarray) -> np.ndarray:
     """Row positions law by law (sorted temperatures), each law's rows in their order."""
     return np.argsort(temperature, kind="stable")
 
 
 def law_spans(temperature: np.ndarray) -> list[tuple[float, slice]]:
-    """(temperature, its rows) of law-ordered rows (`law_order`'s result)."""
+    """(temperature, its rows) of law-ordered rows (`law_major_order`'s result)."""
     if temperature.size and np.any(temperature[1:] < temperature[:-1]):
-        raise ValueError("law_spans needs rows put law by law (law_order)")
+        raise ValueError("law_spans needs rows put law by law (law_major_order)")
     laws, starts = np.unique(temperature, return_index=True)
     ends = [*starts[1:], temperature.size]
     return [(float(t), slice(int(a), int(b))) for t, a, b in zip(laws, starts, ends, strict=True)]

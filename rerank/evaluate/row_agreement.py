@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 
-from rerank.evaluate.joined import joined_rows, law_order, law_spans
+from rerank.evaluate.joined import joined_rows, law_major_order, law_spans
 from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from selection.pool_batch import list_matrix, trace_matrix
 from specrank.laws import law_name
@@ -145,7 +145,7 @@ class RowRounds:
             raise ValueError("the trace store holds no rounds")
         frame = pd.concat(self.frames, ignore_index=True)
         self.frames = []
-        order = law_order(frame["temperature"].to_numpy())
+        order = law_major_order(frame["temperature"].to_numpy())
         frame = frame.take(order).reset_index(drop=True)
         tv, agree = joined_rows(self.tv, order), joined_rows(self.agree, order)
         codes = RoundCodes(frame[ROUND_KEYS])
