@@ -53,11 +53,12 @@ class StagePeaks:
             try:
                 return fn(*args, **kwargs)
             finally:
-                row = (name, before, max(self.peak, resident_gib()), resident_gib(),
-                       time.time() - start)  # fmt: skip
+                after = resident_gib()
+                row = (name, before, max(self.peak, after), after, time.time() - start)
                 self.rows.append(row)
-                print(f"[stage] {time.time() - self.t0:8.1f}s {name:<26} before {row[1]:6.2f} "
-                      f"peak {row[2]:6.2f} after {row[3]:6.2f} GiB  {row[4]:7.1f} s", flush=True)  # fmt: skip
+                print(f"[stage] {time.time() - self.t0:8.1f}s {name:<26} before {before:6.2f} "
+                      f"peak {row[2]:6.2f} after {after:6.2f} GiB  {row[4]:7.1f} s",
+                      flush=True)  # fmt: skip
 
         setattr(owner, attr, staged)
 

@@ -3,9 +3,9 @@
 `scanner.to_table().to_pandas(...)` holds the whole Arrow table while the frame is made:
 at 10x the paper one law's candidate rows peaked at 8.6 GiB that way, for a frame of 4.4
 (`self_destruct` frees each column only once converted). Arrow has no scan-into-numpy, so
-`scanned_frame`
-preallocates each column (the scan's row count first) and writes each record batch into
-it; strings are dictionary-encoded per batch and made categories at the end.
+`scanned_frame` preallocates each column (the scan's row count first) and writes each
+record batch into it; strings are dictionary-encoded per batch and made categories at the
+end.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Chunks are merged in the store's order; the tables group rounds by law. A plain
 `pd.concat` of the chunks' frames holds every round twice, and a `groupby` over laws
 copies each law's rows once more. Here each chunk's array is placed once into the joined
-array and freed, and the rows can be put law by law (`law_major_order`) so each law's rows are a
-slice of the joined table: a view, not a copy. Within a law the rows keep the chunks'
+array and freed, and the rows can be put law by law (`law_major_order`) so each law's
+rows are a slice of the joined table: a view, not a copy. Within a law the rows keep the chunks'
 order, which is the order `groupby` gives, so every sum runs over the same values in
 the same order and the tables are the same bits.
 """
@@ -29,36 +29,46 @@ def law_spans(temperature: np.ndarray) -> list[tuple[float, slice]]:
     return [(float(t), slice(int(a), int(b))) for t, a, b in zip(laws, starts, ends, strict=True)]
 
 
-def joined_rows(parts: list[np.ndarray], order: np.ndarray | None = None,
-                out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+def joined_rows(parts: list[np.ndarray], order: np.ndarray | None = None) -> np.ndarray:
     """`np.concatenate(parts)[order]` (rows), each part freed (popped) once placed: the
-    parts and the result are never both held whole. `order` None: the parts' order;
-    `out`: written there (e.g. a column of a block)."""
+    parts and the result are never both held whole. `order` None: the parts' order."""
     n = sum(len(p) for p in parts)
-    if out is None:
-        out = np.empty((n, *parts[0].shape[1:]), dtype=parts[0].dtype)
-    dest = None
-    if order is not None:
-        dest = np.empty(n, dtype=np.int64)  # where each row of the concatenation goes
-        dest[order] = np.arange(n)
-    lo = 0
-    while parts:
-        part = parts.pop(0)
-        rows = slice(lo, lo + len(part))
-        out[rows if dest is None else dest[rows]] = part
-        lo += len(part)
+    out = np.empty((n, *parts[0].shape[1:]), dtype=parts[0].dtype)
+    _place(parts, _destinations(order, n), out)
     return out
 
 
 def joined_columns(
     values: list[dict[str, np.ndarray]], order: np.ndarray | None = None
 ) -> pd.DataFrame:
-    """The chunks' value columns as float64 (the values must be exact in it) end to end (rows in `order`, None: the chunks'),
-    as one block written a column at a time, each chunk's array freed once copied in: the
-    values are held once, where a concat of whole chunk tables holds all of them twice. One
-    block, as that concat gave: a block per column makes pandas warn when columns are added."""
+    """The chunks' value columns end to end (rows in `order`, None: the chunks'), as one
+    float64 block (the values must be exact in it) written a column at a time, each chunk's
+    array freed once copied in: the values are held once, where a concat of whole chunk
+    tables holds them twice. One block, as that concat gave: a block per column makes
+    pandas warn when columns are added."""
     names = list(values[0])
-    out = np.empty((sum(len(cols[names[0]]) for cols in values), len(names)), order="F")
+    n = sum(len(cols[names[0]]) for cols in values)
+    out = np.empty((n, len(names)), order="F")
+    dest = _destinations(order, n)  # once for every column
     for j, name in enumerate(names):
-        joined_rows([cols.pop(name) for cols in values], order, out[:, j])
+        _place([cols.pop(name) for cols in values], dest, out[:, j])
     return pd.DataFrame(out, columns=names, copy=False)  # F order: the block is out's view
+
+
+def _destinations(order: np.ndarray | None, n: int) -> np.ndarray | None:
+    """Where each row of the concatenation goes (the inverse of `order`; None: in place)."""
+    if order is None:
+        return None
+    dest = np.empty(n, dtype=np.int64)
+    dest[order] = np.arange(n)
+    return dest
+
+
+def _place(parts: list[np.ndarray], dest: np.ndarray | None, out: np.ndarray) -> None:
+    """Each part's rows into `out` at `dest` (None: end to end), popped once placed."""
+    lo = 0
+    while parts:
+        part = parts.pop(0)
+        rows = slice(lo, lo + len(part))
+        out[rows if dest is None else dest[rows]] = part
+        lo += len(part)

@@ -24,8 +24,9 @@ def _grouped(frame: pd.DataFrame):
 
     Each group's rounds are taken from the whole table by position, the grouping done on
     the law's keys alone, with no copy of each law's rows (all of the per-round table's
-    columns) beside each group's: at 10x the breakdown gains peaked 0.8 GiB lower. The groups, their order and their
-    rows' order are `groupby`'s, on the law's rows as before."""
+    columns) beside each group's: at 10x the breakdown gains peaked 0.8 GiB lower. The
+    groups, their order and their rows' order are `groupby`'s, on the law's rows as before.
+    """
     for temperature, law in sorted(frame.groupby("temperature").indices.items()):
         keys = frame[[g for g in GROUPINGS if g != "entropy_quintile"]].iloc[law]
         keys = keys.reset_index(drop=True)  # a group's index: positions among the law's rows
