@@ -1,6 +1,7 @@
 """`python -m bench.stage_memory`: resident memory of `rerank.train`, stage by stage.
 
     python -m bench.stage_memory rerank.traces=<dir> rerank.features=<dir> rerank.fits=<dir>
+    python -m bench.stage_memory --wrap rerank.evaluate.reports:agreement_tables <overrides>
 
 Runs the job in this process with its Hydra overrides, its stages wrapped (a law's frame,
 each (law, feature set) cross-fit, the pass over the pools, the report tables, the tail's
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import os
 import resource
 import sys
@@ -32,15 +34,22 @@ def resident_gib() -> float:
 
 
 class StagePeaks:
-    """Resident memory sampled in a thread; `wrap` reports a function's stage."""
+    """Resident memory sampled in a thread; `wrap` reports a function's stage.
+
+    Stages nest: each running stage keeps its own peak, so a stage wrapped inside another
+    (`--wrap`) leaves the outer stage's peak whole.
+    """
 
     def __init__(self, every_s: float = 0.02) -> None:
-        self.peak, self.t0, self.rows = 0.0, time.time(), []
+        self.t0, self.rows = time.time(), []
+        self.active: dict[int, float] = {}  # running stage -> its peak so far
         threading.Thread(target=self._sample, args=(every_s,), daemon=True).start()
 
     def _sample(self, every_s: float) -> None:
         while True:
-            self.peak = max(self.peak, resident_gib())
+            now = resident_gib()
+            for key, peak in list(self.active.items()):
+                self.active[key] = max(peak, now)
             time.sleep(every_s)
 
     def wrap(self, owner: object, attr: str, name: str) -> None:
@@ -48,19 +57,34 @@ class StagePeaks:
 
         @functools.wraps(fn)
         def staged(*args, **kwargs):
-            before = resident_gib()
-            self.peak, start = before, time.time()
+            before, start, key = resident_gib(), time.time(), object()
+            self.active[id(key)] = before
             try:
                 return fn(*args, **kwargs)
             finally:
                 after = resident_gib()
-                row = (name, before, max(self.peak, after), after, time.time() - start)
+                peak = max(self.active.pop(id(key)), after)
+                row = (name, before, peak, after, time.time() - start)
                 self.rows.append(row)
                 print(f"[stage] {time.time() - self.t0:8.1f}s {name:<26} before {before:6.2f} "
                       f"peak {row[2]:6.2f} after {after:6.2f} GiB  {row[4]:7.1f} s",
                       flush=True)  # fmt: skip
 
         setattr(owner, attr, staged)
+
+
+def wrap_named(peaks: StagePeaks, spec: str) -> None:
+    """Wrap `module:attr` or `module:Class.attr` (where the job looks it up) as a stage."""
+    module, _, path = spec.partition(":")
+    if not path:
+        raise ValueError(f"--wrap takes module:attr or module:Class.attr; got {spec!r}")
+    owner = importlib.import_module(module)
+    *classes, attr = path.split(".")
+    for name in classes:
+        owner = getattr(owner, name)
+    if not callable(getattr(owner, attr, None)):
+        raise ValueError(f"--wrap {spec}: {module} has no function {path}")
+    peaks.wrap(owner, attr, path)
 
 
 def wrap_stages(peaks: StagePeaks) -> None:
@@ -88,9 +112,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("overrides", nargs="*", help="rerank.train's Hydra overrides")
+    parser.add_argument("--wrap", action="append", default=[], metavar="MODULE:ATTR",
+                        help="one more stage, e.g. rerank.evaluate.reports:agreement_tables or "
+                             "rerank.evaluate.coverage:CoverageRounds.table (repeatable)")  # fmt: skip
     args = parser.parse_args()
     peaks = StagePeaks()
     wrap_stages(peaks)
+    for spec in args.wrap:
+        wrap_named(peaks, spec)
     import rerank.train as train
     from specrank.cli import run_entry_point
 

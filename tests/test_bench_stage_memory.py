@@ -6,6 +6,7 @@ from __future__ import annotations
 import types
 
 import numpy as np
+import pytest
 
 from bench import stage_memory
 
@@ -46,3 +47,40 @@ def test_every_stage_the_bench_names_exists(monkeypatch):
     assert halves.LawFits.crossfit in wrapped and evaluation.evaluate_traces in wrapped
     assert policy.PolicyRounds.apply in wrapped and reports.ReportAccumulators.tables in wrapped
     assert len(wrapped) == 13
+
+
+def test_a_nested_stage_leaves_the_outer_stage_s_peak_whole():
+    peaks = stage_memory.StagePeaks(every_s=0.005)
+    owner = types.SimpleNamespace()
+    owner.inner = lambda: None
+
+    def outer():
+        block = np.ones(256 * 2**20 // 8)  # 256 MiB, freed before the inner stage starts
+        del block
+        owner.inner()
+
+    owner.outer = outer
+    peaks.wrap(owner, "inner", "inner")
+    peaks.wrap(owner, "outer", "outer")
+    owner.outer()
+    (inner, outer_row) = peaks.rows
+    assert inner[0] == "inner" and outer_row[0] == "outer"
+    assert outer_row[2] - outer_row[1] > 0.2 and inner[2] - inner[1] < 0.2
+
+
+def test_wrap_named_finds_module_functions_and_methods():
+    import rerank.evaluate.coverage as coverage
+    import rerank.evaluate.reports as reports
+
+    original = reports.agreement_tables, coverage.CoverageRounds.table
+    peaks = stage_memory.StagePeaks()
+    try:
+        stage_memory.wrap_named(peaks, "rerank.evaluate.reports:agreement_tables")
+        stage_memory.wrap_named(peaks, "rerank.evaluate.coverage:CoverageRounds.table")
+        assert reports.agreement_tables is not original[0]
+        assert coverage.CoverageRounds.table is not original[1]
+    finally:
+        reports.agreement_tables, coverage.CoverageRounds.table = original
+    for bad in ("rerank.evaluate.reports", "rerank.evaluate.reports:no_such_function"):
+        with pytest.raises(ValueError, match=bad):
+            stage_memory.wrap_named(peaks, bad)

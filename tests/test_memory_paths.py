@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from rerank.evaluate import joined
 from rerank.evaluate.joined import joined_columns, joined_rows, law_major_order, law_spans
 from rerank.fit.design import codes_in, same_values, shared_strings
 from rerank.fit.halves import frame_folds
@@ -54,10 +55,6 @@ def _touch_and_free(mb: int) -> None:
     del block
 
 
-@pytest.mark.skipif(
-    ctypes.util.find_library("c") is None or not os.path.exists("/proc/self/statm"),
-    reason="needs glibc's mallopt and /proc",
-)
 def _chunks(seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Three chunks' temperatures (two laws, interleaved) and [R, 3] values."""
     rng = np.random.default_rng(seed)
@@ -95,6 +92,13 @@ def test_law_spans_give_the_rows_groupby_gives_in_its_order():
         law_spans(np.array([1.0, 0.0]))
 
 
+GLIBC = pytest.mark.skipif(
+    ctypes.util.find_library("c") is None or not os.path.exists("/proc/self/statm"),
+    reason="needs glibc's mallopt and /proc",
+)
+
+
+@GLIBC
 def test_the_heap_is_kept_inside_the_pass_and_returned_after_it():
     with heap_retained():
         before = _resident_mb()
@@ -105,6 +109,25 @@ def test_the_heap_is_kept_inside_the_pass_and_returned_after_it():
     after = _resident_mb() - before  # glibc's defaults: mapped for itself, unmapped when freed
     assert kept > 200 and returned < 100 and after < 100, (kept, returned, after)
     assert return_freed_heap()
+
+
+@GLIBC
+def test_parts_made_in_the_pass_are_returned_as_they_are_joined(monkeypatch):
+    """The parts come from the pass's kept heap, where a freed part stays resident until a
+    trim: joining 256 MB of them must not hold them beside the joined array."""
+    with heap_retained():
+        parts = [np.ones(2**21) for _ in range(16)]  # 16 MB each, on the kept heap
+    monkeypatch.setattr(joined, "TRIM_BYTES", 64 * 2**20)
+    resident, trim = [], joined.release_freed_heap
+    monkeypatch.setattr(
+        joined, "release_freed_heap", lambda: (trim(), resident.append(_resident_mb()))
+    )
+    start = _resident_mb()
+    out = joined_rows(parts)
+    assert out.shape == (16 * 2**21,) and parts == []
+    assert len(resident) == 4  # every 64 MB freed, the last with the last part
+    # each trim finds what was placed so far (touched in `out`) and none of the parts freed
+    assert max(resident) - start < 32, [round(r - start) for r in resident]
 
 
 def test_same_values_compare_categoricals_whose_categories_differ():

@@ -29,7 +29,7 @@ import pyarrow.dataset as ds
 import torch
 from torch import Tensor
 
-from rerank.evaluate.joined import joined_columns, law_major_order, law_spans
+from rerank.evaluate.joined import joined_columns, law_ordered_frame, law_spans
 from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
 from selection.rules import parse_value_key, value_key
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
@@ -167,11 +167,9 @@ class CoverageRounds:
 
     def _law_ordered(self) -> pd.DataFrame:
         """Every round added, law by law (`rerank.evaluate.joined`), the parts freed."""
-        head = pd.concat([h for h, _ in self.parts], ignore_index=True)
-        values = [cols for _, cols in self.parts]
+        heads, values = [h for h, _ in self.parts], [cols for _, cols in self.parts]
         self.parts = []
-        order = law_major_order(head["temperature"].to_numpy())
-        head = head.take(order).reset_index(drop=True)
+        head, order = law_ordered_frame(heads)
         return pd.concat([head, joined_columns(values, order)], axis=1)
 
 

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import torch
 
-from rerank.evaluate.joined import joined_rows, law_major_order, law_spans
+from rerank.evaluate.joined import joined_rows, law_ordered_frame, law_spans
 from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from selection.pool_batch import list_matrix, trace_matrix
 from specrank.laws import law_name
@@ -143,10 +143,7 @@ class RowRounds:
         (the accumulator is empty after)."""
         if not self.frames:
             raise ValueError("the trace store holds no rounds")
-        frame = pd.concat(self.frames, ignore_index=True)
-        self.frames = []
-        order = law_major_order(frame["temperature"].to_numpy())
-        frame = frame.take(order).reset_index(drop=True)
+        frame, order = law_ordered_frame(self.frames)
         tv, agree = joined_rows(self.tv, order), joined_rows(self.agree, order)
         codes = RoundCodes(frame[ROUND_KEYS])
         at = pd.Index(codes.encode(frame)).get_indexer(codes.encode(frame, shift=-1))
