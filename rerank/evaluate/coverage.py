@@ -142,6 +142,7 @@ class CoverageRounds:
         for temperature, span in law_spans(frame["temperature"].to_numpy()):
             part = frame.iloc[span]  # a view (rows law by law), as groupby's part would copy
             means = part.mean(numeric_only=True)
+            n_prompts = part["prompt_id"].nunique()  # once a law, not once a scored set
             draws = None
             if n_resamples > 0:
                 stats = PromptSums.from_rounds(part, cov_cols)
@@ -160,7 +161,7 @@ class CoverageRounds:
                         "extra_scored": means[value_key(f"extra/{name}", b)],
                         "frontier_scored": means[value_key(f"frontier/{name}", b)],
                         "rounds": len(part),
-                        "prompts": part["prompt_id"].nunique(),
+                        "prompts": n_prompts,
                     }
                 )
         return pd.DataFrame(rows)
