@@ -1,0 +1,3 @@
+from specrank.interpreter import use_project_interpreter
+
+use_project_interpreter()  # a `python -m` command outside .venv reruns in it (specrank.interpreter)

@@ -7,3 +7,7 @@ from_trace.candidate_table(trace) -> pa.Table                    a trace shard -
 schema.CANDIDATE_SPEC / candidate_store(root)                    the candidate table, versioned
 extract.extract(traces, out)                                     `python -m features.extract`
 """
+
+from specrank.interpreter import use_project_interpreter
+
+use_project_interpreter()  # a `python -m` command outside .venv reruns in it (specrank.interpreter)
