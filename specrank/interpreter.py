@@ -30,15 +30,23 @@ def missing_modules() -> list[str]:
 
 
 def module_command(orig_argv: list[str]) -> list[str] | None:
-    """`-m <module> <args...>` of an interpreter's command line, None if it ran no module.
+    """`-m <module> <args...>` of an interpreter's command line, None if it ran no module
+    (a script, `-c`, or nothing).
 
-    Interpreter options before `-m` (`-S`, `-X ...`) are left out: the rerun gets the
-    environment's defaults."""
-    args = orig_argv[1:]
-    if "-m" not in args:
-        return None
-    at = args.index("-m")
-    return args[at:] if at + 1 < len(args) else None
+    Interpreter options before `-m` (`-S`, `-X dev`) are left out: the rerun gets the
+    environment's defaults. A `-m` after a script's path is the script's own argument."""
+    args, i = orig_argv[1:], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "-m":
+            return args[i:] if i + 1 < len(args) else None
+        if arg in ("-X", "-W"):  # the options that take a separate value
+            i += 2
+        elif arg.startswith("-") and arg not in ("-", "-c"):
+            i += 1
+        else:  # a script, `-c` or stdin: no module
+            return None
+    return None
 
 
 def use_project_interpreter(venv: Path = VENV) -> None:

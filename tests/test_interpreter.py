@@ -16,7 +16,14 @@ from specrank.paths import PROJECT_ROOT
 def test_the_module_command_is_what_follows_the_interpreter_s_options():
     argv = ["python", "-S", "-X", "dev", "-m", "decode.record", "--cfg", "job"]
     assert interpreter.module_command(argv) == ["-m", "decode.record", "--cfg", "job"]
-    assert interpreter.module_command(["python", "script.py", "-m"]) is None
+    assert interpreter.module_command(["python", "-m", "decode.record", "-m", "seed=1"]) == [
+        "-m",
+        "decode.record",
+        "-m",
+        "seed=1",
+    ]  # Hydra's own -m (a sweep) stays the module's argument
+    assert interpreter.module_command(["python", "script.py", "-m", "x"]) is None
+    assert interpreter.module_command(["python", "-m"]) is None
     assert interpreter.module_command(["python", "-c", "import decode"]) is None
 
 
