@@ -38,3 +38,22 @@ def test_a_machine_without_gnu_time_is_told_what_to_install(monkeypatch, tmp_pat
     with pytest.raises(RuntimeError, match="apt install time"):
         tenfold.timed(["true"], tmp_path / "log")
     assert not Path(tmp_path / "log").exists()
+
+
+def test_the_traces_are_generated_by_as_many_processes_as_asked(monkeypatch, tmp_path) -> None:
+    started, exit_codes = [], iter([0, 0, 0, 1])  # the last call's second helper fails
+
+    class Helper:
+        def __init__(self, cmd, cwd):
+            started.append(cmd)
+
+        def wait(self):
+            return next(exit_codes)
+
+    monkeypatch.setattr(tenfold.subprocess, "Popen", Helper)
+    monkeypatch.setattr(tenfold, "paper_traces", lambda prompts, rounds: tmp_path / f"{prompts}")
+    assert tenfold.generated(46, 3) == tmp_path / "46"
+    assert len(started) == 2 and "paper_traces(46, 261)" in started[0][-1]
+    assert tenfold.generated(46, 1) == tmp_path / "46" and len(started) == 2  # no helper
+    with pytest.raises(RuntimeError, match=r"exit codes \[0, 1\]"):
+        tenfold.generated(46, 3)
