@@ -42,7 +42,7 @@ class StagePeaks:
 
     def __init__(self, every_s: float = 0.02) -> None:
         self.t0, self.rows = time.time(), []
-        self.active: dict[int, float] = {}  # running stage -> its peak so far
+        self.active: dict[object, float] = {}  # running stage -> its peak so far
         threading.Thread(target=self._sample, args=(every_s,), daemon=True).start()
 
     def _sample(self, every_s: float) -> None:
@@ -58,12 +58,12 @@ class StagePeaks:
         @functools.wraps(fn)
         def staged(*args, **kwargs):
             before, start, key = resident_gib(), time.time(), object()
-            self.active[id(key)] = before
+            self.active[key] = before
             try:
                 return fn(*args, **kwargs)
             finally:
                 after = resident_gib()
-                peak = max(self.active.pop(id(key)), after)
+                peak = max(self.active.pop(key), after)
                 row = (name, before, peak, after, time.time() - start)
                 self.rows.append(row)
                 print(f"[stage] {time.time() - self.t0:8.1f}s {name:<26} before {before:6.2f} "

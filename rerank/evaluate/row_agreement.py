@@ -152,7 +152,8 @@ class RowRounds:
         )
         bits = np.where(split, frame["path_bits"].to_numpy()[np.maximum(at, 0)], 0)
         # bit i of each round's mask as a bool column, unpacked from the mask's little-endian
-        # bytes: shifting int64 masks by 25 held two [R, 25] int64 arrays (1.5 GB at 10x)
+        # bytes: shifting int64 masks by 25 held two [R, 25] int64 arrays (1.5 GB at 10x, by
+        # count)
         mask_bytes = bits.astype("<u4").view(np.uint8).reshape(-1, 4)
         on_path = np.unpackbits(mask_bytes, axis=1, bitorder="little")[:, :_LIST].view(bool)
         return frame, tv, agree, np.concatenate([split[:, None], on_path], axis=1)

@@ -26,7 +26,7 @@ def _grouped(frame: pd.DataFrame, columns: list[str]):
     the law's keys alone, with no copy of each law's rows (all of the per-round table's
     columns) beside each group's: at 10x the breakdown gains peaked 0.8 GiB lower. The
     groups, their order and their rows' order are `groupby`'s, on the law's rows as before.
-    Only `columns` are taken (a third of the per-round table's bytes are other columns).
+    Only `columns` are taken: at 10x the breakdown gains then peaked 11.06 GiB, not 11.45.
     """
     at = [frame.columns.get_loc(c) for c in columns]
     for temperature, law in sorted(frame.groupby("temperature").indices.items()):
