@@ -13,6 +13,11 @@ give the extrapolated memory per node at 10x and 100x the paper.
 
     python -m bench.bench_train_ray                          # 77 and 154 prompts (20 k, 40 k rounds)
     python -m bench.bench_train_ray --synthetic 40 --workers 2   # a quick look
+    python -m bench.bench_train_ray --fit-nodes 2                # and each fit on 2 nodes
+
+`--fit-nodes N` adds a third run: `launcher=ray rerank.model.fit_nodes=N` (each LightGBM fit
+on N Ray Train workers of one thread, `rerank.on_nodes`); its summary is not the single
+process's bit for bit, so the largest difference of a rule's gain over draft is printed instead.
 """
 
 from __future__ import annotations
@@ -77,13 +82,28 @@ def run(traces: Path, features: Path, extra: list[str], tmp: Path) -> dict:
             "all_gib": total, "summary": pd.read_csv(tmp / "run" / "summary.csv")}  # fmt: skip
 
 
+def _largest_gap(one: pd.DataFrame, nodes: pd.DataFrame) -> str:
+    """The largest difference of a rule's gain over draft (a ratio, printed in percentage
+    points) between two runs' summaries, and where."""
+    gap = (nodes["gain"] - one["gain"]).abs()
+    at = int(np.nanargmax(gap.to_numpy()))
+    where = one.loc[at, ["law", "budget", "rule"]].to_dict()
+    return f"largest gain difference {100 * gap.iat[at]:.3g} points at {where}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--synthetic", type=int, nargs="+", default=[77, 154])
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--fit-nodes", type=int, default=None)
     args = parser.parse_args()
+    ray = ["launcher=ray", f"parallel.workers={args.workers}"]
+    modes = {"local": [], "ray": ray}
+    if args.fit_nodes:
+        modes["fit_nodes"] = [*ray, f"rerank.model.fit_nodes={args.fit_nodes}",
+                              "rerank.model.n_threads=1"]  # fmt: skip
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     rows = []
     for prompts in args.synthetic:
@@ -92,14 +112,18 @@ def main() -> None:
             paper_features(prompts, PAPER_ROUNDS),
         )
         got = {}
-        for mode, extra in (("local", []), ("ray", ["launcher=ray",
-                                                     f"parallel.workers={args.workers}"])):  # fmt: skip
+        for mode, extra in modes.items():
             with tempfile.TemporaryDirectory() as tmp:
                 got[mode] = run(traces, features, extra, Path(tmp))
             rows.append({"rounds": prompts * PAPER_ROUNDS, "mode": mode,
                          **{k: v for k, v in got[mode].items() if k != "summary"}})  # fmt: skip
         same = got["ray"]["summary"].equals(got["local"]["summary"])
         print(f"{prompts} prompts: the Ray run's summary table equals one process's: {same}")
+        if "fit_nodes" in got:
+            print(
+                f"{prompts} prompts, fit_nodes={args.fit_nodes}: "
+                f"{_largest_gap(got['local']['summary'], got['fit_nodes']['summary'])}"
+            )
     table = pd.DataFrame(rows)
     pd.set_option("display.width", 160)
     print(table.round(2).to_string(index=False))

@@ -36,6 +36,10 @@ class RerankModelConfig:
     patience: int = 10  # iterations without a better held-out loss before stopping
     validation_share: float = 0.2  # share of the training half's prompts held out, per task
     refit: bool = False  # refit the whole half at the chosen count (else keep the inner model)
+    # LightGBM's own distributed training: each half's fit on this many Ray Train workers,
+    # each reading the rows of its share of the training prompts (rerank.on_nodes; with
+    # launcher=ray, kind=lgbm). 1: each fit in one process.
+    fit_nodes: int = 1
 
 
 @dataclass

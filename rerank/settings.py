@@ -48,9 +48,17 @@ def model_capacity(model: RerankModelConfig) -> Capacity:
     )  # fmt: skip
 
 
-def check_train_parallel(p: ParallelConfig) -> None:
-    """The `parallel` settings of a training run: local, or Ray (`rerank.on_ray`)."""
+def check_train_parallel(p: ParallelConfig, model: RerankModelConfig | None = None) -> None:
+    """The `parallel` settings of a training run: local, or Ray (`rerank.on_ray`); with
+    `model`, its fits' spread over nodes (`rerank.model.fit_nodes`) too."""
     check_parallel(p, "cpu")
+    nodes = 1 if model is None else model.fit_nodes
+    if nodes > 1 and (p.backend != "ray" or model.kind != "lgbm"):
+        raise ValueError(
+            f"rerank.model.fit_nodes={nodes} trains each LightGBM fit on Ray Train workers: it "
+            f"needs launcher=ray (parallel.backend is {p.backend!r}) and rerank.model.kind=lgbm "
+            f"(it is {model.kind!r})"
+        )
     if p.parts != 1:
         raise ValueError(
             f"parallel.parts={p.parts}: rerank.train is one job, not split into ranges of "
@@ -67,6 +75,7 @@ def check_settings(rerank: RerankConfig) -> None:
     check_real("rerank.model.learning_rate", rerank.model.learning_rate, 0.0, low_open=True)
     check_int("rerank.model.max_leaves", rerank.model.max_leaves, 2)
     check_int("rerank.model.patience", rerank.model.patience, 1)
+    check_int("rerank.model.fit_nodes", rerank.model.fit_nodes, 1)
     share = rerank.model.validation_share
     check_real("rerank.model.validation_share", share, 0.0, 1.0, low_open=True)
     if share == 1.0:  # every training prompt held out: nothing left to fit

@@ -139,7 +139,7 @@ def train_and_evaluate(
     """
     check_settings(rerank)
     parallel = parallel or ParallelConfig()
-    check_train_parallel(parallel)
+    check_train_parallel(parallel, rerank.model)
     fingerprint = check_same_traces(project_path(rerank.features), project_path(rerank.traces))
     budgets = store_budgets(rerank)
     t0 = time.perf_counter()

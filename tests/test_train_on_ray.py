@@ -12,18 +12,15 @@ import cloudpickle
 import pandas as pd
 import pytest
 
-from features.extract import extract
-from recipes.synth.config import SynthConfig, SynthJobConfig
-from recipes.synth.job import write_synthetic_traces
 from rerank import on_ray
-from rerank.config import RerankConfig, RerankModelConfig
+from rerank.config import RerankConfig
 from rerank.train import train_and_evaluate
 from specrank import faults
 from specrank.config import MlflowConfig
 from specrank.parallel import Dealt, ParallelConfig
 from specrank.trace_schema import trace_store
+from tests.small_jobs import run_small_job, small_stores
 from tests.toy_workers import lean_ray
-from tree.config import PoolConfig, SelectConfig
 
 SETS = ["rows"]  # x 2 laws: 2 fit tasks of 2 halves each
 TABLES = ["summary.csv", "comparisons.csv", "breakdown_gains.csv", "prediction_quality.csv"]
@@ -31,23 +28,11 @@ TABLES = ["summary.csv", "comparisons.csv", "breakdown_gains.csv", "prediction_q
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("on_ray")
-    job = SynthJobConfig(prompts=12, rounds_per_prompt=6, prompts_per_shard=3)
-    pool = PoolConfig(top_k=4, steps=2, expand=4)
-    write_synthetic_traces(root / "traces", job, pool, SelectConfig(budget=8), SynthConfig(), 0)
-    extract(root / "traces", root / "features", log=lambda _: None)
-    return root / "traces", root / "features"
+    return small_stores(tmp_path_factory.mktemp("on_ray"), 12, 6, 3)
 
 
 def _run(stores: tuple[Path, Path], out: Path, parallel: ParallelConfig | None) -> Path:
-    config = RerankConfig(
-        traces=str(stores[0]), features=str(stores[1]), feature_sets=SETS,
-        model=RerankModelConfig(kind="lgbm", n_threads=1), n_resamples=200,
-        calibration_edges=5_000, chunk_rounds=16, budgets=[8], fits=str(out / "fits"),
-    )  # fmt: skip
-    uri = f"sqlite:///{out / 'mlflow.db'}"
-    train_and_evaluate(config, MlflowConfig(tracking_uri=uri), {}, 0, out / "run", parallel)
-    return out / "run"
+    return run_small_job(stores, out, parallel, SETS)
 
 
 @pytest.mark.slow

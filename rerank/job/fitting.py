@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -17,6 +18,7 @@ from features.schema import candidate_store
 from rerank.config import RerankConfig
 from rerank.evaluate.policy import for_policy
 from rerank.evaluate.pool_chunks import ROUND_KEYS
+from rerank.fit.data_parallel import key_columns
 from rerank.fit.design import TOKEN_PRIOR
 from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.predict import FirstFactorPredictions, fold_map, halves_table, predict_first_factors
@@ -25,6 +27,7 @@ from rerank.fit.resume import FitFolder
 from rerank.settings import model_capacity
 from specrank import faults
 from specrank.frames import scanned_frame
+from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 from specrank.parallel import ParallelConfig
 from specrank.paths import project_path
@@ -80,12 +83,15 @@ def fit_columns(feature_sets: list[str]) -> list[str]:
 
 
 def law_frame(features: Path, score: str, temperature: float,
-              columns: list[str] | None = None) -> pd.DataFrame:  # fmt: skip
-    """One law's candidate rows (`columns` of them; None: every column), as a decoder under
-    policy `score` holds them (`for_policy`); read by the fitting process, or by a Ray worker
-    (hence a module function)."""
+              columns: list[str] | None = None,
+              prompts: tuple[str, ...] | None = None) -> pd.DataFrame:  # fmt: skip
+    """One law's candidate rows (`columns` of them; None: every column; `prompts`: only
+    theirs, in the same order), as a decoder under policy `score` holds them (`for_policy`);
+    read by the fitting process, or by a Ray worker (hence a module function)."""
     dataset = candidate_store(features).dataset()
     law = pc.field("temperature") == pa.scalar(temperature, pa.float32())
+    if prompts is not None:
+        law = law & pc.field("prompt_id").isin(list(prompts))
     # filled a record batch at a time, strings (prompt, rule, task) as categories as the
     # candidates' keys are: no whole Arrow table beside the frame (at 10x the paper a law's
     # rows peaked at 8.6 GiB read whole; strings took 0.8 GiB of its 4.4)
@@ -130,6 +136,8 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
 
         # the workers read every feature; this process only the keys and the controls' inputs
         prefit = RayFits(parallel, frame_of)
+        if rerank.model.fit_nodes > 1:
+            prefit = _node_fits(rerank, parallel, features)
         frame_of = partial(law_frame, features, rerank.score, columns=CONTROL_COLUMNS)
     preds = predict_first_factors(
         candidates,
@@ -154,3 +162,25 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
     release_freed_heap()
     seconds = time.perf_counter() - t0
     return Fitted(candidates, folds, preds, quality, seconds, halves)
+
+
+def _node_rows(features: Path, score: str, columns: list[str], temperature: float,
+               prompts: tuple[str, ...]) -> pd.DataFrame:  # fmt: skip
+    return law_frame(features, score, temperature, columns, prompts)
+
+
+def _node_keys(features: Path, score: str, temperature: float) -> pd.DataFrame:
+    return law_frame(features, score, temperature, key_columns(law_kind(temperature)))
+
+
+def _node_fits(rerank: RerankConfig, parallel: ParallelConfig, features: Path) -> Any:
+    """The prefit that trains each fit on `rerank.model.fit_nodes` Ray Train workers: this
+    process reads each law's keys and labels, the workers their prompts' rows."""
+    from rerank.on_nodes import NodeFits  # Ray is imported only by a run that uses it
+
+    return NodeFits(
+        parallel, rerank.model.fit_nodes, partial(_node_keys, features, rerank.score),
+        partial(_node_rows, features, rerank.score, fit_columns(rerank.feature_sets)),
+        candidate_store(features).fingerprint(),
+        None if rerank.fits is None else project_path(rerank.fits),
+    )  # fmt: skip
