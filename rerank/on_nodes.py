@@ -20,9 +20,11 @@ state under `rerank.fits/.ray_train`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,12 +36,14 @@ from rerank.fit.data_parallel import (
     NodeResult,
     NodeShare,
     crossfit_on_nodes,
+    key_columns,
     predict_share,
     train_share,
 )
 from rerank.fit.halves import CrossfitResult, LawFits
 from rerank.fit.models import FittedReranker
 from specrank import faults
+from specrank.laws import law_kind
 from specrank.parallel import ParallelConfig, connect
 
 
@@ -141,8 +145,9 @@ class NodeFits:
 
     parallel: ParallelConfig
     nodes: int
-    keys_of: Callable[[float], pd.DataFrame]  # a law's `key_columns`
-    rows_of: Callable[[float, tuple[str, ...]], pd.DataFrame]  # a law's rows of some prompts
+    # (temperature, columns, prompts or None) -> that law's rows (`rerank.job.fitting.law_frame`)
+    read: Callable[..., pd.DataFrame]
+    columns: list[str]  # what a node reads of its rows
     store: str  # the candidate table's fingerprint
     fits: Path | None  # rerank.fits (Ray Train's run state goes under it)
 
@@ -151,16 +156,17 @@ class NodeFits:
         threads = settings.n_threads or 1
         cpus = max(self.parallel.workers, self.nodes * threads)
         connect(dataclasses.replace(self.parallel, workers=cpus), gpu=False)
-        storage = tempfile.mkdtemp(prefix="ray-train-") if self.fits is None else (
-            str(self.fits / ".ray_train"))  # fmt: skip
-        out: dict[tuple[float, str], Any] = {}
-        for temperature in dict.fromkeys(t for t, _ in jobs):
-            keys = self.keys_of(temperature)
-            runner = RayNodes(lambda p, t=temperature: self.rows_of(t, p), threads,
-                              self.parallel.max_attempts, storage)  # fmt: skip
-            for t, feature_set in jobs:
-                if t == temperature:
-                    out[(t, feature_set)] = crossfit_on_nodes(
-                        keys, settings, t, feature_set, folds, self.nodes, runner, self.store
-                    )
+        with contextlib.ExitStack() as stack:
+            storage = str(self.fits / ".ray_train") if self.fits is not None else (
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="ray-train-")))  # fmt: skip
+            out: dict[tuple[float, str], Any] = {}
+            for temperature in dict.fromkeys(t for t, _ in jobs):
+                keys = self.read(temperature, key_columns(law_kind(temperature)))
+                read = partial(self.read, temperature, self.columns)
+                runner = RayNodes(read, threads, self.parallel.max_attempts, storage)
+                for t, feature_set in jobs:
+                    if t == temperature:
+                        out[(t, feature_set)] = crossfit_on_nodes(
+                            keys, settings, t, feature_set, folds, self.nodes, runner, self.store
+                        )
         return out

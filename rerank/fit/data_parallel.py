@@ -110,12 +110,10 @@ class NodeFit:
     features: tuple[str, ...]
     categories: tuple[str, ...]
     law: str
-    learning_rate: float
-    max_leaves: int
-    n_iter: int
+    capacity: Capacity  # its learning rate, leaves and patience (where there are held-out rows)
+    n_iter: int  # the iterations this fit trains at most
     seed: int
     n_threads: int
-    patience: int  # early stopping's (used where the share holds held-out rows)
 
 
 @dataclass(frozen=True)
@@ -154,8 +152,7 @@ def train_share(rows: pd.DataFrame, share: NodeShare, spec: NodeFit, network: di
     features = list(spec.features)
     design = DesignColumns(rows, features, spec.categories, share.prior)
     y = _labels(rows, spec.law)
-    capacity = _capacity(spec)
-    params = {**lgbm_params(spec.law, capacity, spec.seed, spec.n_threads),
+    params = {**lgbm_params(spec.law, spec.capacity, spec.seed, spec.n_threads),
               "tree_learner": "data", "pre_partition": True, **network}  # fmt: skip
     cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
 
@@ -170,7 +167,7 @@ def train_share(rows: pd.DataFrame, share: NodeShare, spec: NodeFit, network: di
     if not n_held:
         booster = lgb.train(params, data, num_boost_round=spec.n_iter)
         return NodeResult(booster.model_to_string(), np.empty(0))
-    stop = _StopTogether(combine, float(n_held), params["metric"], spec.patience)
+    stop = _StopTogether(combine, float(n_held), params["metric"], spec.capacity.patience)
     booster = lgb.train(params, data, num_boost_round=spec.n_iter,
                         valid_sets=[dataset(HELD, data)], valid_names=["held"],
                         callbacks=[stop])  # fmt: skip
@@ -188,12 +185,6 @@ def _check_read(rows: pd.DataFrame, share: NodeShare, law: str) -> None:
             f"{len(share.role)} rows the fit task holds for them (keys or labels differ): the "
             f"candidate table must be the same files at the same path on every node"
         )
-
-
-def _capacity(spec: NodeFit) -> Capacity:
-    """The `Capacity` fields `lgbm_params` reads."""
-    return Capacity(n_iter=spec.n_iter, learning_rate=spec.learning_rate,
-                    max_leaves=spec.max_leaves)  # fmt: skip
 
 
 def early_stopping_count(curve: np.ndarray, patience: int) -> int:
@@ -222,12 +213,12 @@ def node_prompts(prompt_codes: np.ndarray, mask: np.ndarray, nodes: int) -> list
 
 
 def node_shares(prompt_codes: np.ndarray, names: np.ndarray, row_hashes: np.ndarray,
-                law: str, groups: Sequence[np.ndarray], role: np.ndarray,
+                law: str, rows: Sequence[np.ndarray], role: np.ndarray,
                 prior: np.ndarray) -> list[NodeShare]:  # fmt: skip
-    """A `NodeShare` per group of prompt codes: its rows' roles and priors, in row order."""
+    """A `NodeShare` per node, of its rows (`rows`, a mask each: the rows of its prompts):
+    their roles and priors, in row order."""
     shares = []
-    for codes in groups:
-        mine = np.isin(prompt_codes, codes)
+    for mine in rows:
         first = np.unique(prompt_codes[mine], return_index=True)[1]
         shares.append(NodeShare(
             tuple(str(p) for p in names[prompt_codes[mine][np.sort(first)]]),
@@ -301,25 +292,18 @@ def crossfit_on_nodes(keys: pd.DataFrame, settings: LawFits, temperature: float,
                                    est, full, prints[i][0], settings.seed, settings.capacity,
                                    _prompts(prompt_ids[train]))  # fmt: skip
             seconds = time.perf_counter() - t0
-            groups = node_prompts(codes, predict, nodes)
-            shares = node_shares(codes, half.names, half.hashes, law, groups,
+            rows = [np.isin(codes, g) for g in node_prompts(codes, predict, nodes)]
+            shares = node_shares(codes, half.names, half.hashes, law, rows,
                                  np.full(len(keys), TRAIN, np.int8), prior)  # fmt: skip
-            parts = runner.predict(model, shares)
-            saved[i] = SavedFit(model, _placed(codes, groups, parts, predict), seconds)
+            phat_half = np.full(len(keys), np.nan, dtype=np.float64)
+            for mine, part in zip(rows, runner.predict(model, shares), strict=True):
+                phat_half[mine] = part
+            saved[i] = SavedFit(model, phat_half[predict], seconds)
             if settings.fits is not None:
                 settings.fits.save(fit_keys[i], saved[i])
         phat[predict] = saved[i].phat
     models, seconds = zip(*((f.model, f.seconds) for f in saved), strict=True)
     return CrossfitResult(phat, fold.astype(np.int8), models, seconds)
-
-
-def _placed(codes: np.ndarray, groups: list[np.ndarray], parts: list[np.ndarray],
-            predict: np.ndarray) -> np.ndarray:  # fmt: skip
-    """The predicted half's phat, in row order, from each group's part."""
-    out = np.full(len(codes), np.nan, dtype=np.float64)
-    for group, part in zip(groups, parts, strict=True):
-        out[np.isin(codes, group)] = part
-    return out[predict]
 
 
 def _fit_half(half: _Half, train: np.ndarray, prior: np.ndarray, by_prompt: bool,
@@ -343,16 +327,16 @@ def _fit_half(half: _Half, train: np.ndarray, prior: np.ndarray, by_prompt: bool
         role[rows[held]], row_prior[rows[held]] = HELD, p_held
     else:
         role[rows] = TRAIN
-    spec = NodeFit(tuple(features), tuple(settings.categories), half.law,
-                   capacity.learning_rate, capacity.max_leaves, capacity.n_iter, settings.seed,
-                   settings.n_threads or 1, capacity.patience)  # fmt: skip
+    spec = NodeFit(tuple(features), tuple(settings.categories), half.law, capacity,
+                   capacity.n_iter, settings.seed, settings.n_threads or 1)  # fmt: skip
 
     def trained(role: np.ndarray, prior: np.ndarray, spec: NodeFit) -> list[NodeResult]:
         groups = [np.union1d(*pair) for pair in zip(
             node_prompts(half.codes, role == TRAIN, nodes),
             node_prompts(half.codes, role == HELD, nodes) if (role == HELD).any()
             else [np.empty(0, np.int64)] * nodes, strict=True)]  # fmt: skip
-        return runner.train(node_shares(half.codes, half.names, half.hashes, half.law, groups,
+        rows = [np.isin(half.codes, g) for g in groups]
+        return runner.train(node_shares(half.codes, half.names, half.hashes, half.law, rows,
                                         role, prior), spec)  # fmt: skip
 
     results = trained(role, row_prior, spec)
@@ -377,6 +361,11 @@ def predict_share(rows: pd.DataFrame, share: NodeShare, model: FittedReranker,
                           BATCH_ROUTE["lgbm"])  # fmt: skip
 
 
+def _own_loss(_iteration: int, loss: float, _held: float) -> float:
+    """`Combine` on one node: the loss over every node's held-out rows is its own."""
+    return loss
+
+
 @dataclass(frozen=True)
 class InProcess:
     """One node, in this process (LightGBM's network needs a process per node): the
@@ -388,8 +377,7 @@ class InProcess:
     def train(self, shares: list[NodeShare], spec: NodeFit) -> list[NodeResult]:
         if len(shares) != 1:
             raise ValueError(f"{len(shares)} nodes in one process; it runs one")
-        alone: Combine = lambda _iteration, loss, _held: loss  # noqa: E731 (one node: its own)
-        return [train_share(self.read(shares[0].prompts), shares[0], spec, {}, alone)]
+        return [train_share(self.read(shares[0].prompts), shares[0], spec, {}, _own_loss)]
 
     def predict(self, model: FittedReranker, shares: list[NodeShare]) -> list[np.ndarray]:
         return [predict_share(self.read(s.prompts), s, model, self.n_threads) for s in shares]

@@ -18,7 +18,6 @@ from features.schema import candidate_store
 from rerank.config import RerankConfig
 from rerank.evaluate.policy import for_policy
 from rerank.evaluate.pool_chunks import ROUND_KEYS
-from rerank.fit.data_parallel import key_columns
 from rerank.fit.design import TOKEN_PRIOR
 from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.predict import FirstFactorPredictions, fold_map, halves_table, predict_first_factors
@@ -27,7 +26,6 @@ from rerank.fit.resume import FitFolder
 from rerank.settings import model_capacity
 from specrank import faults
 from specrank.frames import scanned_frame
-from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 from specrank.parallel import ParallelConfig
 from specrank.paths import project_path
@@ -164,23 +162,13 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
     return Fitted(candidates, folds, preds, quality, seconds, halves)
 
 
-def _node_rows(features: Path, score: str, columns: list[str], temperature: float,
-               prompts: tuple[str, ...]) -> pd.DataFrame:  # fmt: skip
-    return law_frame(features, score, temperature, columns, prompts)
-
-
-def _node_keys(features: Path, score: str, temperature: float) -> pd.DataFrame:
-    return law_frame(features, score, temperature, key_columns(law_kind(temperature)))
-
-
 def _node_fits(rerank: RerankConfig, parallel: ParallelConfig, features: Path) -> Any:
     """The prefit that trains each fit on `rerank.model.fit_nodes` Ray Train workers: this
     process reads each law's keys and labels, the workers their prompts' rows."""
     from rerank.on_nodes import NodeFits  # Ray is imported only by a run that uses it
 
     return NodeFits(
-        parallel, rerank.model.fit_nodes, partial(_node_keys, features, rerank.score),
-        partial(_node_rows, features, rerank.score, fit_columns(rerank.feature_sets)),
-        candidate_store(features).fingerprint(),
+        parallel, rerank.model.fit_nodes, partial(law_frame, features, rerank.score),
+        fit_columns(rerank.feature_sets), candidate_store(features).fingerprint(),
         None if rerank.fits is None else project_path(rerank.fits),
     )  # fmt: skip
