@@ -13,8 +13,8 @@ Each step is the project's own command (a subprocess), in one folder (--out):
 3. `features.extract`, then `rerank.transfer` of --rerankers (fold 0; fitted on another
    suite) at --budget: the offline prediction per round. A rule that reads no matched row
    (draft, rows) keeps its trees and features whatever else a pass scores, so its offline
-   value is the same under every policy; the transfer runs under `rerank.score=--score`
-   where it simulates the saved models' every feature set (tree, record), else under tree;
+   value is the same under every policy; one that does (rows_matched) is simulated on its
+   own trees under `rerank.score=--score` (rerank.evaluate.matched);
 4. `decode.run run.rules=[draft, reranker:<fold 0 of --feature-set>]` on the same prompts
    under `run.score=--score`, with `run.offline=` the transfer run: both rules decode every
    prompt in alternating order in one run, and it prints tokens per pass and tokens/s
@@ -35,7 +35,6 @@ from omegaconf import OmegaConf
 
 from pairs.config import DataConfig
 from pairs.prompts import Prompt, load_prompts
-from rerank.evaluate.policy import MATCHED_AS_RECORDED
 from selection.policies import SCORE_MODES
 from specrank.paths import CONF_DIR, project_path
 
@@ -96,8 +95,7 @@ def main(argv: list[str] | None = None) -> None:
           f"hydra.run.dir={out / 'record'}"], out / "record.log")  # fmt: skip
     _run(["features.extract", f"traces={traces}", f"out={features}"], out / "extract.log")
     model = f"{a.feature_set}_lgbm_T{a.temperature:g}_fold0"
-    offline_score = a.score if a.score in ("tree", *MATCHED_AS_RECORDED) else "tree"
-    policy = [f"rerank.score={offline_score}", f"rerank.score_top_m={a.top_m}"]
+    policy = [f"rerank.score={a.score}", f"rerank.score_top_m={a.top_m}"]
     _run(["rerank.transfer", f"transfer.rerankers={a.rerankers}", f"paths.traces={traces}",
           f"paths.features={features}", f"rerank.budgets=[{a.budget}]", *policy,
           f"hydra.run.dir={out / 'transfer'}"], out / "transfer.log")  # fmt: skip

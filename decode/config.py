@@ -87,8 +87,9 @@ class RunConfig:
     # the offline expected values. (Before, score=pool meant today's record.)
     score: str = "tree"
     top_m: int = 100  # M of score=top_m (App. D.10's M = 100)
-    # A reranker reading features the scored set never gives (the matched row under
-    # score=tree) is refused; true decodes it anyway, with a warning.
+    # A reranker whose trees split on features the scored set never gives (the matched row
+    # under score=tree, token-only rows beyond score=record) is refused; true decodes it
+    # anyway, with a warning.
     allow_missing_features: bool = False
     record_traces: bool = False  # write the run's rounds as traces (needs score=record|pool)
     traces_out: str = "data_out/online_traces/${run.rule}"  # trace store of record_traces

@@ -150,15 +150,15 @@ def commit_step(
     commit_caches(stream, host, path, rows, pending)
     st.held_row = None if held is None else v.logits[held].clone()
     fields = None
+    keep_only = s.score not in NO_TOKEN_ONLY  # as the offline masking (for_policy)
     if s.record:
         # In the pool's terms: X1 alone is the traversal's exit at the root (path empty).
         fields, stream.prev = round_trace_fields(
             root, stream.row_cache, pool, sel, host, v.logits, v.row_logp, v.prow, path,
-            x1[0] if x1 else cont, stats, round_index,
+            x1[0] if x1 else cont, stats, round_index, keep_only,
         )  # fmt: skip
     elif rows_needed:
         rr = round_rows(root, host, path, cont)
-        keep_only = s.score not in NO_TOKEN_ONLY  # under tree: as the offline masking
         stream.prev = retain_rows(rr, v.logits, stream.row_cache, round_index, keep_only)
     if x1 and stream.prev is not None:
         # The next root's address (X1, continuation) lies outside the pool and its retained

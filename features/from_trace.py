@@ -9,11 +9,14 @@ rule, budget) in the same table: trace shards hold whole prompts.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.first_level import first_level_features, first_level_index, first_level_labels
+from features.registry import FEATURES
 from features.rounds import (
     FL_ROWS,
     PAD_DEPTH,
@@ -89,11 +92,7 @@ def candidate_table(trace: pa.Table) -> pa.Table:
     """One candidate-table row per first-level candidate of every round in `trace`."""
     rounds = round_arrays(trace)
     n1 = rounds.n_first_level()
-    # In chunks of rounds: the same values (a round's features never depend on the
-    # batch), but working arrays stay cache-sized, which cuts CPU time by about a third.
-    chunks = range(0, max(rounds.n_rounds, 1), CHUNK_ROUNDS)
-    parts = [first_level_features(rounds.rows(a, a + CHUNK_ROUNDS)) for a in chunks]
-    features = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    features = _features_in_chunks(rounds)
     target_prob, _ = trace_matrix(trace, "cand_target_prob", np.nan, np.float32)
     labels = first_level_labels(
         rounds.cand_token, target_prob, _numpy(trace, "root_argmax", np.int32), n1
@@ -112,6 +111,51 @@ def candidate_table(trace: pa.Table) -> pa.Table:
     for name, value in (features | labels).items():
         columns[name] = _to_arrow(value, CANDIDATE_SCHEMA.field(name))
     return pa.table({f.name: columns[f.name] for f in CANDIDATE_SCHEMA}, schema=CANDIDATE_SCHEMA)
+
+
+def _features_in_chunks(rounds: RoundArrays, names: tuple[str, ...] | None = None
+                        ) -> dict[str, np.ndarray]:  # fmt: skip
+    """`first_level_features` of every round (`names` of them; None: all), in chunks of
+    rounds: the same values (a round's features never depend on the batch), but working arrays
+    stay cache-sized, which cuts CPU time by about a third."""
+    chunks = range(0, max(rounds.n_rounds, 1), CHUNK_ROUNDS)
+    parts = [first_level_features(rounds.rows(a, a + CHUNK_ROUNDS)) for a in chunks]
+    names = tuple(parts[0]) if names is None else names
+    return {name: np.concatenate([p[name] for p in parts]) for name in names}
+
+
+MATCHED_FEATURES = tuple(f.name for f in FEATURES if f.group == "matched")
+# what next_root_matched reads beyond TRACE_COLUMNS: the root row's summaries
+ROOT_ROW_COLUMNS = ("root_entropy", "root_top1_prob")
+
+
+def next_root_matched(trace: pa.Table) -> dict[str, np.ndarray]:
+    """The matched row's features (MATCHED_FEATURES) of every first-level candidate of `trace`,
+    in `candidate_table`'s row order, with each round's own root row as its matched row.
+
+    The matched row is the row at the previous round's emitted address (accepted path and
+    continuation), which is this round's context: it is this round's root row, computed by
+    the previous pass (equal up to rounding, `tests/test_matched_simulated.py`). A recording
+    holds it only in the rounds its own scored set covered; a decoder under another policy
+    holds it in other rounds (`rerank.evaluate.matched`), where it is this row. Computed by the
+    recorder's kernel from the root row's first-level probabilities, entropy, top-1 mass and
+    argmax, all at the law temperature as the retained rows are (T = 1 at T = 0).
+    """
+    rounds = round_arrays(trace)
+    n1 = rounds.n_first_level()
+    width = rounds.fl_matched_logprob.shape[1]
+    target, _ = trace_matrix(trace, "cand_target_prob", np.nan, np.float32, width)
+    first = np.arange(width)[None, :] < n1[:, None]
+    with np.errstate(divide="ignore"):  # a zero probability is log 0 = -inf, as the row's
+        logprob = np.where(first, np.log(target), np.float32(np.nan)).astype(np.float32)
+    rounds = dataclasses.replace(
+        rounds,
+        fl_matched_logprob=logprob,
+        matched_entropy=_numpy(trace, "root_entropy", np.float32),
+        matched_top1_prob=_numpy(trace, "root_top1_prob", np.float32),
+        matched_argmax=_numpy(trace, "root_argmax", np.int32),
+    )
+    return _features_in_chunks(rounds, MATCHED_FEATURES)
 
 
 def previous_accepted(trace: pa.Table) -> np.ndarray:

@@ -52,8 +52,9 @@ class RerankConfig:
     # the matched row and the token-only rows, which the default decoder (score=tree) never
     # holds: there it reads what rows_extra reads and gained +0.0% over it at every law and
     # budget of `make run` (2026-12-02), so it is not fitted by default; it is a setting for
-    # a decoder that scores the emitted address (score=record). Issue 31's rule: a set whose
-    # paired gain over its parent stays under 0.5% everywhere is not fitted by default
+    # a decoder that scores the emitted address (score=record, top_m, frontier or pool).
+    # Issue 31's rule: a set whose paired gain over its parent stays under 0.5% everywhere
+    # is not fitted by default
     # (rows_extra over rows: +0.6% [+0.3, +0.9] greedy at B=8, so it stays).
     feature_sets: list[str] = field(default_factory=lambda: ["base", "rows", "rows_extra"])
     calibrators: list[str] = field(default_factory=lambda: ["iso_q1", "per_depth", "rank_control"])
@@ -89,6 +90,8 @@ class RerankConfig:
     # order. It sets App. D.10's decoder without a root pass (root_if_covered: its own trees'
     # coverage) and draft_scored (draft's tree as large as the pass's scored prefixes).
     # tree = the default decoder's (run.score=tree); experiment=paper: top_m with M = 100.
+    # Under top_m, frontier and pool a set reading the matched row (rows_matched) is
+    # simulated on its own trees, fitted on draft's at budgets[0] (rerank.evaluate.matched).
     score: str = "tree"
     score_top_m: int = 100  # M of score=top_m (App. D.10's M = 100)
     # Report tables beside the rule values (rerank.evaluate.reports): retained-row agreement, coverage of

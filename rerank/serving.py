@@ -29,6 +29,7 @@ from rerank.fit.persist import RerankerLoadError, load_reranker, read_sidecar
 from rerank.forest.jit import JitForest, jit_forest, log_phat
 from rerank.forest.table import ForestError, forest_of
 from rerank.forest.walk import CompiledForest, TorchForest, compile_forest, link, prepare
+from selection.policies import NO_TOKEN_ONLY, SCORE_MODES
 from specrank.laws import law_kind
 from specrank.paths import project_path
 
@@ -166,35 +167,54 @@ def unknown_task_counts(model: FittedReranker, prompts_per_task: Mapping[str, in
 
 # Feature groups a decoder's scored set never gives it (`run.score`): under `tree` the
 # emitted address (the accepted path and the continuation) is never a verified prefix, so a
-# round never holds the matched row (issue 28 measured 0% of online rounds), and the decoder
-# keeps no token-only row (selection.policies.NO_TOKEN_ONLY, as offline).
-NEVER_UNDER_SCORE = {"tree": ("matched", "token_only")}
+# round never holds the matched row (issue 28 measured 0% of online rounds); under every
+# policy but `record` the decoder keeps no token-only row (selection.policies.NO_TOKEN_ONLY,
+# as offline).
+NEVER_UNDER_SCORE = {"tree": ("matched", "token_only"),
+                     **{p: ("token_only",) for p in NO_TOKEN_ONLY if p != "tree"}}  # fmt: skip
+
+
+def split_features(model: FittedReranker) -> set[str]:
+    """The features some split of the model's trees tests. A feature missing in every
+    training row (a row the fitting policy never gave) is never split on, so the model's phat
+    does not depend on it."""
+    forest = forest_of(model.estimator, model.kind)
+    internal = forest.left != np.arange(len(forest.left))  # leaves point to themselves
+    return {model.features[j] for j in np.unique(forest.feature[internal])}
 
 
 def check_feature_availability(model: FittedReranker, score: str, allow: bool) -> list[str]:
-    """Refuse a reranker that reads a feature the run's scored set never gives it.
+    """Refuse a reranker whose trees split on a feature the run's scored set never gives it.
 
-    Returns the features that are always missing (NaN) under `score`; raises ValueError
-    listing them and the policy unless `allow` (run.allow_missing_features), which logs a
-    warning instead: the model would be decoded on inputs it was not fitted on.
+    Returns those features, always missing (NaN) under `score`; raises ValueError listing
+    them and the policy unless `allow` (run.allow_missing_features), which logs a warning
+    instead: the model would be decoded on inputs it was not fitted on. A feature the trees
+    never test (a model fitted under the same policy) is not one.
     """
     groups = NEVER_UNDER_SCORE.get(score, ())
-    never = [f for f in model.features if f in BY_NAME and BY_NAME[f].group in groups]
+    read = split_features(model)
+    never = [f for f in model.features
+             if f in BY_NAME and BY_NAME[f].group in groups and f in read]  # fmt: skip
     if not never:
         return []
     what = (
-        f"run.reranker: {len(never)} of its features are always missing under run.score="
-        f"{score} (its {' and '.join(groups)} rows; see rerank.serving.NEVER_UNDER_SCORE): "
-        f"{never}"
+        f"run.reranker: {len(never)} of the features its trees split on are always missing "
+        f"under run.score={score} (its {' and '.join(groups)} rows; see "
+        f"rerank.serving.NEVER_UNDER_SCORE): {never}"
     )
     if not allow:
         raise ValueError(
-            f"{what}. Decode it under another run.score (top_m, frontier, record, pool), use a "
-            f"model without them, or set "
+            f"{what}. Decode it under a run.score that gives them ({_giving(groups)}), use a "
+            f"model fitted under run.score={score} (rerank.score), or set "
             f"run.allow_missing_features=true to decode it anyway"
         )
     log.warning("%s; decoded anyway (run.allow_missing_features=true)", what)
     return never
+
+
+def _giving(groups: tuple[str, ...]) -> str:
+    """The policies under which none of `groups` is always missing."""
+    return ", ".join(p for p in SCORE_MODES if not set(NEVER_UNDER_SCORE.get(p, ())) & set(groups))
 
 
 def uses_rows(model: FittedReranker) -> bool:

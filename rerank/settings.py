@@ -19,7 +19,6 @@ from rerank.config import (
     RerankConfig,
     RerankModelConfig,
 )
-from rerank.evaluate.policy import MATCHED_AS_RECORDED, policy_dependent
 from rerank.evaluate.values import RETAINED_ROWS
 from rerank.fit.boosting import Capacity
 from rerank.fit.crossfit import SCHEMES
@@ -48,9 +47,11 @@ def model_capacity(model: RerankModelConfig) -> Capacity:
     )  # fmt: skip
 
 
-def check_train_parallel(p: ParallelConfig, model: RerankModelConfig | None = None) -> None:
+def check_train_parallel(p: ParallelConfig, model: RerankModelConfig | None = None,
+                         simulated: Sequence[str] = ()) -> None:  # fmt: skip
     """The `parallel` settings of a training run: local, or Ray (`rerank.on_ray`); with
-    `model`, its fits' spread over nodes (`rerank.model.fit_nodes`) too."""
+    `model`, its fits' spread over nodes (`rerank.model.fit_nodes`) too; `simulated`, the
+    feature sets whose matched row is simulated (`rerank.evaluate.matched.simulated_sets`)."""
     check_parallel(p, "cpu")
     nodes = 1 if model is None else model.fit_nodes
     if nodes > 1 and (p.backend != "ray" or model.kind != "lgbm"):
@@ -58,6 +59,12 @@ def check_train_parallel(p: ParallelConfig, model: RerankModelConfig | None = No
             f"rerank.model.fit_nodes={nodes} trains each LightGBM fit on Ray Train workers: it "
             f"needs launcher=ray (parallel.backend is {p.backend!r}) and rerank.model.kind=lgbm "
             f"(it is {model.kind!r})"
+        )
+    if p.backend == "ray" and simulated:
+        raise ValueError(
+            f"rerank.score with {list(simulated)}: their matched row is simulated on each rule's "
+            f"own trees in one process (rerank.evaluate.matched), not on Ray yet; use "
+            f"launcher=local, or rerank.score=tree or record"
         )
     if p.parts != 1:
         raise ValueError(
@@ -100,7 +107,6 @@ def check_settings(rerank: RerankConfig) -> None:
     check_int("rerank.top_m", rerank.top_m, 0)
     check_choice("rerank.score", rerank.score, SCORE_MODES)
     check_int("rerank.score_top_m", rerank.score_top_m, 1)
-    check_policy_sets(rerank.feature_sets, rerank.score)
     if rerank.top_m and rerank.score != "tree":
         raise ValueError(
             f"rerank.score={rerank.score} prices a decoder's own trees over the whole pool, but "
@@ -113,21 +119,6 @@ def check_settings(rerank: RerankConfig) -> None:
     if rerank.workers is not None:
         check_int("rerank.workers", rerank.workers, 1)
     comparison_pairs(rerank)  # parsed and checked against the run's rules
-
-
-def check_policy_sets(feature_sets: Sequence[str], score: str,
-                      what: str = "rerank.feature_sets") -> None:  # fmt: skip
-    """Refuse a feature set reading a row the policy `rerank.score` decides in a way the
-    offline evaluation does not simulate yet (the matched row beyond tree and record)."""
-    if score in ("tree", *MATCHED_AS_RECORDED):
-        return
-    sets = [fs for fs in feature_sets if policy_dependent(FEATURE_SETS[fs])]
-    if sets:
-        raise ValueError(
-            f"{what} has {sets}, whose matched row a decoder under rerank.score={score} "
-            f"holds after other rounds than the recording's; that availability is not "
-            f"simulated yet: use rerank.score=tree or record, or leave {sets} out"
-        )
 
 
 def store_pool_size(manifest: Mapping[str, Any], store: object) -> int:

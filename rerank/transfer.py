@@ -41,6 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from features.schema import candidate_store
 from rerank.config import RerankConfig, TransferConfig
+from rerank.evaluate.matched import NextRootRows, next_root_rows, simulated_sets
 from rerank.evaluate.policy import for_policy
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.design import design_matrix
@@ -49,10 +50,10 @@ from rerank.fit.persist import SIDECAR, RerankerLoadError, load_reranker, read_s
 from rerank.fit.predict import FirstFactorPredictions
 from rerank.fit.quality import prediction_quality
 from rerank.job.evaluation import Evaluation, evaluate
-from rerank.job.fitting import FITTED_COLUMNS, Fitted, check_same_traces
+from rerank.job.fitting import FITTED_COLUMNS, Fitted, check_same_traces, fit_columns
 from rerank.job.tracked import evaluation_metrics
 from rerank.serving import reranker_folder, unknown_task_counts
-from rerank.settings import check_policy_sets, check_settings, comparison_pairs, store_budgets
+from rerank.settings import check_settings, comparison_pairs, store_budgets
 from rerank.train import write_tables
 from selection.rules import learned
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
@@ -164,8 +165,11 @@ def kept_prompts(prompt_ids: list[str], trained_on: set[str], seen: str) -> list
 
 
 def predict_store(rerank: RerankConfig, loaded: Loaded, fold: int, seen: str,
-                  n_threads: int | None = None) -> tuple[Fitted, pd.DataFrame]:  # fmt: skip
-    """The loaded models' phat of every kept candidate (as `Fitted`), and the tasks table."""
+                  n_threads: int | None = None, next_root: NextRootRows | None = None,
+                  ) -> tuple[Fitted, pd.DataFrame]:  # fmt: skip
+    """The loaded models' phat of every kept candidate (as `Fitted`), and the tasks table.
+    Under a SIMULATED policy (`next_root` given) a set reading the matched row gets its phat
+    with and without it too (`with/<rule>`, `without/<rule>`: rerank.evaluate.matched)."""
     t0 = time.perf_counter()
     dataset = candidate_store(project_path(rerank.features)).dataset()
     ids = pc.unique(dataset.to_table(columns=["prompt_id"])["prompt_id"]).to_pylist()
@@ -180,25 +184,36 @@ def predict_store(rerank: RerankConfig, loaded: Loaded, fold: int, seen: str,
         )
     tasks = _task_table(candidates, loaded)
     rules = [learned(fs, loaded.kind).name for fs in loaded.feature_sets]
+    simulated = simulated_sets(loaded.feature_sets, rerank.score) if next_root else []
+    columns = fit_columns(loaded.feature_sets)  # what the models read, not every feature
     parts = []
     for temperature in store_ts:
         at = kept & (pc.field("temperature") == pa.scalar(temperature, pa.float32()))
-        frame = for_policy(dataset.to_table(filter=at).to_pandas(), rerank.score)
+        raw = dataset.to_table(columns=columns, filter=at).to_pandas()
+        frame = for_policy(raw, rerank.score, next_root)
         out = frame[[*ROUND_KEYS, "cand_index"]].copy()
         out["fold"] = np.int8(fold)
         for fs, rule in zip(loaded.feature_sets, rules, strict=True):
             model = loaded.models[temperature][fs]
-            # as rerank.fit.halves.crossfit_predict predicts a held-out row
-            prior = model.token_prior.transform(frame["token"].to_numpy())
-            X = design_matrix(frame, model.features, model.categories, prior)
-            out[rule] = model.predict_matrix(X, n_threads, route=BATCH_ROUTE[model.kind])
+            out[rule] = _phat(model, frame, n_threads)
+            for variant in ("with", "without") if fs in simulated else ():
+                variant_frame = for_policy(raw, rerank.score, next_root, variant)
+                out[f"{variant}/{rule}"] = _phat(model, variant_frame, n_threads)
         parts.append(out)
-        del frame
+        del frame, raw
     preds = FirstFactorPredictions(pd.concat(parts, ignore_index=True), rules)
     folds = dict.fromkeys(candidates["prompt_id"].unique().tolist(), fold)
     quality = prediction_quality(candidates, preds)
     quality = quality[quality["fold"].isin(["all", fold])]  # the other half holds no row
     return Fitted(candidates, folds, preds, quality, time.perf_counter() - t0), tasks
+
+
+def _phat(model: FittedReranker, frame: pd.DataFrame, n_threads: int | None) -> np.ndarray:
+    """The model's phat of `frame`'s rows, as rerank.fit.halves.crossfit_predict predicts a
+    held-out row (the training half's token prior, the batch route)."""
+    prior = model.token_prior.transform(frame["token"].to_numpy())
+    X = design_matrix(frame, model.features, model.categories, prior)
+    return model.predict_matrix(X, n_threads, route=BATCH_ROUTE[model.kind])
 
 
 def _task_table(candidates: pd.DataFrame, loaded: Loaded) -> pd.DataFrame:
@@ -228,14 +243,17 @@ def transfer(rerank: RerankConfig, settings: TransferConfig, tracking: MlflowCon
     budgets = store_budgets(rerank)
     t0 = time.perf_counter()
     loaded = load_rerankers(settings.rerankers, settings.fold, tracking.tracking_uri)
-    check_policy_sets(loaded.feature_sets, rerank.score, f"transfer.rerankers={loaded.folder}")
+    next_root = None
+    if simulated_sets(loaded.feature_sets, rerank.score):  # the matched row on own trees
+        next_root = next_root_rows(trace_store(project_path(rerank.traces)).dataset(),
+                                   rerank.score, rerank.score_top_m, rerank.budgets[0], seed)  # fmt: skip
     # the run's rules are the loaded models' and those that need no fit: no calibration
     # control, and no mixture (its weight is chosen on the other half, which has no rows)
     rerank = replace(rerank, feature_sets=loaded.feature_sets, calibrators=[],
                      mixture_weights=[], model=replace(rerank.model, kind=loaded.kind))  # fmt: skip
     comparison_pairs(rerank)  # configured comparisons must name rules this run has
     fitted, tasks = predict_store(rerank, loaded, settings.fold, settings.seen_prompts,
-                                  rerank.model.n_threads)  # fmt: skip
+                                  rerank.model.n_threads, next_root)  # fmt: skip
     store = trace_store(project_path(rerank.traces)).dataset()
     kept = store.filter(pc.field("prompt_id").isin(list(fitted.folds)))
     ev = evaluate(rerank, fitted, seed, budgets, dataset=kept)

@@ -13,9 +13,14 @@ from __future__ import annotations
 SCORE_MODES = ("tree", "top_m", "frontier", "record", "pool")
 # the policies that give every pool edge's target probability (traces, offline values)
 EDGE_MODES = ("record", "pool")
-# The policies under which a decoder keeps no token-only rows (SPEC §5). Under `tree` the
-# recording's token-only rows come from prefixes the decoder never scores, and the trace
-# keeps them only aggregated, so offline cannot rebuild the tree's own subset: the rows are
-# dropped online and their features masked offline (rerank.evaluate.policy.for_policy), so
-# a model is fitted on the inputs it is decoded with.
-NO_TOKEN_ONLY = ("tree",)
+# The policies under which a decoder keeps no token-only rows (SPEC §5): all but `record`.
+# A token-only row is any scored prefix ending in the continuation, so the rows a decoder holds
+# depend on every prefix its pass scores, and the trace keeps the recording's only aggregated:
+# offline can rebuild no other set's. So the rows are dropped online (and in recordings under
+# these policies) and their features masked offline (rerank.evaluate.policy.for_policy), and a
+# model is fitted on the inputs it is decoded with.
+NO_TOKEN_ONLY = ("tree", "top_m", "frontier", "pool")
+# The policies under which the matched row follows the decoder's own trees, which offline
+# simulates round by round (rerank.evaluate.matched); under `record` it is the recording's,
+# under `tree` there is none (Theorem 1).
+SIMULATED = ("top_m", "frontier", "pool")

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 
 import pytest
 
+from features.registry import BY_NAME
 from pairs.prompts import Prompt
+from rerank.evaluate.policy import for_policy
 from rerank.fit.models import fit_reranker
 from rerank.fit.persist import RerankerLoadError, save_reranker
 from rerank.serving import (
     check_feature_availability,
     load_online_reranker,
+    split_features,
     unknown_tasks,
     unseen_prompts,
 )
@@ -124,20 +128,38 @@ def test_a_task_the_model_never_saw_is_warned(saved, caplog):
     assert not caplog.text
 
 
-def test_a_reranker_reading_rows_the_scored_set_never_gives_is_refused(saved, caplog):
-    model, _ = saved  # rows: no matched-row feature, fine under either scored set
+def test_a_reranker_whose_trees_read_rows_the_scored_set_never_gives_is_refused(saved, caplog):
+    """The guard counts the features the model's trees split on (`split_features`, checked
+    against LightGBM's own split counts): a model fitted where the matched and token-only rows
+    are there is refused under a policy that never gives them, listing those it reads; the same
+    set fitted under `tree` (its rows missing in every training row) reads none of them."""
+    model, _ = saved  # rows: no matched-row feature, fine under every scored set
     assert check_feature_availability(model, "tree", allow=False) == []
-    matched = dataclasses.replace(model, features=[*model.features, "matched_logprob",
-                                                   "matched_gap", "token_only_count"])  # fmt: skip
+    frame = make_candidate_frame(n_prompts=16, rounds=5, temperature=0.0, seed=4)
+    with one_thread():
+        matched = fit_reranker(frame, "rows_matched", "lgbm", "greedy", n_threads=1, capacity=FAST)
+        under_tree = fit_reranker(for_policy(frame, "tree"), "rows_matched", "lgbm", "greedy",
+                                  n_threads=1, capacity=FAST)  # fmt: skip
+    counts = matched.estimator.feature_importance("split")
+    read = split_features(matched)
+    assert read == {f for f, n in zip(matched.features, counts, strict=True) if n > 0}
+    group = {f: BY_NAME[f].group for f in matched.features if f in BY_NAME}
+    never_tree = [
+        f for f in matched.features if f in read and group.get(f) in ("matched", "token_only")
+    ]
+    only = [f for f in never_tree if group[f] == "token_only"]
+    assert "matched_logprob" in never_tree and only  # both rows are informative in the frame
     with pytest.raises(ValueError) as err:
         check_feature_availability(matched, "tree", allow=False)
     msg = str(err.value)
-    assert "always missing under run.score=tree" in msg
-    # the decoder under tree keeps neither the matched nor a token-only row (NO_TOKEN_ONLY)
-    assert "['matched_logprob', 'matched_gap', 'token_only_count']" in msg
-    assert "run.allow_missing_features=true" in msg
-    assert check_feature_availability(matched, "pool", allow=False) == []
+    assert "always missing under run.score=tree" in msg and str(never_tree) in msg
+    assert "run.allow_missing_features=true" in msg and "(record)" in msg
+    # under top_m the matched row comes after covered rounds; no token-only row is kept
+    with pytest.raises(ValueError, match=re.escape(str(only))):
+        check_feature_availability(matched, "top_m", allow=False)
+    assert check_feature_availability(matched, "record", allow=False) == []
+    assert not set(never_tree) & split_features(under_tree)
+    assert check_feature_availability(under_tree, "tree", allow=False) == []
     with caplog.at_level("WARNING", logger="rerank.serving"):
-        assert check_feature_availability(matched, "tree", allow=True) == [
-            "matched_logprob", "matched_gap", "token_only_count"]  # fmt: skip
+        assert check_feature_availability(matched, "tree", allow=True) == never_tree
     assert "decoded anyway" in caplog.text

@@ -176,19 +176,23 @@ def test_under_tree_the_matched_and_token_only_rows_are_absent_online_and_offlin
     pd.testing.assert_frame_equal(masked.drop(columns=absent), frame.drop(columns=absent))
     assert masked["token_only_count"].dtype == frame["token_only_count"].dtype
     assert for_policy(frame, "record") is frame
-    with pytest.raises(ValueError, match=r"rows_matched.*rerank.score=pool.*not simulated"):
-        check_settings(RerankConfig(score="pool", feature_sets=["rows", "rows_matched"]))
+    # beyond tree and record the matched row follows each rule's own trees, simulated
+    # (tests/test_matched_simulated.py)
+    check_settings(RerankConfig(score="pool", feature_sets=["rows", "rows_matched"]))
+    with pytest.raises(ValueError, match=r"rerank.score=top_m: the matched row follows"):
+        for_policy(frame, "top_m")
 
 
-def test_the_matched_row_follows_exactly_the_covered_rounds_online(tmp_path):
-    """Under a policy that scores beyond the tree (here the recorder's, whose rows say which
-    rounds were covered), the matched row is there in round t exactly when round t-1's
-    emitted address was scored."""
+@pytest.mark.parametrize("score", ["record", "pool"])
+def test_the_matched_row_follows_exactly_the_covered_rounds_online(tmp_path, score):
+    """Under a policy that scores beyond the tree (recorded, so the rows say which rounds were
+    covered), the matched row is there in round t exactly when round t-1's emitted address
+    was scored. Token-only rows are kept under `record` alone (NO_TOKEN_ONLY)."""
     pair = tiny_pair(tmp_path / "models", "llama")
     with one_thread():
         path = fitted_reranker(tmp_path / "rr", pair, 0.0, feature_set="rows_matched")
         predictor = OnlinePredictor(load_online_reranker(str(path), 0.0, "unused"), pair.device)
-        s = settings("reranker", 0.0, score="record", record=True, max_new_tokens=32)
+        s = settings("reranker", 0.0, score=score, record=True, max_new_tokens=32)
         runs = [decode_prompt(pair.target, pair.drafter, encode_prompt(pair.tokenizer, p.text), s,
                               frozenset(), p.id, p.task, predictor, keep_features=True)
                 for p in PROMPTS[:4]]  # fmt: skip
@@ -197,8 +201,10 @@ def test_the_matched_row_follows_exactly_the_covered_rounds_online(tmp_path):
         for prev, x in zip(run.rounds, run.rounds[1:], strict=False):
             held.append(bool(np.isfinite(np.asarray(x.features["matched_logprob"], float)).any()))
             covered.append(bool(prev.fields["covered"]))
-    assert any(covered) and not all(covered)
+    assert any(covered) and (not all(covered) or score == "pool")
     assert held == covered
+    count = np.concatenate([x.features["token_only_count"] for r in runs for x in r.rounds])
+    assert (count > 0).any() if score == "record" else (count == 0).all()
 
 
 def test_a_store_whose_parents_were_not_all_scored_is_refused_naming_store_and_policy():

@@ -64,10 +64,12 @@ def round_trace_fields(
     cont: int,
     stats: R.RetainedStats | None,
     round_index: int,
+    token_only: bool = True,
 ) -> tuple[dict, R.PrevRows]:
     """Pool, root-row, outcome and retained-row columns of one round, and the rows kept for the next.
 
     Also stores this round's verified rows in the token-keyed cache `row_cache`.
+    `token_only`: keep the token-only rows (`retain_rows`).
     """
     row_argmax = logits.argmax(-1)  # [1+|Q|]
     cand_argmax = torch.where(sel.batch_row >= 0, row_argmax[sel.batch_row.clamp(min=0)], -1)  # [P]
@@ -106,7 +108,7 @@ def round_trace_fields(
     e = R.emitted_node(rr)
     fields["covered"] = bool(e is not None and host.batch_row[e] >= 0)
     fields.update(R.trace_fields(stats, host.token[: pool.n_first].tolist(), root))
-    return fields, retain_rows(rr, logits, row_cache, round_index)
+    return fields, retain_rows(rr, logits, row_cache, round_index, token_only)
 
 
 def round_rows(root: int, host: HostPool, path: np.ndarray, cont: int) -> R.RoundRows:

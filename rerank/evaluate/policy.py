@@ -24,12 +24,15 @@ round and after a gap in the recorded round indices):
 At T = 0 each cov is 0 or 1, so h_t is whether the previous round was covered. At T > 0 it
 is exact at the recorded contexts by total probability: round t's draws are independent of
 whether it holds the row. A pass scores n_T + |Q \\ T| prefixes beside the root (`scored/`).
+A learned rule reading the matched row is simulated the same way on its own two rankings,
+with the row and without it (`rerank.evaluate.matched`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,12 +41,12 @@ from numba import njit
 from torch import Tensor
 
 from features.registry import FEATURES
-from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk
+from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, series_order
 from selection.context import PoolContext
-from selection.policies import SCORE_MODES
+from selection.policies import SCORE_MODES, SIMULATED
 from selection.ranking import rank_order, ranks_of_order
 from selection.rules import BASELINE, parse_value_key, value_key
-from selection.values import rule_scores
+from selection.values import lead_factor_scores, rule_scores, values_at_budgets
 from specrank.laws import law_name
 
 ROOT_IF_COVERED = "root_if_covered"
@@ -93,6 +96,11 @@ class PolicyRounds:
     store: str = "the trace store"  # named when the store cannot simulate the policy
     parts: list[pd.DataFrame] = field(default_factory=list)
     simulable_share: float = float("nan")  # set by apply
+    # The learned rules whose matched row the policy decides (SIMULATED), simulated on their
+    # own trees (rerank.evaluate.matched), and their log phat with and without the row:
+    # `rerank.evaluate.values.LearnedFactors` of `with/<rule>` and `without/<rule>`.
+    simulated: Sequence[str] = ()
+    factors: Any = None
 
     def __post_init__(self) -> None:
         if self.policy not in SCORE_MODES:
@@ -101,6 +109,10 @@ class PolicyRounds:
             )
         if self.policy == "top_m" and self.top_m < 1:
             raise ValueError(f"The 'rerank.score_top_m' must be >= 1. Got {self.top_m}.")
+        if self.simulated and (self.policy not in SIMULATED or self.factors is None):
+            raise ValueError(f"rules {list(self.simulated)} are simulated on their own trees "
+                             f"under {SIMULATED}, with their predictions with and without the "
+                             f"matched row; got rerank.score={self.policy}")  # fmt: skip
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -129,8 +141,31 @@ class PolicyRounds:
             cum = chunk.path_prob_ordered[:, : max(int(n.max()), 1)].cumsum(-1, dtype=torch.float64)
             at = torch.gather(cum, -1, (n - 1).clamp(min=0)[:, None])[:, 0]
             cols[value_key(DRAFT_SCORED, b)] = torch.where(n > 0, at, 0.0).numpy()
+        for rule in self.simulated:
+            cols.update(self._own_trees(chunk, rule))
         keys = chunk.keys[ROUND_KEYS].reset_index(drop=True)
         return pd.concat([keys, pd.DataFrame(cols)], axis=1)
+
+    def _own_trees(self, chunk: PoolChunk, rule: str) -> dict[str, np.ndarray]:
+        """A simulated rule's values, coverage and scored prefixes at every budget, of its
+        tree with the matched row and of its tree without (`with/` and `without/`)."""
+        ctx, cols = chunk.ctx, {}
+        row = self.factors.rows(chunk.keys)
+        if (row < 0).any():
+            raise ValueError(f"predictions of {rule} lack {int((row < 0).sum())} rounds of "
+                             f"the store; every round needs one")  # fmt: skip
+        width = ctx.levels[0][1] if ctx.levels else ctx.pool.shape[1]
+        for variant in ("with", "without"):
+            log_phat = self.factors.matrix(row, f"{variant}/{rule}", width)
+            order = rank_order(lead_factor_scores(ctx, log_phat), ctx.restrict)
+            values = values_at_budgets(order, ctx.path_prob, self.budgets)
+            for j, b in enumerate(self.budgets):
+                cov, n_tree, extra = own_tree_coverage(ctx, order, b, self.policy, self.top_m,
+                                                       chunk.scored)  # fmt: skip
+                cols[value_key(f"{variant}/{rule}", b)] = values[:, j].double().numpy()
+                cols[value_key(f"cov/{variant}/{rule}", b)] = cov.numpy()
+                cols[value_key(f"scored/{variant}/{rule}", b)] = (n_tree + extra).double().numpy()
+        return cols
 
     def merge(self, part: pd.DataFrame) -> None:
         self.parts.append(part)
@@ -138,7 +173,9 @@ class PolicyRounds:
     def apply(self, per_round: pd.DataFrame) -> pd.DataFrame:
         """`per_round` (the pass's rounds, in the same chunk order) with `root_if_covered@B`,
         its held probability `held/root_if_covered@B`, `draft_scored@B` and the scored
-        prefixes per pass of draft's tree and root_if_covered's (`scored/<rule>@B`)."""
+        prefixes per pass of draft's tree and root_if_covered's (`scored/<rule>@B`); each
+        simulated rule's value replaced by its own trees' (`<rule>@B`, `held/<rule>@B`,
+        `scored/<rule>@B`: rerank.evaluate.matched)."""
         frame = pd.concat(self.parts, ignore_index=True)
         if not frame[ROUND_KEYS].equals(per_round[ROUND_KEYS].reset_index(drop=True)):
             raise ValueError("the policy's rounds are not the evaluation pass's rounds")
@@ -152,29 +189,33 @@ class PolicyRounds:
                 f"scored (cand_scored), so the policy's coverage is unknown there; expected a "
                 f"store recorded with run.score=record or pool, which scores every parent"
             )
-        order = np.lexsort([frame[k].to_numpy() for k in reversed(ROUND_KEYS)])
-        keys = frame.iloc[order]
-        same = np.ones(len(keys), dtype=bool)
-        for k in ROUND_KEYS[:-1]:
-            v = keys[k].to_numpy()
-            same[1:] &= v[1:] == v[:-1]
-        same[0] = False
-        r = keys["round_index"].to_numpy(np.int64)
-        follows = same & np.concatenate([[False], r[1:] == r[:-1] + 1])
+        order, follows = series_order(frame[ROUND_KEYS])
         out = per_round.copy(deep=False)  # copy-on-write: the new columns only, no data copied
+
+        def held(rule: str, b: int, without: str, with_: str) -> np.ndarray:
+            """h_t of `rule` over the rounds (module doc), its trees `without` / `with_` the row."""
+            h = np.empty(len(frame))
+            h[order] = _held(follows, frame[value_key(f"cov/{without}", b)].to_numpy()[order],
+                             frame[value_key(f"cov/{with_}", b)].to_numpy()[order])  # fmt: skip
+            out[value_key(f"held/{rule}", b)] = h
+            return h
+
         for b in self.budgets:
-            cov_d = frame[value_key(f"cov/{BASELINE}", b)].to_numpy()[order]
-            cov_r = frame[value_key(f"cov/{ROOT}", b)].to_numpy()[order]
-            held = np.empty(len(frame))
-            held[order] = _held(follows, cov_d, cov_r)
+            h = held(ROOT_IF_COVERED, b, BASELINE, ROOT)
             draft, root = out[value_key(BASELINE, b)].to_numpy(), out[value_key(ROOT, b)].to_numpy()
-            out[value_key(ROOT_IF_COVERED, b)] = held * root + (1.0 - held) * draft
-            out[value_key(f"held/{ROOT_IF_COVERED}", b)] = held
+            out[value_key(ROOT_IF_COVERED, b)] = h * root + (1.0 - h) * draft
             s_d = frame[value_key(f"scored/{BASELINE}", b)].to_numpy()
             s_r = frame[value_key(f"scored/{ROOT}", b)].to_numpy()
             out[value_key(f"scored/{BASELINE}", b)] = s_d
             out[value_key(DRAFT_SCORED, b)] = frame[value_key(DRAFT_SCORED, b)].to_numpy()
-            out[value_key(f"scored/{ROOT_IF_COVERED}", b)] = held * s_r + (1.0 - held) * s_d
+            out[value_key(f"scored/{ROOT_IF_COVERED}", b)] = h * s_r + (1.0 - h) * s_d
+            for rule in self.simulated:  # its value and count replace the pass's
+                h = held(rule, b, f"without/{rule}", f"with/{rule}")
+                v_with, v_without, s_with, s_without = (
+                    frame[value_key(f"{what}{v}/{rule}", b)].to_numpy()
+                    for what in ("", "scored/") for v in ("with", "without"))  # fmt: skip
+                out[value_key(rule, b)] = h * v_with + (1.0 - h) * v_without
+                out[value_key(f"scored/{rule}", b)] = h * s_with + (1.0 - h) * s_without
         return out
 
 
@@ -258,9 +299,9 @@ def policy_text(summary: pd.DataFrame, policy: str, top_m: int, simulable: float
 # previous pass scored the emitted address; the token-only rows are the previous pass's other
 # scored prefixes ending in the continuation (features.registry groups).
 POLICY_GROUPS = ("matched", "token_only")
-# Policies under which those rows are the recording's own (record); under tree they are
-# never there (matched: Theorem 1; token-only: selection.policies.NO_TOKEN_ONLY); under the
-# others their availability would need the previous round's own set, not simulated yet.
+# Policies under which those rows are the recording's own (record). Under tree neither is
+# there (matched: Theorem 1; token-only: selection.policies.NO_TOKEN_ONLY); under SIMULATED the
+# matched row follows the rule's own trees (rerank.evaluate.matched) and no token-only row is kept.
 MATCHED_AS_RECORDED = ("record",)
 # A feature's value where its row is absent: a count of rows is 0, the rest are missing
 ABSENT = {"token_only_count": 0}
@@ -272,19 +313,27 @@ def policy_dependent(features: Sequence[str]) -> list[str]:
     return [f for f in features if groups.get(f) in POLICY_GROUPS]
 
 
-def for_policy(frame: pd.DataFrame, policy: str) -> pd.DataFrame:
+def for_policy(frame: pd.DataFrame, policy: str, next_root: Any = None,
+               variant: str = "fit") -> pd.DataFrame:  # fmt: skip
     """The candidate rows as a decoder under `policy` has them, in fitting and prediction
-    alike: under `tree` neither the matched row (Theorem 1: the emitted address is never a
-    verified prefix) nor a token-only row (the decoder keeps none,
-    `selection.policies.NO_TOKEN_ONLY`) is there, so their features take their values
-    without a row (ABSENT: count 0, the rest missing), as the online decoder computes them;
-    under `record` they are the recording's own. Other policies are refused by the
-    settings check."""
+    alike. Under `record` the matched and token-only rows are the recording's own. Elsewhere
+    the decoder keeps no token-only row (`selection.policies.NO_TOKEN_ONLY`), and under `tree`
+    never the matched row (Theorem 1: the emitted address is never a verified prefix): their
+    features take their values without a row (ABSENT: count 0, the rest missing), as the
+    online decoder computes them. Under SIMULATED the matched row's features are those of
+    `next_root` (`rerank.evaluate.matched.NextRootRows`) in `variant`: held where draft's trees
+    hold the row (`fit`), everywhere (`with`) or nowhere (`without`)."""
     if policy in MATCHED_AS_RECORDED:
         return frame
     cols = policy_dependent(frame.columns)
     if not cols:
         return frame
     # the absent value in the column's own dtype (an int count stays int32, as stored)
-    return frame.assign(**{c: np.full(len(frame), ABSENT.get(c, np.nan), frame[c].dtype)
-                           if c in ABSENT else np.nan for c in cols})  # fmt: skip
+    values = {c: np.full(len(frame), ABSENT.get(c, np.nan), frame[c].dtype) if c in ABSENT
+              else np.nan for c in cols}  # fmt: skip
+    if policy in SIMULATED:
+        if next_root is None:
+            raise ValueError(f"rerank.score={policy}: the matched row follows the decoder's own "
+                             f"trees, so its features need the simulated rows (NextRootRows)")  # fmt: skip
+        values.update(next_root.matched(frame, variant))
+    return frame.assign(**values)

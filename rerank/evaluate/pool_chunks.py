@@ -73,6 +73,29 @@ class RoundCodes:
         return np.where(ok, code * self.span + r, -1)
 
 
+def series_order(keys: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(order, follows): the rounds of `keys` (ROUND_KEYS) sorted by series (prompt,
+    temperature, rule, budget) and round index, and whether each sorted round directly
+    follows the one before it in its series (round index one more)."""
+    codes = [_factorized(keys, c)[0] for c in _SERIES]
+    r = keys["round_index"].to_numpy(np.int64)
+    order = np.lexsort([r, *reversed(codes)])
+    follows = np.zeros(len(keys), dtype=bool)
+    follows[1:] = r[order[1:]] == r[order[:-1]] + 1
+    for c in codes:
+        follows[1:] &= c[order[1:]] == c[order[:-1]]
+    return order, follows
+
+
+def predecessors(keys: pd.DataFrame) -> np.ndarray:
+    """[R] int64: the row of each round's predecessor (same series, round index one less)
+    among `keys` (ROUND_KEYS), -1 where it is not there."""
+    order, follows = series_order(keys)
+    out = np.full(len(keys), -1, dtype=np.int64)
+    out[order[1:][follows[1:]]] = order[:-1][follows[1:]]
+    return out
+
+
 @dataclass(eq=False)
 class PoolChunk:
     """One chunk of rounds: the Arrow table, its dense pools and the draft ranking. [R, P]."""

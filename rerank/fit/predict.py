@@ -23,6 +23,7 @@ import pyarrow.dataset as ds
 import torch
 
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
+from rerank.evaluate.matched import SimulatedPredictions
 from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
@@ -141,6 +142,7 @@ def predict_first_factors(
     fits: FitStore | None = None,
     train_share: float = 1.0,
     prefit: Prefit | None = None,
+    simulated: SimulatedPredictions | None = None,
 ) -> FirstFactorPredictions:
     """Cross-fitted phat of every learned first-factor rule, per law (rerankers of ``capacity``).
 
@@ -154,7 +156,8 @@ def predict_first_factors(
     half's prompts a model is fitted on (`rerank.fit.crossfit.prompt_subsample`).
     ``prefit(settings, jobs, folds)``, when given, cross-fits every (temperature, feature
     set) of ``jobs`` elsewhere first (Ray workers: `rerank.on_ray`), each as
-    ``settings.crossfit`` would here.
+    ``settings.crossfit`` would here. ``simulated``: its sets' held-out phat with and without
+    the matched row too (`with/<rule>`, `without/<rule>`: `rerank.evaluate.matched`).
     """
     parts, rules = [], []
     models: dict[str, tuple[FittedReranker, FittedReranker]] = {}
@@ -180,6 +183,8 @@ def predict_first_factors(
             key = (float(temperature), feature_set)
             res = done[key] if key in done else settings.crossfit(frame, *key, folds)
             out[name] = res.phat
+            if simulated is not None:
+                simulated.add_to(out, name, feature_set, res.models, fold, key[0])
             release_freed_heap()  # the fits' transient matrices
             models[f"{name}/T{temperature:g}"] = res.models
             seconds[f"{name}/T{temperature:g}"] = res.fit_seconds

@@ -15,10 +15,11 @@ import pyarrow.dataset as ds
 
 from rerank.config import RerankConfig
 from rerank.evaluate.curves import PromptCurves
+from rerank.evaluate.matched import simulated_sets
 from rerank.evaluate.policy import PolicyRounds, policy_text
 from rerank.evaluate.recorded import labelled_table, recorded_budgets, store_draft_temperature
 from rerank.evaluate.reports import ReportAccumulators
-from rerank.evaluate.values import EvalPlan, evaluate_traces
+from rerank.evaluate.values import EvalPlan, LearnedFactors, evaluate_traces
 from rerank.fit.predict import fit_per_depth_maps, halves_table, per_depth_scores
 from rerank.job.fitting import Fitted
 from rerank.report.breakdowns import breakdown_gains, breakdowns
@@ -61,17 +62,12 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     folds, preds = fitted.folds, fitted.preds
     if dataset is None:
         dataset = trace_store(project_path(rerank.traces)).dataset()
-    # The scored-set policy: App. D.10's decoder without a root pass and draft at the scored
-    # count, from draft's and root's own trees (rerank.evaluate.policy); the per-depth
-    # calibration, as whole candidate scores.
-    policy = PolicyRounds(
-        budgets, rerank.score, rerank.score_top_m, f"rerank.traces={rerank.traces}"
-    )
+    policy = _policy_rounds(rerank, fitted, budgets)
     extra = _per_depth_scores(rerank, dataset, folds, seed)
     rerankers = [learned(fs, rerank.model.kind).name for fs in rerank.feature_sets]
     plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
                     mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m,
-                    curve_rules=["root", *rerankers])  # fmt: skip
+                    curve_rules=["root", *(r for r in rerankers if r not in policy.simulated)])  # fmt: skip
     curves = PromptCurves()  # per-prompt curves: matched-size PEARL, node-equivalent budgets
     # retained rows, coverage, draw-rule sizes: fed by the same pass over the traces
     acc = ReportAccumulators(budgets) if rerank.reports else None
@@ -121,6 +117,20 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     by_group = labelled(breakdowns(per_round))
     return Evaluation(per_round, summary, comparisons, by_group, groups, mix_weights, table,
                       reports, {"pool_pass": pass_s})  # fmt: skip
+
+
+def _policy_rounds(rerank: RerankConfig, fitted: Fitted, budgets: list[int]) -> PolicyRounds:
+    """The scored-set policy's consumer of the pass: App. D.10's decoder without a root pass
+    and draft at the scored count, from draft's and root's own trees (rerank.evaluate.policy),
+    and the rules whose matched row follows their own trees, simulated on them from their
+    phat with and without the row (rerank.evaluate.matched; their curves would be of neither
+    tree, so the pass computes none)."""
+    simulated = [learned(fs, rerank.model.kind).name
+                 for fs in simulated_sets(rerank.feature_sets, rerank.score)]  # fmt: skip
+    names = [f"{v}/{r}" for r in simulated for v in ("with", "without")]
+    factors = LearnedFactors.from_predictions(fitted.preds.frame, names) if simulated else None
+    return PolicyRounds(budgets, rerank.score, rerank.score_top_m,
+                        f"rerank.traces={rerank.traces}", simulated=simulated, factors=factors)  # fmt: skip
 
 
 def _per_depth_scores(rerank: RerankConfig, dataset: ds.Dataset, folds: dict[str, int],

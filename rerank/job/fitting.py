@@ -16,6 +16,12 @@ import pyarrow.compute as pc
 
 from features.schema import candidate_store
 from rerank.config import RerankConfig
+from rerank.evaluate.matched import (
+    NextRootRows,
+    SimulatedPredictions,
+    next_root_rows,
+    simulated_sets,
+)
 from rerank.evaluate.policy import for_policy
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.design import TOKEN_PRIOR
@@ -81,11 +87,12 @@ def fit_columns(feature_sets: list[str]) -> list[str]:
 
 
 def law_frame(features: Path, score: str, temperature: float,
-              columns: list[str] | None = None,
-              prompts: tuple[str, ...] | None = None) -> pd.DataFrame:  # fmt: skip
+              columns: list[str] | None = None, prompts: tuple[str, ...] | None = None,
+              next_root: NextRootRows | None = None, variant: str = "fit") -> pd.DataFrame:  # fmt: skip
     """One law's candidate rows (`columns` of them; None: every column; `prompts`: only
-    theirs, in the same order), as a decoder under policy `score` holds them (`for_policy`);
-    read by the fitting process, or by a Ray worker (hence a module function)."""
+    theirs, in the same order), as a decoder under policy `score` holds them (`for_policy`,
+    with `next_root` and `variant` under a SIMULATED policy); read by the fitting process, or
+    by a Ray worker (hence a module function)."""
     dataset = candidate_store(features).dataset()
     law = pc.field("temperature") == pa.scalar(temperature, pa.float32())
     if prompts is not None:
@@ -93,7 +100,8 @@ def law_frame(features: Path, score: str, temperature: float,
     # filled a record batch at a time, strings (prompt, rule, task) as categories as the
     # candidates' keys are: no whole Arrow table beside the frame (at 10x the paper a law's
     # rows peaked at 8.6 GiB read whole; strings took 0.8 GiB of its 4.4)
-    frame = for_policy(scanned_frame(dataset.scanner(columns=columns, filter=law)), score)
+    frame = scanned_frame(dataset.scanner(columns=columns, filter=law))
+    frame = for_policy(frame, score, next_root, variant)
     release_freed_heap()  # the batches' buffers, now copied
     return frame
 
@@ -128,6 +136,16 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
     halves = halves_table(candidates, folds)
     log.info("halves=%s:\n%s", rerank.halves, halves.to_string())
     frame_of = partial(law_frame, features, rerank.score, columns=fit_columns(rerank.feature_sets))
+    simulated = None
+    if sets := simulated_sets(rerank.feature_sets, rerank.score):
+        # the matched row on draft's trees at the first budget, from the traces (module doc of
+        # rerank.evaluate.matched); the evaluation ranks by the phat with and without it
+        next_root = next_root_rows(trace_store(project_path(rerank.traces)).dataset(),
+                                   rerank.score, rerank.score_top_m, rerank.budgets[0], seed)  # fmt: skip
+        frame_of = partial(frame_of, next_root=next_root)
+        simulated = SimulatedPredictions(sets, lambda t, v: frame_of(t, variant=v))
+        log.info("rerank.score=%s: the matched row of %s follows each rule's own trees; fitted "
+                 "on draft's at B=%d", rerank.score, sets, rerank.budgets[0])  # fmt: skip
     prefit = None
     if parallel is not None and parallel.backend == "ray":
         from rerank.on_ray import RayFits  # Ray is imported only by a run that uses it
@@ -152,6 +170,7 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
         fits=None if rerank.fits is None else FitFolder(project_path(rerank.fits)),
         train_share=rerank.train_share,
         prefit=prefit,
+        simulated=simulated,
     )
     quality = prediction_quality(candidates, preds)
     # the laws' prediction parts, joined into one table, and the fits' transients: without a
