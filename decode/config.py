@@ -73,9 +73,10 @@ class RunConfig:
     # checked against the run's; gains there are in-sample): refuse = fail naming them;
     # skip = decode only the others (e.g. the held-out cross-fitting half); allow = decode all.
     seen_prompts: str = "refuse"
-    # Fast phat on the hot path: auto = the fastest exact route for the model and device
-    # (CPU: the compiled forest walk, rerank/forest/jit.py, for both libraries; CUDA: the
-    # forest as tensors on the device); library = the model's own predict; forest = the
+    # Fast phat on the hot path: auto = the fastest exact route measured (the compiled
+    # forest walk on the host, rerank/forest/jit.py, for both libraries, then one copy to
+    # the device: on CUDA faster than the forest as tensors there, README "On a GPU");
+    # library = the model's own predict; forest = the
     # forest walk (numpy on CPU, torch on CUDA); compiled = the compiled walk on the host,
     # then one copy to the device.
     predictor: str = "auto"

@@ -202,7 +202,8 @@ def test_every_rule_on_cuda(tmp_path, rule):
     for t in (0.0, 1.0):
         if rule == "reranker":
             path = fitted_reranker(tmp_path / f"rr{t:g}", pair, t, kind="hgb")
-            predictor[t] = OnlinePredictor(load_online_reranker(str(path), t, "x"), pair.device)
+            model = load_online_reranker(str(path), t, "x")
+            predictor[t] = OnlinePredictor(model, pair.device, "forest")
             assert predictor[t].torch_forest is not None
     _check_greedy(pair, settings(rule, budget=8), predictor.get(0.0))
     s = settings(rule, 1.0, budget=8, max_new_tokens=32, verifier="eagle3")

@@ -41,7 +41,7 @@ def record_and_extract(root, temperature: float, kind: str, device: str = "cpu")
             root / "rr", pair, temperature, kind=kind, feature_set="rows_matched"
         )
         model = load_online_reranker(str(path), temperature, "unused")
-        predictor = OnlinePredictor(model, pair.device)
+        predictor = OnlinePredictor(model, pair.device, "forest")  # on CUDA: torch ops there
         s = settings("reranker", temperature, score="record", record=True, max_new_tokens=40)
         runs = []
         for p in PROMPTS[:5]:

@@ -88,11 +88,15 @@ def test_unrepresentable_models_fall_back_to_the_library(model, monkeypatch, cap
 
 
 @pytest.mark.gpu
-def test_forest_on_cuda_matches_the_library(model):
+@pytest.mark.parametrize("predictor", ["forest", "auto"])
+def test_forest_on_cuda_matches_the_library(model, predictor):
+    """forest: torch ops on the device; auto: the compiled walk on the host, then one copy."""
     m, temperature = model
     X = forest_inputs(m, temperature)
-    p = OnlinePredictor(m, torch.device("cuda"), "auto")
-    assert p.route == "forest" and p.torch_forest is not None
+    p = OnlinePredictor(m, torch.device("cuda"), predictor)
+    assert p.route == "forest"
+    assert (p.torch_forest is not None) == (predictor == "forest")
+    assert (p.jit is not None) == (predictor == "auto")
     got = p.first_logprob(X).cpu().numpy()
     want = np.log(m.predict_matrix(X, n_threads=1)).astype(np.float32)
     assert np.abs(got - want).max() <= 1e-6
