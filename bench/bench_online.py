@@ -263,19 +263,13 @@ def round_cost(pair: ModelPair, prompts: list[Prompt], s: OnlineSettings, predic
 def run_rules(pair: ModelPair, prompts: list[Prompt], arms: dict[str, tuple],
               baselines: dict[str, tuple[int, float]]) -> dict[str, dict]:  # fmt: skip
     """Each rule's metrics over `prompts`; arms: rule -> (OnlineSettings, predictor).
-
-    Interleaved like `decode.run`: one untimed warm-up decode of the first prompt per rule
-    (on CUDA the first calls of a shape pay kernel selection), then every prompt by every
-    rule in `arm_order` (rotated by the prompt's position), so the machine's drift and
-    the warm-up fall on every rule alike. Before 2026-12-04 each rule ran all its prompts
-    in turn, draft first: on the H200 that put draft's tokens/s at 0.2-0.6x the
-    reranker's at equal tau.
-    """
+    Interleaved like `decode.run`: an untimed warm-up decode per rule (CUDA's first calls of
+    a shape pay kernel selection), then every prompt by every rule in `arm_order`."""
     timings: dict[str, list[PromptTiming]] = {rule: [] for rule in arms}
-    for s, predictor in arms.values():
-        ids = encode_prompt(pair.tokenizer, prompts[0].text)
-        decode_prompt(pair.target, pair.drafter, ids, s, pair.eos_ids, prompts[0].id,
-                      prompts[0].task, predictor)  # fmt: skip
+    p0 = prompts[0]
+    for s, pred in arms.values():
+        ids = encode_prompt(pair.tokenizer, p0.text)
+        decode_prompt(pair.target, pair.drafter, ids, s, pair.eos_ids, p0.id, p0.task, pred)
     for i, p in enumerate(prompts):
         ids = encode_prompt(pair.tokenizer, p.text)
         for rule in arm_order(list(arms), i):

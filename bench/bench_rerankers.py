@@ -210,6 +210,19 @@ def same_model_values(run: Path, traces: Path, features: Path, rerank=None) -> d
             "evaluate_s": seconds}  # fmt: skip
 
 
+def job_rerank_config(overrides: list[str]):
+    """This tree's `RerankConfig` under the job's overrides: what its `rerank.train` ran with
+    (with `experiment=paper` the defaults would evaluate other rules and another policy)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import specrank.config  # noqa: F401  (registers the Hydra schema)
+    from specrank.paths import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_object(compose("train", overrides=overrides).rerank)
+
+
 def forest_vs_library(run: Path, features: Path) -> dict:
     """A saved reranker of a run predicting its held-out half: library vs compiled forest."""
     from rerank.fit.persist import load_reranker
@@ -250,8 +263,9 @@ def full_job(
         if baseline is not None:
             b, c = out["baseline"], out["current"]
             print(f"  baseline / current: wall {b['wall_s'] / c['wall_s']:.2f}x, "
-                  f"peak memory {b['peak_gib'] / c['peak_gib']:.2f}x")  # fmt: skip
-            same = same_model_values(b["run"], traces, features)
+                  f"CPU {b['cpu_s'] / c['cpu_s']:.2f}x (current / baseline "
+                  f"{c['cpu_s'] / b['cpu_s']:.2f}x), peak memory {b['peak_gib'] / c['peak_gib']:.2f}x")  # fmt: skip
+            same = same_model_values(b["run"], traces, features, job_rerank_config(overrides))
             out["same_model"] = same
             print(f"  the baseline's fitted models evaluated by this code: {same['identical']} of "
                   f"{same['columns']} rule-value columns identical (max |diff| "

@@ -110,7 +110,9 @@ def paired_ratios(timings: dict[str, dict[int, list[PromptTiming]]], eos_ids: fr
             rounds = [x for p in timings[r][budget] for x in p.run.rounds]
             # what a pass of the rule costs: prefixes scored beside the root (run.score)
             scored = float(np.mean([x.scored for x in rounds])) if rounds else float("nan")
-            row = {"rule": r, "budget": budget, "prompts": len(ids), "scored_prefixes": scored}
+            row = {"rule": r, "budget": budget, "prompts": len(ids), "scored_prefixes": scored,
+                   "matched_row_share": float(np.mean([x.matched_row for x in rounds]))
+                   if rounds else float("nan")}  # fmt: skip
             for name in ("tau", "tokens_per_s"):
                 point, draws = stats[r][name]
                 base_point, base_draws = stats[first][name]
@@ -186,6 +188,7 @@ def ratios_text(table: pd.DataFrame) -> str:
     for r in table.itertuples():
         lines.append(
             f"  B={r.budget:<3d} {r.rule:<28s} scored {r.scored_prefixes:5.1f}  "
+            f"matched row {100 * r.matched_row_share:3.0f}%  "
             f"tau {r.tau:6.3f}  x{r.tau_ratio:.3f} "
             f"[{r.tau_ratio_lo:.3f}, {r.tau_ratio_hi:.3f}]   tokens/s {r.tokens_per_s:7.2f}  "
             f"x{r.tokens_per_s_ratio:.3f} [{r.tokens_per_s_ratio_lo:.3f}, "

@@ -83,6 +83,7 @@ def round_table(timings: list[PromptTiming]) -> pd.DataFrame:
                 "scored": r.scored,
                 "passes": r.passes,
                 "covered": r.covered,
+                "matched_row": r.matched_row,
                 "root_entropy": r.root_entropy,
             }
             row |= {f"ms_{s}": ms for s, ms in zip(STAGES, r.stage_ms, strict=True)}

@@ -63,6 +63,9 @@ class RoundRecord:
     features: dict | None = None  # rule=reranker with keep_features: the round's features
     fields: dict | None = None  # trace columns when recording
     x1_alone: bool = False  # draw rules: X1 was off the pool's first level, verified alone
+    # the round held the matched row: the previous pass scored this root's address (a rule
+    # that keeps no retained rows, draft, never holds it)
+    matched_row: bool = False
 
 
 @dataclass
@@ -201,6 +204,7 @@ def decode_round(
     stream, temp = st.stream, s.base.decode.temperature
     clock = StageClock(target.device)
     root_pos = len(stream.tokens) - 1  # = committed tokens before the root
+    matched_row = stream.prev is not None and stream.prev.matched is not None
 
     pool = draft_pool(st, target, drafter, s.base.pool, root_pos)
     clock.mark()  # draft
@@ -249,4 +253,5 @@ def decode_round(
         features=feats if keep_features else None,
         fields=c.fields,
         x1_alone=plan.alone,
+        matched_row=matched_row,
     )

@@ -203,6 +203,9 @@ def test_the_matched_row_follows_exactly_the_covered_rounds_online(tmp_path, sco
             covered.append(bool(prev.fields["covered"]))
     assert any(covered) and (not all(covered) or score == "pool")
     assert held == covered
+    # the round's own flag (online tables' `matched_row`) says the same
+    assert [x.matched_row for r in runs for x in r.rounds[1:]] == held
+    assert not any(r.rounds[0].matched_row for r in runs)
     count = np.concatenate([x.features["token_only_count"] for r in runs for x in r.rounds])
     assert (count > 0).any() if score == "record" else (count == 0).all()
 
