@@ -263,12 +263,12 @@ def round_cost(pair: ModelPair, prompts: list[Prompt], s: OnlineSettings, predic
 def run_rules(pair: ModelPair, prompts: list[Prompt], arms: dict[str, tuple],
               baselines: dict[str, tuple[int, float]]) -> dict[str, dict]:  # fmt: skip
     """Each rule's metrics over `prompts`; arms: rule -> (OnlineSettings, predictor).
-    Interleaved like `decode.run`: an untimed warm-up decode per rule (CUDA's first calls of
-    a shape pay kernel selection), then every prompt by every rule in `arm_order`."""
+    Interleaved like `decode.run`: an untimed warm-up decode of the first prompt per rule,
+    then every prompt by every rule in `arm_order`."""
     timings: dict[str, list[PromptTiming]] = {rule: [] for rule in arms}
     p0 = prompts[0]
+    ids = encode_prompt(pair.tokenizer, p0.text)
     for s, pred in arms.values():
-        ids = encode_prompt(pair.tokenizer, p0.text)
         decode_prompt(pair.target, pair.drafter, ids, s, pair.eos_ids, p0.id, p0.task, pred)
     for i, p in enumerate(prompts):
         ids = encode_prompt(pair.tokenizer, p.text)

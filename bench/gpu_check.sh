@@ -4,8 +4,8 @@
 # verify time against the scored prefixes of each run.score (issue 28), then every drafter
 # kind at the paper's temperature pairs and budgets (issue 29), then the reranker's
 # per-round cost on CUDA by prediction route (issue 19, only with ROUND_COST=1: measured
-# 2026-12-04, README "On a GPU"), in about 10 minutes, so that one call fits a 15-minute
-# lease with the machine's start; every figure lands in ONE file, $OUT/gpu_check.txt (OUT
+# 2026-12-04, README "On a GPU"), with step limits that sum to 600 s, so that one call
+# fits a 15-minute lease with the machine's start; every figure lands in ONE file, $OUT/gpu_check.txt (OUT
 # defaults to ./gpu_check_out; the JSON of the benchmarks sits beside it). TESTS_S,
 # ONLINE_S, SCORED_S, DRAFTERS_S and COST_S override each step's limit (seconds).
 #
@@ -82,17 +82,17 @@ log "drafter kinds: exit $drafters_rc in $(($(date +%s) - start)) s"
 
 # Issue 19: the reranker's features + prediction of one round on CUDA. "in_decode total"
 # (the call timed from the end of drafting to the log phats on the device) is what the
-# round's critical path grows by; goal < 100 us. Routes: auto = the forest as torch ops
-# on the device; compiled = the compiled forest walk on the host, then one copy.
+# round's critical path grows by; goal < 100 us. Routes: forest = the forest as torch ops
+# on the device; compiled (what auto takes) = the compiled forest walk on the host, then one copy.
 cost_rc=0
 if [ "${ROUND_COST:-0}" != 0 ]; then
-    log "== round cost on CUDA (bf16), T=0 B=59, run.predictor auto (device) vs compiled (host)"
+    log "== round cost on CUDA (bf16), T=0 B=59, run.predictor forest (device) vs compiled (host)"
     start=$(date +%s)
     if ! $PY -c "import numba" 2>>"$FIG"; then
         log "round cost: numba is not importable here (the feature kernels need it)"
         cost_rc=1
     else
-        for pred in auto compiled; do
+        for pred in forest compiled; do
             timeout "${COST_S:-90}" $PY -m bench.bench_online --device cuda --dtype bfloat16 --prompts 2 \
                 --max-new-tokens 96 --fit-prompts 16 --rules draft reranker --temperatures 0 \
                 --budgets 59 --cost-prompts 2 --cost-baseline none --predictor "$pred" \

@@ -76,9 +76,8 @@ class RunConfig:
     # Fast phat on the hot path: auto = the fastest exact route measured (the compiled
     # forest walk on the host, rerank/forest/jit.py, for both libraries, then one copy to
     # the device: on CUDA faster than the forest as tensors there, README "On a GPU");
-    # library = the model's own predict; forest = the
-    # forest walk (numpy on CPU, torch on CUDA); compiled = the compiled walk on the host,
-    # then one copy to the device.
+    # library = the model's own predict; forest = the forest walk (compiled on CPU, torch
+    # ops on CUDA); compiled = the compiled walk on the host, then one copy to the device.
     predictor: str = "auto"
     # What each target pass scores, beside the verified tree (decode.tree_pass.scored_set):
     # tree = nothing else (speed runs); top_m = the run.top_m best-ranked candidates outside

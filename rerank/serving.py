@@ -228,8 +228,7 @@ class OnlinePredictor:
     run.predictor:
       auto     = compiled, on every device (on an H200, 2026-12-04, one round's predict
                  took 87 us in decode this way against 465-551 us as torch ops on the
-                 device: the forest's many small kernels cost more than one host walk and
-                 one copy); the library's predictor, with a warning, when the forest cannot
+                 device); the library's predictor, with a warning, when the forest cannot
                  represent the model exactly (`rerank.forest.table.ForestError`)
       library  = the model's own predict (CPU), log phat copied to the device
       forest   = the project's forest: the compiled walk on a CPU device, torch ops on the
