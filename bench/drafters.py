@@ -128,7 +128,7 @@ def variants(kinds: list[str], shapes: list[str], pairs: list[str], budgets: lis
 
 def decode_law(
     pairs: dict[str, ModelPair], prompts: list[Prompt], chosen: list[Variant],
-    max_new_tokens: int, warmup: int = 1,
+    max_new_tokens: int, warmup: int = 1, exact: bool = True,
 ) -> dict[Variant, list[PromptTiming]]:  # fmt: skip
     """Every variant of one target temperature on every prompt, and the target-only baseline.
 
@@ -136,7 +136,9 @@ def decode_law(
     by prompt the baseline before (odd positions) or after (even) the speculative decodes,
     the variants in an order rotating with the position. The pairs share the target's
     weights (one folder); the baseline runs on the first's. At T=0 every output must equal
-    the baseline's (a lossless decoder), or the bench stops.
+    the baseline's (a lossless decoder), or the bench stops; with ``exact`` False (bf16,
+    whose rounding differs between a tree pass and one-token steps and may flip a near-tied
+    argmax: the 2026-12-04 H200 lease) each decode's agreement is kept in `greedy_match`.
     """
     t_t = chosen[0].temperatures[0]
     if any(v.temperatures[0] != t_t for v in chosen):
@@ -168,9 +170,10 @@ def decode_law(
         n_eos = tokens_to_eos(b_out, first.eos_ids)
         entropy = row_entropies(first.target, encoded[i], b_out[:n_eos], t_t)
         for v, r in runs.items():
-            if t_t == 0 and r.output[: len(b_out)] != b_out[: len(r.output)]:
+            agree = None if t_t != 0 else r.output[: len(b_out)] == b_out[: len(r.output)]
+            if agree is False and exact:
                 raise AssertionError(f"greedy output of {v} differs from target-only on {p.id}")
-            out[v].append(PromptTiming(p.id, p.task, r, n_eos, b_ms, t_t == 0, entropy))
+            out[v].append(PromptTiming(p.id, p.task, r, n_eos, b_ms, agree, entropy))
     return out
 
 

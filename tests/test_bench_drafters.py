@@ -7,8 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.bench_drafters import main
-from bench.drafters import Variant, variants
+import bench.drafters as drafters
+from bench.bench_drafters import load_kind, main
+from bench.bench_online import suite_prompts
+from bench.drafters import Variant, decode_law, variants
 from tests.tiny_models import one_thread
 
 
@@ -57,6 +59,26 @@ def test_kinds_shapes_and_pairs_decode_and_the_tables_hold_their_identities(tmp_
         assert e["from_budget"] == 4 and e["to_budget"] == 8
         assert np.isclose(e["d_ln_tps"], e["d_ln_tau"] + e["d_ln_eta"])
     assert {h["half"] for h in out["halves"]} == {"low", "high"}
+
+
+def test_a_greedy_divergence_stops_a_float32_run_and_is_counted_otherwise(monkeypatch):
+    """bf16 may flip a near-tied argmax between a tree pass and one-token steps: there the
+    bench keeps each decode's agreement instead of stopping (here a baseline made to differ)."""
+    real = drafters.timed_baseline
+
+    def shifted(*args, **kwargs):
+        out, ms = real(*args, **kwargs)
+        return [out[0] + 1, *out[1:]], ms
+
+    monkeypatch.setattr(drafters, "timed_baseline", shifted)
+    pairs = {"eagle3": load_kind("eagle3", "cpu", "float32")}
+    prompts, _ = suite_prompts(1, 0)
+    law = [Variant("eagle3", "tree", "0|0", 4)]
+    with one_thread():
+        with pytest.raises(AssertionError, match="differs from target-only"):
+            decode_law(pairs, prompts, law, 4, warmup=0)
+        timings = decode_law(pairs, prompts, law, 4, warmup=0, exact=False)
+    assert [t.greedy_match for t in timings[law[0]]] == [False]
 
 
 @pytest.mark.slow
