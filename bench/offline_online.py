@@ -19,7 +19,9 @@ Each step is the project's own command (a subprocess), in one folder (--out):
    under `run.score=--score`, with `run.offline=` the transfer run: both rules decode every
    prompt in alternating order in one run, and it prints tokens per pass and tokens/s
    against draft with paired prompt-bootstrap intervals, and each rule's realized minus
-   predicted tau with its interval.
+   predicted tau with its interval. Under --score top_m a third rule, `draft@+M`, decodes
+   at B + M scoring its tree only: draft at as many scored prefixes a pass (issue 28's
+   practical baseline of App. D.10's Theorem 2); --no-draft-at-b-plus-m leaves it out.
 The figures are CPU figures on this machine: run it alone and give the load beside them.
 """
 
@@ -80,9 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--score", choices=SCORE_MODES, default="tree")
     ap.add_argument("--top-m", type=int, default=100, help="M of --score top_m")
     ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--draft-at-b-plus-m", action=argparse.BooleanOptionalAction, default=True,
+                    help="under --score top_m, also draft at B + M (scoring its tree only)")  # fmt: skip
     ap.add_argument("--out", default="bench_out/offline_online")
     a = ap.parse_args(argv)
-    out = project_path(a.out) / f"t{a.temperature:g}_b{a.budget}_{a.score}"
+    policy_name = f"top_m{a.top_m}" if a.score == "top_m" else a.score
+    out = project_path(a.out) / f"t{a.temperature:g}_b{a.budget}_{policy_name}"
     out.mkdir(parents=True, exist_ok=True)
     suite = out / "suite.jsonl"
     suite.write_text("".join(json.dumps({"id": p.id, "task": p.task, "prompt": p.text}) + "\n"
@@ -100,7 +105,10 @@ def main(argv: list[str] | None = None) -> None:
           f"paths.features={features}", f"rerank.budgets=[{a.budget}]", *policy,
           f"hydra.run.dir={out / 'transfer'}"], out / "transfer.log")  # fmt: skip
     reranker = Path(a.rerankers) / model
-    _run(["decode.run", f"run.rules=[draft,reranker:{reranker}]", *data, *law,
+    rules = ["draft", f"reranker:{reranker}"]
+    if a.score == "top_m" and a.draft_at_b_plus_m:
+        rules.append(f"draft@+{a.top_m}")
+    _run(["decode.run", f"run.rules=[{','.join(rules)}]", *data, *law,
           f"run.score={a.score}", f"run.top_m={a.top_m}", f"run.offline={out / 'transfer'}",
           "run.progress=false", f"hydra.run.dir={out / 'online'}"], out / "online.log")  # fmt: skip
     print((out / "online.log").read_text())

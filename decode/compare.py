@@ -45,6 +45,22 @@ class RuleSpec:
 
     rule: str
     reranker: str | None = None
+    # `<rule>@+N`: decoded at each of the run's budgets + N, scoring its tree only; at
+    # run.score=top_m with N = run.top_m it scores as many prefixes a pass as the others
+    # (issue 28's draft at B + M, the practical baseline of App. D.10's Theorem 2)
+    extra_budget: int = 0
+
+
+def _extra_budget(i: int, entry: str, name: str, extra: str) -> int:
+    """N of `run.rules[i]` = `<rule>@+N`, checked: a positive integer, a rule that reads no
+    reranker, not the first rule (the ratios' reference and the traces' rule)."""
+    ok = extra.startswith("+") and extra[1:].isdigit() and int(extra[1:]) > 0
+    if not ok or i == 0 or name not in online_rules() or rule_entry(name).predictor:
+        raise ValueError(
+            f"The 'run.rules[{i}]' with '@' must be <rule>@+N (N > 0 extra nodes, a rule "
+            f"without a reranker, not the first rule). Got {entry!r} instead."
+        )
+    return int(extra[1:])
 
 
 def rule_specs(rules: list[str], rule: str, reranker: str | None) -> list[RuleSpec]:
@@ -57,6 +73,8 @@ def rule_specs(rules: list[str], rule: str, reranker: str | None) -> list[RuleSp
     out = []
     for i, entry in enumerate(rules):
         name, sep, source = str(entry).partition(":")
+        name, at, extra = name.partition("@")
+        extra_budget = _extra_budget(i, str(entry), name, extra) if at else 0
         predictor = name in online_rules() and rule_entry(name).predictor
         if name not in online_rules() or (sep and not predictor) or (sep and not source):
             raise ValueError(
@@ -68,7 +86,7 @@ def rule_specs(rules: list[str], rule: str, reranker: str | None) -> list[RuleSp
                 raise ValueError(f"run.rules[{i}]=reranker names no model and run.reranker is "
                                  f"unset; write reranker:<folder or MLflow URI>")  # fmt: skip
             source = reranker
-        out.append(RuleSpec(name, source or None))
+        out.append(RuleSpec(name, source or None, extra_budget))
     if len(set(out)) < len(out):
         raise ValueError(f"The 'run.rules' must not repeat a rule. Got {list(rules)!r} instead.")
     return out

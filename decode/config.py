@@ -59,7 +59,9 @@ class RunConfig:
     # Several rules in one interleaved run (decode.compare), e.g. [draft, reranker:<folder>,
     # root_draw]: every prompt is decoded by each, in an order rotating with the prompt, at
     # select.budget and each of run.budgets; ratios of tau and tokens/s to the first rule with
-    # paired intervals. `reranker` alone reads run.reranker. Empty: run.rule alone.
+    # paired intervals. `reranker` alone reads run.reranker. `<rule>@+N` (not first, no
+    # reranker): at each budget + N, scoring its tree only (draft@+<run.top_m>: draft at
+    # B + M scored prefixes, issue 28). Empty: run.rule alone.
     rules: list[str] = field(default_factory=list)
     # The per-round values of a rerank.train / rerank.transfer run (its folder, the
     # per_round_values.parquet, or an MLflow URI) on a separate recording of the run's

@@ -27,6 +27,7 @@ several rules decode every prompt in one interleaved run, compared with the firs
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable
@@ -124,7 +125,7 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
     parallel = parallel or ParallelConfig()
     s.check()  # run.rule first: rule_specs reads its entry
     specs = rule_specs(run.rules, s.rule, run.reranker)
-    settings = [s] if not run.rules else [for_rule(s, p.rule, run.record_traces) for p in specs]
+    settings = _rule_settings(s, specs, run)
     _check_online(settings, run, prompts_per_shard, parallel, model.device)
     # An MLflow URI resolves against the run's tracking store; a folder needs none.
     uri = (tracking or MlflowConfig()).tracking_uri
@@ -174,6 +175,25 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
     return report
 
 
+def _rule_settings(
+    s: OnlineSettings, specs: list[RuleSpec], run: RunConfig
+) -> list[OnlineSettings]:
+    """Each rule's settings; `<rule>@+N` scores its tree only (the baseline at as many scored
+    prefixes as the others), and each budget + N must fit the pool."""
+    if not run.rules:
+        return [s]
+    out = []
+    for i, p in enumerate(specs):
+        st = for_rule(s, p.rule, run.record_traces)
+        if p.extra_budget:
+            st = dataclasses.replace(st, score="tree")
+            for b in run_budgets(s, run):
+                check_int(f"run.rules[{i}] ({p.rule}@+{p.extra_budget}) at budget {b}",
+                          b + p.extra_budget, 1, pool_size(s.base.pool))  # fmt: skip
+        out.append(st)
+    return out
+
+
 def _plan_arms(specs: list[RuleSpec], settings: list[OnlineSettings], run: RunConfig, uri: str,
                prompts: list[Prompt]) -> tuple[list[Arm], dict[str, str | None], list[Prompt]]:  # fmt: skip
     """The run's rules with their labels and offline names, and the prompts every one of them
@@ -190,10 +210,14 @@ def _plan_arms(specs: list[RuleSpec], settings: list[OnlineSettings], run: RunCo
         unknown_tasks(f, prompts)
         check_feature_availability(f, run.score, run.allow_missing_features)
         fitted.append(f)
-    labels = unique_labels([rule_label(p.rule, f) for p, f in zip(specs, fitted, strict=True)])
-    arms = [Arm(label, st, p.reranker, f)
+    # `<rule>@+N` is labelled <rule>_plus<N> (MLflow keys take no '@' or '+'); it has no
+    # offline prediction (the separate recording is at the run's budgets)
+    labels = unique_labels([rule_label(p.rule, f) + (f"_plus{p.extra_budget}" if p.extra_budget
+                            else "") for p, f in zip(specs, fitted, strict=True)])  # fmt: skip
+    arms = [Arm(label, st, p.reranker, f, extra_budget=p.extra_budget)
             for label, st, p, f in zip(labels, settings, specs, fitted, strict=True)]  # fmt: skip
-    names = {a.label: offline_name(p.rule, f) for a, p, f in zip(arms, specs, fitted, strict=True)}
+    names = {a.label: None if p.extra_budget else offline_name(p.rule, f)
+             for a, p, f in zip(arms, specs, fitted, strict=True)}  # fmt: skip
     return arms, names, prompts
 
 

@@ -112,6 +112,7 @@ class Arm:
     reranker: str | None = None
     fitted: FittedReranker | None = None  # its reranker, loaded and checked
     predictor: OnlinePredictor | None = None
+    extra_budget: int = 0  # decoded at each run budget + this (`<rule>@+N`, decode.compare)
 
 
 def arm_order(arms: list[T], position: int) -> list[T]:
@@ -142,7 +143,7 @@ def decode_all(
     """
     dec = arms[0].s.base.decode
     budgets = run_budgets(arms[0].s, run)
-    settings = {(a.label, b): at_budget(a.s, b) for a in arms for b in budgets}
+    settings = {(a.label, b): at_budget(a.s, b + a.extra_budget) for a in arms for b in budgets}
     encoded = [encode_prompt(pair.tokenizer, p.text) for p in prompts]
 
     def spec(i: int, arm: Arm, b: int):

@@ -10,7 +10,7 @@ the boosting capacity of `rerank.fit.boosting`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from rerank.config import (
@@ -47,11 +47,9 @@ def model_capacity(model: RerankModelConfig) -> Capacity:
     )  # fmt: skip
 
 
-def check_train_parallel(p: ParallelConfig, model: RerankModelConfig | None = None,
-                         simulated: Sequence[str] = ()) -> None:  # fmt: skip
+def check_train_parallel(p: ParallelConfig, model: RerankModelConfig | None = None) -> None:
     """The `parallel` settings of a training run: local, or Ray (`rerank.on_ray`); with
-    `model`, its fits' spread over nodes (`rerank.model.fit_nodes`) too; `simulated`, the
-    feature sets whose matched row is simulated (`rerank.evaluate.matched.simulated_sets`)."""
+    `model`, its fits' spread over nodes (`rerank.model.fit_nodes`) too."""
     check_parallel(p, "cpu")
     nodes = 1 if model is None else model.fit_nodes
     if nodes > 1 and (p.backend != "ray" or model.kind != "lgbm"):
@@ -59,12 +57,6 @@ def check_train_parallel(p: ParallelConfig, model: RerankModelConfig | None = No
             f"rerank.model.fit_nodes={nodes} trains each LightGBM fit on Ray Train workers: it "
             f"needs launcher=ray (parallel.backend is {p.backend!r}) and rerank.model.kind=lgbm "
             f"(it is {model.kind!r})"
-        )
-    if p.backend == "ray" and simulated:
-        raise ValueError(
-            f"rerank.score with {list(simulated)}: their matched row is simulated on each rule's "
-            f"own trees in one process (rerank.evaluate.matched), not on Ray yet; use "
-            f"launcher=local, or rerank.score=tree or record"
         )
     if p.parts != 1:
         raise ValueError(

@@ -34,7 +34,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from rerank.config import RerankConfig
-from rerank.evaluate.matched import simulated_sets
 from rerank.fit.models import LABEL_OF_LAW
 from rerank.fit.persist import save_reranker
 from rerank.job.evaluation import Evaluation, evaluate
@@ -140,7 +139,7 @@ def train_and_evaluate(
     """
     check_settings(rerank)
     parallel = parallel or ParallelConfig()
-    check_train_parallel(parallel, rerank.model, simulated_sets(rerank.feature_sets, rerank.score))
+    check_train_parallel(parallel, rerank.model)
     fingerprint = check_same_traces(project_path(rerank.features), project_path(rerank.traces))
     budgets = store_budgets(rerank)
     t0 = time.perf_counter()

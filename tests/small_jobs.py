@@ -25,12 +25,13 @@ def small_stores(root: Path, prompts: int, rounds: int, per_shard: int) -> tuple
 
 def run_small_job(stores: tuple[Path, Path], out: Path, parallel: ParallelConfig | None,
                   feature_sets: list[str], fit_nodes: int = 1,
-                  fits: Path | None = None) -> Path:  # fmt: skip
+                  fits: Path | None = None, score: str = "tree") -> Path:  # fmt: skip
     """The job at a small size (LightGBM on one thread, budget 8): its run folder."""
     config = RerankConfig(
         traces=str(stores[0]), features=str(stores[1]), feature_sets=feature_sets,
         model=RerankModelConfig(kind="lgbm", n_threads=1, fit_nodes=fit_nodes), n_resamples=200,
         calibration_edges=5_000, chunk_rounds=16, budgets=[8], fits=str(fits or out / "fits"),
+        score=score, score_top_m=3,
     )  # fmt: skip
     uri = f"sqlite:///{out / 'mlflow.db'}"
     train_and_evaluate(config, MlflowConfig(tracking_uri=uri), {}, 0, out / "run", parallel)

@@ -176,6 +176,48 @@ def test_rule_lists_are_checked_by_name():
         rule_specs([], "reranker", None)
 
 
+def test_a_rule_at_extra_budget_is_parsed_and_refused_where_it_means_nothing():
+    specs = rule_specs(["draft", "draft@+4", "root_draw@+12"], "draft", None)
+    assert [(p.rule, p.extra_budget) for p in specs] == [("draft", 0), ("draft", 4),
+                                                         ("root_draw", 12)]  # fmt: skip
+    for bad in (["draft", "draft@+0"], ["draft", "draft@4"], ["draft", "reranker@+4:x"],
+                ["draft@+4", "root"]):  # fmt: skip
+        with pytest.raises(ValueError, match=r"run.rules\[\d\]' with '@' must be <rule>@\+N"):
+            rule_specs(bad, "draft", None)
+
+
+def test_draft_at_b_plus_m_scores_its_tree_in_the_same_run(tmp_path, monkeypatch):
+    """Under run.score=top_m (M=4, B=6) `draft@+4` decodes at B + M = 10 scoring its tree
+    only, paired with draft at B=6 (which scores its tree and M more): both lossless, every
+    prompt by both, no offline name; a budget beyond the pool is refused before any model."""
+    model_cfg = tiny_model_config(tmp_path / "models", "llama")
+    calls: list[tuple[str, int, str]] = []
+    real = session.decode_prompt
+
+    def spy(target, drafter, prompt, s, *args, **kw):
+        calls.append((args[1], s.base.select.budget, s.score))
+        return real(target, drafter, prompt, s, *args, **kw)
+
+    monkeypatch.setattr(session, "decode_prompt", spy)
+    s = settings("draft", score="top_m", max_new_tokens=12)
+    run = RunConfig(rules=["draft", "draft@+4"], score="top_m", top_m=4, warmup_prompts=0,
+                    bootstrap_resamples=50, progress=False)  # fmt: skip
+    with one_thread():
+        report = run_online(model_cfg, _data(tmp_path, PROMPTS[:2]), s, run, None, {},
+                            tmp_path / "o")  # fmt: skip
+    table = report.compare.set_index("rule")
+    assert list(table.index) == ["draft", "draft_plus4"]
+    assert sorted(set(calls)) == sorted({(q.id, b, sc) for q in PROMPTS[:2]
+                                         for b, sc in ((6, "top_m"), (10, "tree"))})  # fmt: skip
+    rounds = report.rounds.groupby("rule")["scored"].mean()
+    assert table["scored_prefixes"].to_dict() == pytest.approx(rounds.to_dict())
+    for label in table.index:
+        assert report.metrics[f"online/{label}/greedy_output_matches_baseline"] == 1.0
+    too_big = dataclasses.replace(run, rules=["draft", "draft@+100000"])
+    with pytest.raises(ValueError, match=r"run.rules\[1\] \(draft@\+100000\) at budget 6"):
+        run_online(model_cfg, _data(tmp_path, PROMPTS[:2]), s, too_big, None, {}, tmp_path / "x")
+
+
 def test_several_rules_refuse_trace_recording(tmp_path):
     model_cfg = tiny_model_config(tmp_path / "models", "llama")
     run = RunConfig(rules=["draft", "root"], score="record", record_traces=True,

@@ -79,13 +79,21 @@ def _in_process_deal(shard_ids, factory, p, gpu, cpus_per_worker=1, **_):
     return Dealt({sid: results[sid] for sid in shard_ids}, [], 0, [])
 
 
+@pytest.mark.parametrize("score", ["tree", "top_m"])
 def test_the_ray_tasks_dealt_in_this_process_give_one_process_s_results(
-    stores, tmp_path, monkeypatch
+    stores, tmp_path, monkeypatch, score
 ):
-    one = _run(stores, tmp_path / "one", None)
+    """top_m: rows_matched's matched row simulated on each rule's own trees, fitted on
+    draft's, the workers handed the simulated rows with the fit tasks and the pass."""
+    sets = SETS if score == "tree" else ["rows_matched"]
+    one = run_small_job(stores, tmp_path / "one", None, sets, score=score)
     monkeypatch.setattr(on_ray, "deal", _in_process_deal)
-    two = _run(stores, tmp_path / "tasks", ParallelConfig(backend="ray", workers=2))
+    two = run_small_job(stores, tmp_path / "tasks", ParallelConfig(backend="ray", workers=2),
+                        sets, score=score)  # fmt: skip
     _same_runs(one, two)
+    if score == "top_m":
+        values = pd.read_parquet(two / "per_round_values.parquet")
+        assert values["held/rows_matched_lgbm@B8"].between(0, 1).all()
 
 
 def test_training_split_into_ranges_is_refused_before_reading(tmp_path):

@@ -143,7 +143,9 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
         next_root = next_root_rows(trace_store(project_path(rerank.traces)).dataset(),
                                    rerank.score, rerank.score_top_m, rerank.budgets[0], seed)  # fmt: skip
         frame_of = partial(frame_of, next_root=next_root)
-        simulated = SimulatedPredictions(sets, lambda t, v: frame_of(t, variant=v))
+        # its own binding: frame_of is rebound below for a Ray run's driver (keys only)
+        simulated_frame = frame_of
+        simulated = SimulatedPredictions(sets, lambda t, v: simulated_frame(t, variant=v))
         log.info("rerank.score=%s: the matched row of %s follows each rule's own trees; fitted "
                  "on draft's at B=%d", rerank.score, sets, rerank.budgets[0])  # fmt: skip
     prefit = None
