@@ -63,6 +63,17 @@ def test_training_on_ray_equals_one_process_and_redoes_a_killed_worker_s_task(
     assert len(kept) == len(models)  # the workers kept every finished fit, for a rerun
 
 
+@pytest.mark.slow
+def test_the_simulated_matched_row_on_ray_equals_one_process(stores, tmp_path):
+    """rerank.score=top_m with rows_matched on a local 2-CPU cluster (about a minute)."""
+    sets = ["rows_matched"]
+    one = run_small_job(stores, tmp_path / "one", None, sets, score="top_m")
+    with lean_ray():
+        two = run_small_job(stores, tmp_path / "ray", ParallelConfig(backend="ray", workers=2),
+                            sets, score="top_m")  # fmt: skip
+    _same_runs(one, two)
+
+
 def _same_runs(one: Path, two: Path) -> None:
     for table in TABLES:
         pd.testing.assert_frame_equal(pd.read_csv(two / table), pd.read_csv(one / table))
