@@ -64,8 +64,11 @@ fi
 if want online; then
 log "== online benchmark on CUDA (bf16): draft / root_draw / reranker, T in {0,1}, B in {8,59}"
 start=$(date +%s)
+# T=1 first: on the second 2026-12-04 lease every T=0 step (run first) was 2-10x slower than
+# the same step at T=1, target-only included; if the slowness now follows T=1, it is warm-up.
 timeout "${ONLINE_S:-240}" $PY -m bench.bench_online --device cuda --dtype bfloat16 --prompts 4 \
-    --max-new-tokens 96 --fit-prompts 8 --cost-baseline none --out "$OUT/online_cuda.json" 2>&1 |
+    --max-new-tokens 96 --fit-prompts 8 --cost-baseline none --temperatures 1 0 \
+    --out "$OUT/online_cuda.json" 2>&1 |
     grep -v -e "Loading weights" -e "Writing model" | tee -a "$FIG"
 bench_rc=${PIPESTATUS[0]}
 log "benchmark: exit $bench_rc in $(($(date +%s) - start)) s"
