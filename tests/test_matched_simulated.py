@@ -18,7 +18,7 @@ from decode.recording import record_traces
 from features.from_trace import MATCHED_FEATURES, candidate_table, next_root_matched
 from rerank.config import RerankConfig, RerankModelConfig, TransferConfig
 from rerank.evaluate.matched import held_after, next_root_rows
-from rerank.evaluate.policy import PolicyRounds, for_policy, own_tree_coverage
+from rerank.evaluate.policy import PolicyRounds, for_policy, own_tree_coverage, policy_text
 from rerank.evaluate.pool_chunks import ROUND_KEYS, chunk_of
 from rerank.evaluate.values import EvalPlan, LearnedFactors, evaluate_traces
 from rerank.fit.persist import load_reranker
@@ -228,3 +228,16 @@ def test_transfer_simulates_the_rule_as_the_job_did(job, tmp_path):
     assert len(merged) == len(got) and 0 < len(got) < len(want)
     for c in cols[len(ROUND_KEYS) :]:
         np.testing.assert_allclose(merged[c], merged[f"{c}_job"], rtol=1e-9, err_msg=c)
+
+
+def test_the_table_names_the_budget_a_simulated_fit_took_its_availability_from():
+    summary = pd.DataFrame({"weighting": "round", "law": "greedy", "budget": [8, 8, 59, 59],
+                            "rule": ["draft", "root_if_covered"] * 2,
+                            "scored_prefixes": [40.0, 40.0, 91.0, 91.0]})  # fmt: skip
+    text = policy_text(summary, "top_m", 32, 1.0, ["rows_matched_lgbm"], 8)
+    assert "greedy B=59: 91.0 (91.0)" in text
+    assert "rows_matched_lgbm: fitted on the matched row as draft's trees at B=8" in text
+    assert "at B=[59] that fit is kept" in text
+    one_budget = policy_text(summary[summary["budget"] == 8], "top_m", 32, 1.0,
+                             ["rows_matched_lgbm"], 8)  # fmt: skip
+    assert "fitted on" not in one_budget

@@ -280,9 +280,11 @@ def with_scored_prefixes(table: pd.DataFrame, per_round: pd.DataFrame) -> pd.Dat
     return out
 
 
-def policy_text(summary: pd.DataFrame, policy: str, top_m: int, simulable: float) -> str:
-    """The scored set the figures are for, the share of rounds it is simulated in, and each
-    budget's prefixes per pass."""
+def policy_text(summary: pd.DataFrame, policy: str, top_m: int, simulable: float,
+                simulated: Sequence[str] = (), fit_budget: int | None = None) -> str:  # fmt: skip
+    """The scored set the figures are for, the share of rounds it is simulated in, each
+    budget's prefixes per pass, and the budget whose trees the `simulated` sets' fits took
+    the matched row's availability from (`rerank.evaluate.matched`)."""
     what = f"rerank.score={policy}" + (f", M={top_m}" if policy == "top_m" else "")
     lines = [f"scored set: {what}, simulated in {simulable:.1%} of the rounds; prefixes "
              f"scored per pass beside the root, draft's tree ({ROOT_IF_COVERED}'s own trees):"]  # fmt: skip
@@ -292,6 +294,11 @@ def policy_text(summary: pd.DataFrame, policy: str, top_m: int, simulable: float
         own = by_rule.get(ROOT_IF_COVERED, np.nan)
         lines.append(f"  {law} B={b}: {by_rule.get(BASELINE, np.nan):.1f} ({own:.1f}); "
                      f"{DRAFT_SCORED} = draft at that count")  # fmt: skip
+    others = sorted({int(b) for b in sub["budget"]} - {fit_budget}) if "budget" in sub else []
+    if simulated and others:
+        lines.append(f"  {', '.join(simulated)}: fitted on the matched row as draft's trees at "
+                     f"B={fit_budget} hold it; at B={others} that fit is kept (a job with "
+                     f"rerank.budgets=[<b> first] fits b's)")  # fmt: skip
     return "\n".join(lines)
 
 

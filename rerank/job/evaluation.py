@@ -106,7 +106,8 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     variants = variant_table(summary, comparisons, fitted.quality, preds.rules)
     variants = variants[variants["budget"].isin(rerank.budgets)]
     table = "\n".join([results_table(summary), policy_text(summary, rerank.score,
-                       rerank.score_top_m, policy.simulable_share), comparisons_table(comparisons),
+                       rerank.score_top_m, policy.simulable_share, policy.simulated,
+                       rerank.budgets[0]), comparisons_table(comparisons),
                        variants_text(variants)])  # fmt: skip
     groups = labelled(breakdown_gains(per_round, rerank.n_resamples, seed))
     release_freed_heap()  # its groups' copies (as after the draws)
