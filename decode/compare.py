@@ -193,7 +193,9 @@ def offline_text(table: pd.DataFrame, source: str) -> str:
         lines.append(
             f"  B={r.budget:<3d} {r.rule:<28s} realized {r.realized_tau:6.3f}  offline "
             f"{r.offline_tau:6.3f}  diff {r.realized_minus_offline:+.3f} "
-            f"[{r.realized_minus_offline_lo:+.3f}, {r.realized_minus_offline_hi:+.3f}]"
+            f"[{r.realized_minus_offline_lo:+.3f}, {r.realized_minus_offline_hi:+.3f}] = "
+            f"[{100 * r.realized_minus_offline_lo / r.realized_tau:+.1f}%, "
+            f"{100 * r.realized_minus_offline_hi / r.realized_tau:+.1f}%] of realized tau"
         )
     return "\n".join(lines)
 

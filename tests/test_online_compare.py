@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import decode.session as session
-from decode.compare import offline_prompt_sums, rule_specs
+from decode.compare import offline_prompt_sums, offline_text, rule_specs
 from decode.config import RunConfig
 from decode.metrics import expected_values
 from decode.run import run_online
@@ -144,6 +144,15 @@ def test_offline_prediction_of_a_separate_recording_meets_the_realized_tau(tmp_p
     assert off.loc["draft", "realized_minus_offline_hi"] == pytest.approx(0.0, abs=1e-12)
     assert off.loc["root", "offline_tau"] == pytest.approx(1 + frame["root@B6"].mean())
     assert report.metrics["offline/B6/root/offline_tau"] == off.loc["root", "offline_tau"]
+
+
+def test_the_offline_comparison_prints_its_interval_as_a_share_of_tau():
+    """Issue 28's bound is +-3% of tau: the printed line gives the interval's ends as shares."""
+    table = pd.DataFrame({"budget": [8], "rule": ["reranker_rows_lgbm"], "realized_tau": [2.5],
+                          "offline_tau": [2.52], "realized_minus_offline": [-0.02],
+                          "realized_minus_offline_lo": [-0.1], "realized_minus_offline_hi": [0.05]})  # fmt: skip
+    line = offline_text(table, "x").splitlines()[1]
+    assert line.endswith("diff -0.020 [-0.100, +0.050] = [-4.0%, +2.0%] of realized tau")
 
 
 def test_offline_values_refuse_missing_prompts_and_laws():
