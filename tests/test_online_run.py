@@ -98,7 +98,8 @@ def test_whole_run_logs_metrics_values_and_traces(tmp_path):
     run_data = mlflow.MlflowClient(tracking_uri=tracking.tracking_uri).get_run(report.run_id).data
     assert run_data.metrics["online/tau"] == m["online/tau"]
     # run.predictor=auto on a CPU: the compiled forest walk (rerank.forest.jit)
-    assert run_data.tags["rule"] == "reranker_rows_lgbm" and run_data.tags["predictor"] == "compiled"
+    assert run_data.tags["rule"] == "reranker_rows_lgbm"
+    assert run_data.tags["predictor"] == "compiled"
     assert run_data.tags["reranker"] == uri
     assert (tmp_path / "out" / "online_groups.csv").exists()
     # the traces are a store features.extract reads
