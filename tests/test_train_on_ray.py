@@ -104,7 +104,8 @@ def test_the_ray_tasks_dealt_in_this_process_give_one_process_s_results(
     _same_runs(one, two)
     if score == "top_m":
         values = pd.read_parquet(two / "per_round_values.parquet")
-        assert values["held/rows_matched_lgbm@B8"].between(0, 1).all()
+        # the equality covers simulated values: some rounds hold the row, some do not
+        assert 0 < values["held/rows_matched_lgbm@B8"].mean() < 1
 
 
 def test_training_split_into_ranges_is_refused_before_reading(tmp_path):

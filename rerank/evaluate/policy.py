@@ -294,7 +294,7 @@ def policy_text(summary: pd.DataFrame, policy: str, top_m: int, simulable: float
         own = by_rule.get(ROOT_IF_COVERED, np.nan)
         lines.append(f"  {law} B={b}: {by_rule.get(BASELINE, np.nan):.1f} ({own:.1f}); "
                      f"{DRAFT_SCORED} = draft at that count")  # fmt: skip
-    others = sorted({int(b) for b in sub["budget"]} - {fit_budget}) if "budget" in sub else []
+    others = sorted({int(b) for b in sub["budget"]} - {fit_budget})
     if simulated and others:
         lines.append(f"  {', '.join(simulated)}: fitted on the matched row as draft's trees at "
                      f"B={fit_budget} hold it; at B={others} that fit is kept (a job with "
