@@ -49,6 +49,7 @@ from omegaconf import OmegaConf
 import decode.reranker as online_reranker
 import decode.round as online_round
 from bench.small_fit import small_fit_frame, small_fit_profile
+from decode.config import RunConfig
 from decode.loop import decode_prompt
 from decode.metrics import (
     PromptTiming,
@@ -59,7 +60,7 @@ from decode.metrics import (
     tokens_to_eos,
 )
 from decode.recording import record_traces
-from decode.session import arm_order
+from decode.session import Arm, decode_all
 from decode.settings import OnlineSettings
 from decode.stream import DecodeSettings
 from features.extract import extract
@@ -263,21 +264,17 @@ def round_cost(pair: ModelPair, prompts: list[Prompt], s: OnlineSettings, predic
 def run_rules(pair: ModelPair, prompts: list[Prompt], arms: dict[str, tuple],
               baselines: dict[str, tuple[int, float]]) -> dict[str, dict]:  # fmt: skip
     """Each rule's metrics over `prompts`; arms: rule -> (OnlineSettings, predictor).
-    Interleaved like `decode.run`: an untimed warm-up decode of the first prompt per rule,
-    then every prompt by every rule in `arm_order`."""
-    timings: dict[str, list[PromptTiming]] = {rule: [] for rule in arms}
-    p0 = prompts[0]
-    ids = encode_prompt(pair.tokenizer, p0.text)
-    for s, pred in arms.values():
-        decode_prompt(pair.target, pair.drafter, ids, s, pair.eos_ids, p0.id, p0.task, pred)
-    for i, p in enumerate(prompts):
-        ids = encode_prompt(pair.tokenizer, p.text)
-        for rule in arm_order(list(arms), i):
-            s, predictor = arms[rule]
-            r = decode_prompt(
-                pair.target, pair.drafter, ids, s, pair.eos_ids, p.id, p.task, predictor
-            )
-            timings[rule].append(PromptTiming(p.id, p.task, r, *baselines[p.id]))
+    Decoded by `decode.session.decode_all`, as `decode.run` decodes several rules: an
+    untimed warm-up decode of the first prompt per rule, then every prompt by every rule in
+    `arm_order`; the target-only baselines (`baselines`, measured once per law) beside."""
+    run = RunConfig(warmup_prompts=1, baseline=False, progress=False)
+    got = decode_all(pair, prompts, [Arm(r, s, predictor=p) for r, (s, p) in arms.items()], run)
+    timings: dict[str, list[PromptTiming]] = {}
+    for rule, by_budget in got.items():
+        (ts,) = by_budget.values()  # every arm at its settings' one budget
+        for t in ts:
+            t.baseline_tokens, t.baseline_ms = baselines[t.prompt_id]
+        timings[rule] = ts
     out = {}
     for rule, ts in timings.items():
         m = group_metrics(round_table(ts), prompt_table(ts, pair.eos_ids), 1000, 0)
