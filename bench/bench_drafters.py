@@ -41,7 +41,7 @@ import torch
 import transformers
 from omegaconf import OmegaConf
 
-from bench.bench_online import suite_prompts
+from bench.common import suite_prompts, warmup_count
 from bench.drafters import KINDS, PAIRS, PAPER_STAGES, Variant, decode_law, variant_tables, variants
 from bench.drafters_offline import offline_gains, offline_text
 from pairs.block.drafter import BlockDrafter
@@ -136,7 +136,8 @@ def run_online(pairs: dict[str, ModelPair], prompts, chosen: list[Variant], args
         law = [v for v in chosen if v.temperatures[0] == t_t]
         t0 = time.perf_counter()
         # exact greedy equality is asserted in float32 only (decode_law)
-        timings = decode_law(pairs, prompts, law, args.max_new_tokens,
+        warmup = warmup_count(args.warmup_prompts, args.device, len(prompts))
+        timings = decode_law(pairs, prompts, law, args.max_new_tokens, warmup,
                              exact=args.dtype == "float32")  # fmt: skip
         if t_t == 0:
             runs = [p.greedy_match for t in timings.values() for p in t]
@@ -170,6 +171,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--warmup-prompts", type=int, default=None,
+                    help="untimed decodes per decoder and target-only (default 1; CUDA: all)")  # fmt: skip
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", type=Path, default=None, help="write every table as JSON here")
     args = ap.parse_args(argv)

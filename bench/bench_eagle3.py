@@ -23,7 +23,7 @@ import torch
 import transformers
 
 from bench.bench_drafters import load_kind, machine_load
-from bench.bench_online import suite_prompts
+from bench.common import suite_prompts
 from bench.drafters import Variant, decode_law, variant_tables
 from recipes.pocket.eagle3_card import write_card
 from specrank.paths import PROJECT_ROOT

@@ -35,7 +35,6 @@ gap: the same quantity seen from the device). --threads 1: the issue's one CPU t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -44,10 +43,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 import decode.reranker as online_reranker
 import decode.round as online_round
+from bench.common import CACHE, load_pair, suite_prompts, warmup_count
 from bench.small_fit import small_fit_frame, small_fit_profile
 from decode.config import RunConfig
 from decode.loop import decode_prompt
@@ -65,9 +64,8 @@ from decode.settings import OnlineSettings
 from decode.stream import DecodeSettings
 from features.extract import extract
 from features.schema import candidate_store
-from pairs.config import DataConfig, ModelConfig
-from pairs.models import ModelPair, load_model_pair
-from pairs.prompts import Prompt, encode_prompt, load_prompts
+from pairs.models import ModelPair
+from pairs.prompts import Prompt, encode_prompt
 from rerank.config import RerankConfig, RerankModelConfig
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.models import fit_reranker
@@ -76,53 +74,9 @@ from rerank.forest.table import forest_of
 from rerank.forest.walk import compile_forest, link, prepare, walk_numpy
 from rerank.serving import PREDICTORS, OnlinePredictor, load_online_reranker
 from rerank.settings import model_capacity
-from specrank.paths import project_path
-from tests.tiny_models import build_tiny_pair
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-CACHE = Path(__file__).resolve().parent / ".cache"
 DEFAULT_FEATURE_SET = RerankConfig().feature_sets[-1]  # rows_matched: the default job's best
-
-
-def load_pair(model: str, device: str, dtype: str) -> tuple[ModelPair, str]:
-    """The pocket pair (conf/model/pocket.yaml) when its weights exist, else a tiny random pair."""
-    cfg = OmegaConf.to_object(
-        OmegaConf.merge(
-            OmegaConf.structured(ModelConfig), OmegaConf.load(ROOT / "conf/model/pocket.yaml")
-        )
-    )
-    target = project_path(cfg.target)
-    if model == "pocket" or (model == "auto" and any(target.glob("*.safetensors"))):
-        cfg = dataclasses.replace(cfg, target=str(target), drafter=str(project_path(cfg.drafter)))
-        name = "pocket"
-    else:
-        root = CACHE / "tiny_pair"
-        if not (root / "target" / "config.json").exists():
-            build_tiny_pair(root, "llama", hidden=128, layers=4)
-        cfg = ModelConfig(name="tiny", target=str(root / "target"), drafter=str(root / "drafter"))
-        name = "tiny"
-    return load_model_pair(dataclasses.replace(cfg, device=device, dtype=dtype)), name
-
-
-def suite_prompts(n_bench: int, n_fit: int) -> tuple[list[Prompt], list[Prompt]]:
-    """Benchmark prompts (the default suite's sources, first n_bench) and disjoint fitting prompts."""
-    data = OmegaConf.to_object(
-        OmegaConf.merge(
-            OmegaConf.structured(DataConfig), OmegaConf.load(ROOT / "conf/data/default.yaml")
-        )
-    )
-    sources = [
-        dataclasses.replace(
-            s, path=None if s.path is None else str(project_path(s.path)), limit=None
-        )
-        for s in data.sources
-    ]
-    per_source = [load_prompts(dataclasses.replace(data, sources=[s])) for s in sources]
-    k = -(-n_bench // len(per_source))  # bench prompts taken from each source in turn
-    bench = [p for ps in per_source for p in ps[:k]][:n_bench]
-    fit = [p for ps in per_source for p in ps[k : k + -(-n_fit // len(per_source))]][:n_fit]
-    return bench, fit
 
 
 def settings(
@@ -262,12 +216,12 @@ def round_cost(pair: ModelPair, prompts: list[Prompt], s: OnlineSettings, predic
 
 
 def run_rules(pair: ModelPair, prompts: list[Prompt], arms: dict[str, tuple],
-              baselines: dict[str, tuple[int, float]]) -> dict[str, dict]:  # fmt: skip
+              baselines: dict[str, tuple[int, float]], warmup: int = 1) -> dict[str, dict]:  # fmt: skip
     """Each rule's metrics over `prompts`; arms: rule -> (OnlineSettings, predictor).
-    Decoded by `decode.session.decode_all`, as `decode.run` decodes several rules: an
-    untimed warm-up decode of the first prompt per rule, then every prompt by every rule in
-    `arm_order`; the target-only baselines (`baselines`, measured once per law) beside."""
-    run = RunConfig(warmup_prompts=1, baseline=False, progress=False)
+    Decoded by `decode.session.decode_all`, as `decode.run` decodes several rules: untimed
+    warm-up decodes of the first `warmup` prompts per rule, then every prompt by every rule
+    in `arm_order`; the target-only baselines (`baselines`, measured once per law) beside."""
+    run = RunConfig(warmup_prompts=warmup, baseline=False, progress=False)
     got = decode_all(pair, prompts, [Arm(r, s, predictor=p) for r, (s, p) in arms.items()], run)
     timings: dict[str, list[PromptTiming]] = {}
     for rule, by_budget in got.items():
@@ -309,6 +263,8 @@ def main() -> None:
     ap.add_argument("--predictor", choices=list(PREDICTORS), default="auto",
                     help="run.predictor of the reranker runs")  # fmt: skip
     ap.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    ap.add_argument("--warmup-prompts", type=int, default=None,
+                    help="untimed decodes per rule and target-only (default 1; CUDA: all)")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="4 prompts x 32 tokens, 8 fitting prompts")
     ap.add_argument("--out", type=Path, default=None, help="JSON file for the figures")
     ap.add_argument("--small-fit", type=int, default=0, metavar="N",
@@ -328,9 +284,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     pair, name = load_pair(args.model, args.device, args.dtype)
     bench, fit = suite_prompts(args.prompts, args.fit_prompts)
-    print(
-        f"model {name} on {pair.device} ({args.dtype}); {len(bench)} prompts x {args.max_new_tokens} tokens"
-    )
+    warmup = warmup_count(args.warmup_prompts, str(pair.device), len(bench))
+    print(f"model {name} on {pair.device} ({args.dtype}); {len(bench)} prompts x "
+          f"{args.max_new_tokens} tokens; {warmup} untimed warm-up prompt(s) per run")  # fmt: skip
     result: dict = {"model": name, "device": str(pair.device), "dtype": args.dtype,
                     "prompts": len(bench), "max_new_tokens": args.max_new_tokens, "runs": []}  # fmt: skip
     given = {0.0: args.reranker_t0, 1.0: args.reranker_t1}
@@ -367,16 +323,17 @@ def main() -> None:
                           f"{a['features_and_predict'] / b['features_and_predict']:.2f}x, "
                           f"total {a['total'] / b['total']:.2f}x", flush=True)  # fmt: skip
             baselines = {}
-            for p in bench:
-                ids = encode_prompt(pair.tokenizer, p.text)
-                out, ms = timed_baseline(
-                    pair.target, ids, args.max_new_tokens, pair.eos_ids, t, 0, p.id
-                )
+            for p in [
+                *bench[:warmup],
+                *bench,
+            ]:  # the warm-up decodes, overwritten by the timed ones
+                out, ms = timed_baseline(pair.target, encode_prompt(pair.tokenizer, p.text),
+                                         args.max_new_tokens, pair.eos_ids, t, 0, p.id)  # fmt: skip
                 baselines[p.id] = (tokens_to_eos(out, pair.eos_ids), ms)
             for b in args.budgets:
                 arms = {rule: (settings(rule, t, b, args.max_new_tokens),
                                predictor if rule == "reranker" else None) for rule in args.rules}  # fmt: skip
-                for rule, m in run_rules(pair, bench, arms, baselines).items():
+                for rule, m in run_rules(pair, bench, arms, baselines, warmup).items():
                     result["runs"].append({"T": t, "B": b, "rule": rule, **m})
                     print(f"T={t:g} B={b:>3} {rule:>9}: {m['tokens_per_s']:7.1f} tok/s  speedup "
                           f"{m['speedup']:.3f} [{m['speedup_lo']:.3f}, {m['speedup_hi']:.3f}]  tau "

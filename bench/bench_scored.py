@@ -23,7 +23,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from bench.bench_online import load_pair, settings, suite_prompts
+from bench.bench_online import settings
+from bench.common import load_pair, suite_prompts, warmup_count
 from decode.loop import decode_prompt
 from decode.metrics import PromptTiming, round_table
 from decode.session import arm_order
@@ -40,8 +41,9 @@ def policies(top_ms: list[int]) -> list[tuple[str, str, int]]:
 
 
 def bench_scored(pair: ModelPair, prompts: list[Prompt], base: DecodeSettings,
-                 top_ms: list[int]) -> pd.DataFrame:  # fmt: skip
-    """One row per policy: scored prefixes, verify and round ms, ratio to tree (this run)."""
+                 top_ms: list[int], warmup: int = 1) -> pd.DataFrame:  # fmt: skip
+    """One row per policy: scored prefixes, verify and round ms, ratio to tree (this run),
+    after untimed decodes of the first `warmup` prompts by every policy."""
     arms = policies(top_ms)
     by_arm = {label: OnlineSettings(base, "draft", score, False, m) for label, score, m in arms}
     encoded = [encode_prompt(pair.tokenizer, p.text) for p in prompts]
@@ -52,8 +54,9 @@ def bench_scored(pair: ModelPair, prompts: list[Prompt], base: DecodeSettings,
                              p.id, p.task)  # fmt: skip
 
     with torch.inference_mode():
-        for label, _, _ in arms:  # warm-up: untimed
-            one(0, label)
+        for i in range(warmup):
+            for label, _, _ in arms:
+                one(i, label)
         runs: dict[str, list[PromptTiming]] = {a[0]: [] for a in arms}
         for i in range(len(prompts)):
             for label, _, _ in arm_order(arms, i):
@@ -86,6 +89,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--top-m", type=int, nargs="+", default=[16, 32, 100])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warmup-prompts", type=int, default=None,
+                    help="untimed decodes per policy (default 1; CUDA: all)")  # fmt: skip
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
@@ -95,7 +100,8 @@ def main() -> None:
     pair, name = load_pair(a.model, a.device, a.dtype)
     prompts, _ = suite_prompts(a.prompts, 0)
     base = settings("draft", a.temperature, a.budget, a.max_new_tokens).base
-    table = bench_scored(pair, prompts, base, a.top_m)
+    table = bench_scored(pair, prompts, base, a.top_m,
+                         warmup_count(a.warmup_prompts, a.device, len(prompts)))  # fmt: skip
     load = os.getloadavg()[0]
     print(f"scored prefixes vs verify time: {name} pair on {a.device} ({a.dtype}), rule=draft, "
           f"B={a.budget}, T={a.temperature:g}, {len(prompts)} prompts x {a.max_new_tokens} "

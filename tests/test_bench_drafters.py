@@ -9,7 +9,7 @@ import pytest
 
 import bench.drafters as drafters
 from bench.bench_drafters import load_kind, main
-from bench.bench_online import suite_prompts
+from bench.common import suite_prompts
 from bench.drafters import Variant, decode_law, variants
 from tests.tiny_models import one_thread
 
