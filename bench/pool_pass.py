@@ -102,12 +102,14 @@ def child_pass(tree: Path, traces: Path, features: Path, predictions: Path, valu
 
 
 def same_values(a: Path, b: Path) -> tuple[int, int]:
-    """(identical columns, columns) of two trees' per-round rule values."""
+    """(identical columns, columns) of two trees' per-round rule values, matched by name (the
+    trees may order their columns differently); a column only one tree has counts as
+    different."""
     x, y = pd.read_parquet(a), pd.read_parquet(b)
-    cols = [c for c in x.columns if "@B" in c]
-    if list(x.columns) != list(y.columns) or len(x) != len(y):
+    cols = sorted({c for c in [*x.columns, *y.columns] if "@B" in c})
+    if len(x) != len(y):
         return 0, len(cols)
-    return sum(x[c].equals(y[c]) for c in cols), len(cols)
+    return sum(c in x and c in y and x[c].equals(y[c]) for c in cols), len(cols)
 
 
 def bench_size(prompts: int, current: Path, baseline: Path | None, repeats: int) -> list[dict]:

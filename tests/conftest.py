@@ -9,6 +9,10 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 import specrank.config  # noqa: F401  (registers the Hydra schema)
+from recipes.synth.config import SynthConfig, SynthJobConfig
+from recipes.synth.job import write_synthetic_traces
+from specrank.trace_schema import trace_store
+from tree.config import PoolConfig, SelectConfig
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -20,3 +24,14 @@ def hydra_conf():
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         yield
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def fast_traces(tmp_path_factory):
+    """A small synthetic trace store (16 prompts x 12 rounds; top-k 6, 3 steps) as a dataset:
+    the fast paths' and the report scans' references run on it."""
+    root = tmp_path_factory.mktemp("fast")
+    job = SynthJobConfig(prompts=16, rounds_per_prompt=12, prompts_per_shard=4)
+    pool, select = PoolConfig(top_k=6, steps=3, expand=6), SelectConfig(budget=8, top_m=20)
+    write_synthetic_traces(root / "traces", job, pool, select, SynthConfig(), seed=3)
+    return trace_store(root / "traces").dataset()

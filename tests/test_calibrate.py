@@ -113,3 +113,29 @@ def test_crossfit_calibration_is_out_of_fold(per_depth) -> None:
     res2 = crossfit_calibrate(x, y2, folds, depth=depth)
     np.testing.assert_array_equal(res2.prob[folds == 0], res.prob[folds == 0])
     assert not np.array_equal(res2.prob[folds == 1], res.prob[folds == 1])
+
+
+@pytest.mark.parametrize("n, n_bins, labels", [(5000, 200, "prob"), (3000, 50, "binary"),
+                                               (40, 200, "prob"), (300, 1, "prob"),
+                                               (2000, 200, "zero"), (2000, 200, "negative")])  # fmt: skip
+def test_predict_equals_sklearns_isotonic_bit_for_bit(n, n_bins, labels) -> None:
+    # The compiled interpolation replaces IsotonicRegression.predict: the same floats at
+    # knots, between them, beyond both ends and at ties.
+    rng = np.random.default_rng(n + n_bins)
+    x = np.exp(rng.normal(-3.0, 2.0, n).astype(np.float32).astype(np.float64)).clip(max=1.0)
+    x[: n // 10] = x[n // 10 : 2 * (n // 10)]  # tied x values
+    if labels == "negative":  # not probabilities: the sklearn route
+        x = x - 0.5
+    y = {"prob": np.clip(x + rng.normal(0, 0.1, n), 0, 1),
+         "binary": (rng.random(n) < x).astype(np.float64), "zero": np.zeros(n),
+         "negative": np.clip(x + 0.5, 0, 1)}[labels]  # fmt: skip
+    m = EqualCountIsotonic(n_bins=n_bins).fit(x, y)
+    knots = m.iso_.X_thresholds_
+    mids = (knots[1:] + knots[:-1]) / 2 if knots.size > 1 else knots
+    probe = np.concatenate([x, knots, mids, np.nextafter(knots, 0), np.nextafter(knots, 2),
+                            [0.0, -0.0, -0.5, 1.0, 2.0, m.iso_.X_min_, m.iso_.X_max_, 1e-30,
+                             5e-324], rng.random(1000)])  # fmt: skip
+    want = np.clip(m.iso_.predict(probe), PROB_FLOOR, 1.0)  # sklearn's own predict
+    got = m.predict(probe)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got.view(np.int64), want.view(np.int64))

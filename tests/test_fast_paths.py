@@ -17,8 +17,6 @@ import pytest
 import torch
 
 from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
-from recipes.synth.config import SynthConfig, SynthJobConfig
-from recipes.synth.job import write_synthetic_traces
 from rerank.evaluate.curves import PromptCurves
 from rerank.evaluate.policy import PolicyRounds
 from rerank.evaluate.pool_chunks import ROUND_KEYS, RoundCodes, chunk_of, iter_trace_chunks
@@ -38,20 +36,9 @@ from rerank.fit.predict import (
 from selection.draws import subtree_ranks
 from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
 from selection.ranking import path_sum, pool_levels
-from specrank.trace_schema import trace_store
 from tests.candidate_frames import FAST, TASKS, make_candidate_frame
-from tree.config import PoolConfig, SelectConfig
 
 TOL = 1e-12  # the tolerance on predictions; the forest meets it with equality
-
-
-@pytest.fixture(scope="module")
-def traces(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fast")
-    job = SynthJobConfig(prompts=16, rounds_per_prompt=12, prompts_per_shard=4)
-    pool, select = PoolConfig(top_k=6, steps=3, expand=6), SelectConfig(budget=8, top_m=20)
-    write_synthetic_traces(root / "traces", job, pool, select, SynthConfig(), seed=3)
-    return trace_store(root / "traces").dataset()
 
 
 # -- predictions: the compiled forest is the library, bit for bit -----------------------------
@@ -126,18 +113,18 @@ def _reference_maps(dataset, folds, max_edges, seed, chunk_rounds):
     return maps
 
 
-def test_per_depth_maps_and_scores_equal_the_dense_reference(traces):
-    ids = traces.to_table(columns=["prompt_id"])["prompt_id"].to_numpy(zero_copy_only=False)
+def test_per_depth_maps_and_scores_equal_the_dense_reference(fast_traces):
+    ids = fast_traces.to_table(columns=["prompt_id"])["prompt_id"].to_numpy(zero_copy_only=False)
     folds = fold_map(ids, "seeded", 0)
     for max_edges in (500, 10**7):  # thinned, and every edge
-        got = fit_per_depth_maps(traces, folds, max_edges, 5, chunk_rounds=40)
-        want = _reference_maps(traces, folds, max_edges, 5, chunk_rounds=40)
+        got = fit_per_depth_maps(fast_traces, folds, max_edges, 5, chunk_rounds=40)
+        want = _reference_maps(fast_traces, folds, max_edges, 5, chunk_rounds=40)
         assert got.keys() == want.keys()
         for key in want:
             for d, m in want[key].maps_.items():
                 np.testing.assert_array_equal(got[key].maps_[d].bin_x_, m.bin_x_)
                 np.testing.assert_array_equal(got[key].maps_[d].bin_y_, m.bin_y_)
-    table = next(iter_trace_chunks(traces, 10**6, sorted({*EDGE_COLUMNS, *ROUND_KEYS})))
+    table = next(iter_trace_chunks(fast_traces, 10**6, sorted({*EDGE_COLUMNS, *ROUND_KEYS})))
     pool = pool_batch_from_table(table)
     assert pool_levels(pool.parent, pool.depth) is not None  # the per-level route is taken
     ids = table["prompt_id"].to_numpy(zero_copy_only=False)
@@ -157,9 +144,9 @@ def test_per_depth_maps_and_scores_equal_the_dense_reference(traces):
 # -- reports, curves and round lookups -------------------------------------------------------
 
 
-def test_draw_size_scan_equals_the_sort_and_parts_merge_in_order(traces):
+def test_draw_size_scan_equals_the_sort_and_parts_merge_in_order(fast_traces):
     columns = sorted({*ReportAccumulators([1]).columns, *POOL_COLUMNS, *ROUND_KEYS})
-    tables = list(iter_trace_chunks(traces, 50, columns))
+    tables = list(iter_trace_chunks(fast_traces, 50, columns))
     chunk = chunk_of(tables[0])
     acc = ReportAccumulators([2, 5])
     sizes = acc.sizes.part(chunk)
@@ -175,8 +162,21 @@ def test_draw_size_scan_equals_the_sort_and_parts_merge_in_order(traces):
         want = torch.cumsum(bins, -1)
         for t, (_, curves) in sizes.items():
             rows = torch.from_numpy(chunk.temperature == t)
-            np.testing.assert_array_equal(
-                curves[f"exceed@{b}"], want[rows].sum(0, dtype=torch.float64).numpy()
+            # the same float32 curves; only the float64 sum over rounds runs in another order
+            np.testing.assert_allclose(
+                curves[f"exceed@{b}"], want[rows].sum(0, dtype=torch.float64).numpy(), rtol=1e-12
+            )
+    # PEARL's size curves (1 + E|d_X1 ∩ T_b|) and their share under the drafter's top token
+    order, anc, law = chunk.order, chunk.ctx.first_ancestor, chunk.ctx.law
+    below = (chunk.pool.depth >= 2) & chunk.pool.valid
+    p_top = torch.gather(law, -1, order[:, :1])
+    below_top = torch.gather(below & (anc == order[:, :1]), -1, order)
+    pearl_top = p_top * (1 + torch.cumsum(below_top, -1, dtype=torch.float32))
+    for t, (_, curves) in sizes.items():
+        rows = torch.from_numpy(chunk.temperature == t)
+        for name, want in (("pearl_size", chunk.pearl[1]), ("pearl_top", pearl_top)):
+            np.testing.assert_allclose(
+                curves[name], want[rows].sum(0, dtype=torch.float64).numpy(), rtol=1e-12
             )
     # parts computed out of order, merged in order == added one chunk at a time
     one, merged = ReportAccumulators([2, 5]), ReportAccumulators([2, 5])
@@ -231,14 +231,14 @@ def test_round_codes_find_what_a_multiindex_finds(strings):
         codes.encode(query, shift=-1)), want)  # fmt: skip
 
 
-def test_threaded_evaluation_equals_one_chunk_at_a_time(traces):
+def test_threaded_evaluation_equals_one_chunk_at_a_time(fast_traces):
     plan = EvalPlan([2, 8], substitutions=["cache", "prev"], mixture_weights=[0.5],
                     curve_rules=["root"])  # fmt: skip
     out = {}
     for workers in (1, 2):
         curves, acc = PromptCurves(), ReportAccumulators([2, 8])
         policy = PolicyRounds([2, 8], "top_m", 100)
-        per_round = evaluate_traces(traces, plan, chunk_rounds=30, curves=curves,
+        per_round = evaluate_traces(fast_traces, plan, chunk_rounds=30, curves=curves,
                                     consumers=[policy, acc], workers=workers)  # fmt: skip
         out[workers] = policy.apply(per_round), curves, acc.tables(per_round, 20, 0)
     pd.testing.assert_frame_equal(out[1][0], out[2][0])

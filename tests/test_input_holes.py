@@ -119,6 +119,13 @@ def test_a_null_item_written_by_pandas_is_refused(stores):
         pool_batch_from_table(table)
 
 
+def test_argmax_lists_narrower_than_the_pools_are_refused(stores):
+    frame = trace_store(stores[0]).read().to_pandas()
+    frame["cand_target_argmax"] = [a[:-1] for a in frame["cand_target_argmax"]]
+    with pytest.raises(ValueError, match=r"cand_target_argmax: pools of 35 columns, but cand_"):
+        pool_batch_from_table(pa.Table.from_pandas(frame, preserve_index=False))
+
+
 def test_null_first_level_rows_stay_allowed(stores):
     """An absent retained row is a declared null: the same pool reads as before."""
     table = trace_store(stores[0]).read()

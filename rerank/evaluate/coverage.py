@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 import torch
-from torch import Tensor
+from numba import njit
 
 from rerank.evaluate.joined import joined_columns, law_ordered_frame, law_spans
 from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
@@ -38,10 +38,55 @@ from specrank.laws import law_columns
 COVERAGE_COLUMNS = ["task", "cand_scored"]
 
 
-def _at(curve: Tensor, count: Tensor) -> Tensor:
-    """curve[:, count - 1] per row: a cumulative curve after `count` entries (0 -> 0). [R]."""
-    idx = (count - 1).clamp(0, curve.shape[-1] - 1)
-    return torch.where(count > 0, torch.gather(curve, -1, idx[:, None])[:, 0], 0.0)
+@njit(cache=True, nogil=True)
+def _prefix_sets(order, rank, valid, parent, path_prob, budget, tops, ks):  # fmt: skip
+    """round_coverage's prefix sets in one scan of each round's draft order. Per round and set
+    (tree, each top M, pool, each frontier K, frontier): coverage, extra scored prefixes and
+    scored frontier size ([R, S] float64 each), and the frontier mask ([R, P] bool).
+
+    The frontier mass is cumulated as a float32 curve in float64 (torch's float32 cumsum:
+    each entry rounded), so every coverage is an entry of that curve, as before.
+    """
+    n_rounds, width = order.shape
+    n_sets = 3 + tops.shape[0] + ks.shape[0]
+    cov, extra, front = np.zeros((n_rounds, n_sets)), np.zeros((n_rounds, n_sets)), np.zeros((n_rounds, n_sets))  # fmt: skip
+    frontier = np.zeros((n_rounds, width), dtype=np.bool_)
+    cum_mass = np.zeros(width, dtype=np.float32)
+    cum_front = np.zeros(width, dtype=np.int64)
+    for r in range(n_rounds):
+        n_valid = 0
+        for u in range(width):
+            n_valid += valid[r, u]
+        for u in range(width):
+            in_tree = valid[r, u] and rank[r, u] < budget
+            p = parent[r, u]
+            parent_in = p < 0 or (valid[r, p] and rank[r, p] < budget)
+            frontier[r, u] = valid[r, u] and not in_tree and parent_in
+        acc, n_front = 0.0, 0
+        for j in range(width):
+            u = order[r, j]
+            if frontier[r, u]:
+                acc += np.float64(path_prob[r, u])
+                n_front += 1
+            cum_mass[j], cum_front[j] = np.float32(acc), n_front
+        n_tree = min(n_valid, budget)
+        for s in range(1 + tops.shape[0]):  # tree, then each top M: the first n ranked
+            n = n_tree if s == 0 else min(n_valid, max(tops[s - 1], budget))
+            cov[r, s] = cum_mass[min(n - 1, width - 1)] if n > 0 else 0.0
+            front[r, s] = cum_front[min(n - 1, width - 1)] if n > 0 else 0
+            extra[r, s] = n - n_tree
+        s = 1 + tops.shape[0]
+        cov[r, s], extra[r, s], front[r, s] = cum_mass[width - 1], n_valid - n_tree, n_front
+        s += 1  # pool
+        for k in ks:  # ranked entries up to the k-th frontier node (all of them if fewer)
+            upto = 0
+            while upto < width and cum_front[upto] < k:
+                upto += 1
+            cov[r, s] = cum_mass[min(upto, width - 1)]
+            extra[r, s] = front[r, s] = min(n_front, k)
+            s += 1
+        cov[r, s], extra[r, s], front[r, s] = cum_mass[width - 1], n_front, n_front  # frontier
+    return cov, extra, front, frontier
 
 
 def round_coverage(
@@ -51,42 +96,28 @@ def round_coverage(
 
     Works in draft order, where the tree is the first B positions and every
     top-M or first-K-frontier set is a prefix, so one cumulative sum of the
-    frontier mass answers all of them (no [R, P] pass per scored set).
+    frontier mass answers all of them, in one compiled scan per round (`_prefix_sets`;
+    the [R, P] torch passes it replaced took 6-9% of the pool pass).
     """
-    pool, order, rank = chunk.pool, chunk.order, chunk.rank
-    valid = pool.valid
-    in_tree = (rank < budget) & valid
-    parent_in = torch.gather(in_tree, -1, pool.parent.clamp(min=0))
-    frontier = valid & ~in_tree & ((pool.parent < 0) | parent_in)
-    front_o = torch.gather(frontier, -1, order)
-    mass_o = torch.where(front_o, chunk.path_prob_ordered, 0.0)
-    cum_mass = torch.cumsum(mass_o, -1)  # frontier mass within the first j+1 ranked
-    cum_front = torch.cumsum(front_o, -1, dtype=torch.int32)  # frontier nodes among them
-    n_valid = valid.sum(-1)
-    n_tree = n_valid.clamp(max=budget)
-    n_front = cum_front[:, -1].long()
-    # Q = T: the frontier mass inside the tree's own positions (0 by construction, Theorem 1)
-    out = {"tree": (_at(cum_mass, n_tree), n_tree - n_tree, _at(cum_front, n_tree))}
-    for m in top_ms:
-        n_top = n_valid.clamp(max=max(m, budget))
-        out[f"top{m}"] = (_at(cum_mass, n_top), n_top - n_tree, _at(cum_front, n_top))
-    scored_front = frontier & chunk.scored
-    out["recorded"] = (
-        torch.where(scored_front, chunk.ctx.path_prob, 0.0).sum(-1),
-        (chunk.scored & valid & ~in_tree).sum(-1),
-        scored_front.sum(-1),
+    pool, ctx = chunk.pool, chunk.ctx
+    cov, extra, front, frontier = _prefix_sets(
+        chunk.order.contiguous().numpy(), chunk.rank.contiguous().numpy(),
+        pool.valid.contiguous().numpy(), pool.parent.contiguous().numpy(),
+        ctx.path_prob.contiguous().numpy(), budget, np.asarray(top_ms, dtype=np.int64),
+        np.asarray(frontier_ks, dtype=np.int64),
+    )  # fmt: skip
+    names = ["tree", *(f"top{m}" for m in top_ms), "pool", *(f"frontier{k}" for k in frontier_ks),
+             "frontier"]  # fmt: skip
+    out = {name: (cov[:, i], extra[:, i], front[:, i]) for i, name in enumerate(names)}
+    in_tree = (chunk.rank < budget) & pool.valid
+    scored_front = torch.from_numpy(frontier) & chunk.scored
+    recorded = (  # a float32 sum as torch orders it, as before
+        torch.where(scored_front, ctx.path_prob, 0.0).sum(-1).double().numpy(),
+        (chunk.scored & pool.valid & ~in_tree).sum(-1).double().numpy(),
+        scored_front.sum(-1).double().numpy(),
     )
-    out["pool"] = (cum_mass[:, -1], n_valid - n_tree, n_front)
-    for k in frontier_ks:
-        # ranked entries up to the k-th frontier node: searchsorted on the frontier count
-        upto = torch.searchsorted(cum_front, torch.full((len(n_valid), 1), k, dtype=torch.int32))
-        n_k = n_front.clamp(max=k)
-        out[f"frontier{k}"] = (_at(cum_mass, upto[:, 0] + 1), n_k, n_k)
-    out["frontier"] = (cum_mass[:, -1], n_front, n_front)
-    return {
-        name: tuple(v.double().numpy() for v in values)  # type: ignore[misc]
-        for name, values in out.items()
-    }
+    order = [*names[: 1 + len(top_ms)], "recorded", *names[1 + len(top_ms) :]]
+    return {name: recorded if name == "recorded" else out[name] for name in order}
 
 
 @dataclass

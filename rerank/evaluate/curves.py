@@ -38,11 +38,15 @@ class PromptCurves:
         temperature: np.ndarray, prompt_id: np.ndarray, curves: dict[str, Tensor]
     ) -> list[tuple[str, list, np.ndarray]]:
         """A chunk's per-prompt sums of each curve (computed anywhere; `merge` in chunk order)."""
-        labels, groups = pd.MultiIndex.from_arrays(
-            [temperature.astype(np.float64), prompt_id]
-        ).factorize()
-        return [(name, list(groups), _group_sums(curve.float().contiguous().numpy(), labels,
-                                                 len(groups))) for name, curve in curves.items()]  # fmt: skip
+        # (temperature, prompt) groups in order of first appearance, as a MultiIndex's
+        # factorize gives them, from two flat factorizations (building the MultiIndex took
+        # 3% of the pool pass)
+        prompt_code, prompts = pd.factorize(prompt_id)
+        t_code, temps = pd.factorize(temperature.astype(np.float64))
+        labels, pairs = pd.factorize(prompt_code.astype(np.int64) * len(temps) + t_code)
+        groups = [(temps[k % len(temps)], prompts[k // len(temps)]) for k in pairs]
+        return [(name, groups, _group_sums(curve.float().contiguous().numpy(), labels,
+                                           len(groups))) for name, curve in curves.items()]  # fmt: skip
 
     def merge(self, part: list[tuple[str, list, np.ndarray]]) -> None:
         """Add a chunk's sums to the running per-prompt sums."""

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 import torch
-from numba import njit, prange
+from numba import njit
 from torch import Tensor
 
 from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
@@ -42,27 +42,48 @@ from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
 from specrank.laws import law_columns
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def _exceed_bins(order, anc, below, law, budgets):  # fmt: skip
-    """p(g|c) placed at the draft position of g's b-th descendant, for each budget b. [n_b, R, P].
+@njit(cache=True, nogil=True)
+def _curve_sums(order, anc, below, law, size, law_of, n_laws, budgets):  # fmt: skip
+    """Per-law sums over rounds of the size curves at every pre-draw budget 1..P, in float64,
+    [n_laws, 2 + n_b, P]: PEARL's size, its size times 1{X1 = g*}, then for each B the share
+    whose matched PEARL tree exceeds B; and each candidate's count of such descendants
+    (float32 [R, P]).
 
-    One scan of each round's draft order counts every first-level candidate's
-    descendants as they enter the draft tree (`below`: valid, depth >= 2).
+    One scan of each round's draft order counts every first-level candidate's descendants
+    as they enter the draft tree (`below`: valid, depth >= 2): g's B-th one adds p(g|c) to
+    the exceed curve from there on. Each round's curve is the float32 one the torch route
+    built (a float32 cumulative sum accumulates in float64, rounding each entry): only the
+    order of the float64 sum over rounds differs from it (`test_fast_paths`). Fused because
+    the [R, P] curves, cumulated and masked by law, took 6% of the pool pass.
     """
     n_rounds, width = order.shape
-    out = np.zeros((budgets.shape[0], n_rounds, width), dtype=law.dtype)
-    for r in prange(n_rounds):
-        count = np.zeros(width, dtype=np.int64)
+    n_b = budgets.shape[0]
+    out = np.zeros((n_laws, 2 + n_b, width))
+    n_desc = np.empty((n_rounds, width), dtype=np.float32)
+    count = np.zeros(width, dtype=np.int64)
+    running = np.zeros(n_b)
+    for r in range(n_rounds):
+        k, top = law_of[r], order[r, 0]  # draft rank 0 is a first-level candidate
+        p_top = law[r, top]
+        count[:] = 0
+        running[:] = 0.0
+        n_top = 0
         for j in range(width):
             u = order[r, j]
-            if not below[r, u]:
-                continue
-            g = anc[r, u]
-            count[g] += 1
-            for i in range(budgets.shape[0]):
-                if count[g] == budgets[i]:
-                    out[i, r, j] = law[r, g]
-    return out
+            if below[r, u]:
+                g = anc[r, u]
+                count[g] += 1
+                if g == top:
+                    n_top += 1
+                for i in range(n_b):
+                    if count[g] == budgets[i]:
+                        running[i] += law[r, g]
+            out[k, 0, j] += size[r, j]
+            out[k, 1, j] += p_top * np.float32(1 + n_top)
+            for i in range(n_b):
+                out[k, 2 + i, j] += np.float32(running[i])
+        n_desc[r] = count
+    return out, n_desc
 
 
 def _pad_edge(a: np.ndarray, width: int) -> np.ndarray:
@@ -92,7 +113,15 @@ class DrawSizeSums:
         top = order[:, :1]  # draft rank 0 is a first-level candidate (ancestor closure)
         p_top = torch.gather(law, -1, top)[:, 0]
         law1 = torch.where(first[:, :n1], law[:, :n1], 0.0)
-        n_desc = torch.zeros_like(law).scatter_add_(-1, anc, below.float())[:, :n1]
+        _, size = chunk.pearl  # [R, P]: 1 + E|d_X1 ∩ T_b| at b = 1..P
+        temperature = chunk.temperature
+        laws, law_of = np.unique(temperature, return_inverse=True)
+        sums, n_desc = _curve_sums(
+            order.contiguous().numpy(), anc.contiguous().numpy(), below.contiguous().numpy(),
+            law.contiguous().numpy(), size.contiguous().numpy(), law_of.astype(np.int64),
+            len(laws), np.asarray(self.budgets, dtype=np.int64),
+        )  # fmt: skip
+        n_desc = torch.from_numpy(n_desc)[:, :n1]
         n_desc_top = torch.gather(n_desc, -1, top)[:, 0]
         terms: dict[str, Tensor] = {
             "rounds": torch.ones_like(p_top),
@@ -103,26 +132,13 @@ class DrawSizeSums:
             kept = n_desc.clamp(max=max(b - 1, 0))  # descendants root-draw keeps below each g
             terms[f"rd_size@{b}"] = 1 + (law1 * kept).sum(-1)
             terms[f"rd_top@{b}"] = p_top * (1 + n_desc_top.clamp(max=max(b - 1, 0)))
-        _, size = chunk.pearl  # [R, P]: 1 + E|d_X1 ∩ T_b| at b = 1..P
-        below_top = torch.gather(below & (anc == top), -1, order)
-        curves = {
-            "pearl_size": size,
-            "pearl_top": p_top[:, None] * (1 + torch.cumsum(below_top, -1, dtype=torch.float32)),
-        }
-        bins = _exceed_bins(
-            order.contiguous().numpy(), anc.contiguous().numpy(),
-            below.contiguous().numpy(), law.contiguous().numpy(),
-            np.asarray(self.budgets, dtype=np.int64),
-        )  # fmt: skip
-        for j, b in enumerate(self.budgets):
-            curves[f"exceed@{b}"] = torch.cumsum(torch.from_numpy(bins[j]), -1)
-        temperature = chunk.temperature
+        names = ["pearl_size", "pearl_top", *(f"exceed@{b}" for b in self.budgets)]
         out = {}
-        for t in np.unique(temperature):
+        for i, t in enumerate(laws):
             rows = torch.from_numpy(temperature == t)
             out[float(t)] = (
                 {k: float(v[rows].sum(dtype=torch.float64)) for k, v in terms.items()},
-                {k: v[rows].sum(0, dtype=torch.float64).numpy() for k, v in curves.items()},
+                dict(zip(names, sums[i], strict=True)),
             )
         return out
 
