@@ -62,12 +62,13 @@ def _depths(depth: np.ndarray) -> np.ndarray:
     return d.astype(np.int64)
 
 
-_KEY_SHIFT = 48  # a float's bits >> 48: its octave and 4 mantissa bits, 16 buckets per octave
+_KEY_SHIFT = 44  # a float's bits >> 44: its octave and 8 mantissa bits, 256 buckets per octave
+_MAX_BUCKETS = 1 << 16  # coarser buckets where the knots span many octaves
 
 
 @njit(cache=True, nogil=True)
 def _interp_clipped(
-    x: np.ndarray, lo: float, hi: float, xp: np.ndarray, fp: np.ndarray, floor: float
+    x: np.ndarray, lo: float, hi: float, xp: np.ndarray, fp: np.ndarray, floor: float, shift: int
 ) -> np.ndarray:
     """np.clip(np.interp(np.clip(x, lo, hi), xp, fp), floor, 1) in one pass, by numpy's
     arithmetic (numpy/_core/src/multiarray/compiled_base.c, `arr_interp`): the slope of
@@ -82,9 +83,9 @@ def _interp_clipped(
     """
     n = xp.size
     slopes = (fp[1:] - fp[:-1]) / (xp[1:] - xp[:-1])
-    keys = xp.view(np.int64) >> _KEY_SHIFT
-    k_lo = np.int64(np.array([lo]).view(np.int64)[0] >> _KEY_SHIFT)
-    k_hi = np.int64(np.array([hi]).view(np.int64)[0] >> _KEY_SHIFT)
+    keys = xp.view(np.int64) >> shift
+    k_lo = np.int64(np.array([lo]).view(np.int64)[0] >> shift)
+    k_hi = np.int64(np.array([hi]).view(np.int64)[0] >> shift)
     # start[k]: the last knot in a bucket below k_lo + k (-1: none), so xp[start] < any v there
     start = np.full(k_hi - k_lo + 1, -1, dtype=np.int64)
     j = -1
@@ -101,7 +102,7 @@ def _interp_clipped(
         elif v < xp[0]:
             r = fp[0]
         else:
-            a = start[min(max(bits[i] >> _KEY_SHIFT, k_lo), k_hi) - k_lo]
+            a = start[min(max(bits[i] >> shift, k_lo), k_hi) - k_lo]
             a = max(a, 0)
             while a + 1 < n and xp[a + 1] <= v:  # the largest a with xp[a] <= v
                 a += 1
@@ -155,7 +156,11 @@ class EqualCountIsotonic(BaseEstimator):
             return np.clip(np.full(x.size, fp[0], dtype=np.float64), PROB_FLOOR, 1.0)
         if iso.X_min_ < 0:  # not a probability: the bit order of the values breaks below 0
             return np.clip(iso.predict(x), PROB_FLOOR, 1.0)
-        return _interp_clipped(x, iso.X_min_, iso.X_max_, xp, fp, PROB_FLOOR)
+        ends = np.array([iso.X_min_, iso.X_max_], dtype=np.float64).view(np.int64)
+        span, shift = int(ends[1] - ends[0]), _KEY_SHIFT
+        while span >> shift > _MAX_BUCKETS:
+            shift += 1
+        return _interp_clipped(x, iso.X_min_, iso.X_max_, xp, fp, PROB_FLOOR, shift)
 
 
 class PerDepthIsotonic(BaseEstimator):

@@ -117,7 +117,8 @@ def test_crossfit_calibration_is_out_of_fold(per_depth) -> None:
 
 @pytest.mark.parametrize("n, n_bins, labels", [(5000, 200, "prob"), (3000, 50, "binary"),
                                                (40, 200, "prob"), (300, 1, "prob"),
-                                               (2000, 200, "zero"), (2000, 200, "negative")])  # fmt: skip
+                                               (2000, 200, "zero"), (2000, 200, "negative"),
+                                               (3000, 200, "wide")])  # fmt: skip
 def test_predict_equals_sklearns_isotonic_bit_for_bit(n, n_bins, labels) -> None:
     # The compiled interpolation replaces IsotonicRegression.predict: the same floats at
     # knots, between them, beyond both ends and at ties.
@@ -126,9 +127,11 @@ def test_predict_equals_sklearns_isotonic_bit_for_bit(n, n_bins, labels) -> None
     x[: n // 10] = x[n // 10 : 2 * (n // 10)]  # tied x values
     if labels == "negative":  # not probabilities: the sklearn route
         x = x - 0.5
+    if labels == "wide":  # knots over ~1000 octaves: coarser buckets (_MAX_BUCKETS)
+        x = 10.0 ** -rng.uniform(0, 300, n)
     y = {"prob": np.clip(x + rng.normal(0, 0.1, n), 0, 1),
          "binary": (rng.random(n) < x).astype(np.float64), "zero": np.zeros(n),
-         "negative": np.clip(x + 0.5, 0, 1)}[labels]  # fmt: skip
+         "negative": np.clip(x + 0.5, 0, 1), "wide": (rng.random(n) < 0.5) * 1.0}[labels]  # fmt: skip
     m = EqualCountIsotonic(n_bins=n_bins).fit(x, y)
     knots = m.iso_.X_thresholds_
     mids = (knots[1:] + knots[:-1]) / 2 if knots.size > 1 else knots

@@ -39,10 +39,12 @@ COVERAGE_COLUMNS = ["task", "cand_scored"]
 
 
 @njit(cache=True, nogil=True)
-def _prefix_sets(order, rank, valid, parent, path_prob, budget, tops, ks):  # fmt: skip
-    """round_coverage's prefix sets in one scan of each round's draft order. Per round and set
+def _prefix_sets(order, rank, valid, parent, path_prob, scored, budget, tops, ks):  # fmt: skip
+    """round_coverage's sets in one scan of each round's draft order. Per round and prefix set
     (tree, each top M, pool, each frontier K, frontier): coverage, extra scored prefixes and
-    scored frontier size ([R, S] float64 each), and the frontier mask ([R, P] bool).
+    scored frontier size ([R, S] float64 each); for the recorded set (`scored` ∪ T) its
+    extra prefixes and frontier size ([R, 2] float64) and the path mass of its frontier
+    ([R, P] float32, 0 elsewhere: summed by torch, in torch's order, as before).
 
     The frontier mass is cumulated as a float32 curve in float64 (torch's float32 cumsum:
     each entry rounded), so every coverage is an entry of that curve, as before.
@@ -50,7 +52,9 @@ def _prefix_sets(order, rank, valid, parent, path_prob, budget, tops, ks):  # fm
     n_rounds, width = order.shape
     n_sets = 3 + tops.shape[0] + ks.shape[0]
     cov, extra, front = np.zeros((n_rounds, n_sets)), np.zeros((n_rounds, n_sets)), np.zeros((n_rounds, n_sets))  # fmt: skip
-    frontier = np.zeros((n_rounds, width), dtype=np.bool_)
+    frontier = np.zeros(width, dtype=np.bool_)
+    recorded = np.zeros((n_rounds, 2))
+    recorded_mass = np.zeros((n_rounds, width), dtype=np.float32)
     cum_mass = np.zeros(width, dtype=np.float32)
     cum_front = np.zeros(width, dtype=np.int64)
     for r in range(n_rounds):
@@ -61,11 +65,16 @@ def _prefix_sets(order, rank, valid, parent, path_prob, budget, tops, ks):  # fm
             in_tree = valid[r, u] and rank[r, u] < budget
             p = parent[r, u]
             parent_in = p < 0 or (valid[r, p] and rank[r, p] < budget)
-            frontier[r, u] = valid[r, u] and not in_tree and parent_in
+            frontier[u] = valid[r, u] and not in_tree and parent_in
+            if scored[r, u] and valid[r, u] and not in_tree:
+                recorded[r, 0] += 1
+                if frontier[u]:
+                    recorded[r, 1] += 1
+                    recorded_mass[r, u] = path_prob[r, u]
         acc, n_front = 0.0, 0
         for j in range(width):
             u = order[r, j]
-            if frontier[r, u]:
+            if frontier[u]:
                 acc += np.float64(path_prob[r, u])
                 n_front += 1
             cum_mass[j], cum_front[j] = np.float32(acc), n_front
@@ -86,7 +95,7 @@ def _prefix_sets(order, rank, valid, parent, path_prob, budget, tops, ks):  # fm
             extra[r, s] = front[r, s] = min(n_front, k)
             s += 1
         cov[r, s], extra[r, s], front[r, s] = cum_mass[width - 1], n_front, n_front  # frontier
-    return cov, extra, front, frontier
+    return cov, extra, front, recorded, recorded_mass
 
 
 def round_coverage(
@@ -99,23 +108,18 @@ def round_coverage(
     frontier mass answers all of them, in one compiled scan per round (`_prefix_sets`;
     the [R, P] torch passes it replaced took 6-9% of the pool pass).
     """
-    pool, ctx = chunk.pool, chunk.ctx
-    cov, extra, front, frontier = _prefix_sets(
+    pool = chunk.pool
+    cov, extra, front, counts, mass = _prefix_sets(
         chunk.order.contiguous().numpy(), chunk.rank.contiguous().numpy(),
         pool.valid.contiguous().numpy(), pool.parent.contiguous().numpy(),
-        ctx.path_prob.contiguous().numpy(), budget, np.asarray(top_ms, dtype=np.int64),
-        np.asarray(frontier_ks, dtype=np.int64),
+        chunk.ctx.path_prob.contiguous().numpy(), chunk.scored.contiguous().numpy(), budget,
+        np.asarray(top_ms, dtype=np.int64), np.asarray(frontier_ks, dtype=np.int64),
     )  # fmt: skip
     names = ["tree", *(f"top{m}" for m in top_ms), "pool", *(f"frontier{k}" for k in frontier_ks),
              "frontier"]  # fmt: skip
     out = {name: (cov[:, i], extra[:, i], front[:, i]) for i, name in enumerate(names)}
-    in_tree = (chunk.rank < budget) & pool.valid
-    scored_front = torch.from_numpy(frontier) & chunk.scored
-    recorded = (  # a float32 sum as torch orders it, as before
-        torch.where(scored_front, ctx.path_prob, 0.0).sum(-1).double().numpy(),
-        (chunk.scored & pool.valid & ~in_tree).sum(-1).double().numpy(),
-        scored_front.sum(-1).double().numpy(),
-    )
+    # the recorded set's coverage: a float32 sum of its frontier's mass, as torch orders it
+    recorded = (torch.from_numpy(mass).sum(-1).double().numpy(), counts[:, 0], counts[:, 1])
     order = [*names[: 1 + len(top_ms)], "recorded", *names[1 + len(top_ms) :]]
     return {name: recorded if name == "recorded" else out[name] for name in order}
 

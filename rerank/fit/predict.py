@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import torch
 
-from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
+from calibrate.isotonic import DEFAULT_BINS, PerDepthIsotonic
 from rerank.evaluate.matched import SimulatedPredictions
 from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
@@ -394,6 +394,7 @@ def per_depth_scores(
                 cal[:, lo:hi] = iso.maps_[d].predict(q[:, lo:hi].ravel()).reshape(rows.size, -1)
         else:
             cal = iso.predict(q.reshape(-1), depth[rows].reshape(-1)).reshape(rows.size, -1)
-        logf[rows] = torch.from_numpy(np.log(np.clip(cal, PROB_FLOOR, 1.0)).astype(np.float32))
+        # the maps' outputs lie in [PROB_FLOOR, 1] already (EqualCountIsotonic.predict clips)
+        logf[rows] = torch.from_numpy(np.log(cal).astype(np.float32))
     logf = torch.where(pool.valid, logf, -torch.inf)
     return path_sum(logf, pool.parent, pool_levels(pool.parent, pool.depth))
