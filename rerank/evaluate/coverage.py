@@ -79,7 +79,9 @@ def _prefix_sets(order, rank, valid, parent, path_prob, scored, budget, tops, ks
                 n_front += 1
             cum_mass[j], cum_front[j] = np.float32(acc), n_front
         n_tree = min(n_valid, budget)
-        for s in range(1 + tops.shape[0]):  # tree, then each top M: the first n ranked
+        # tree (its frontier mass inside its own positions: 0 by construction, Theorem 1),
+        # then each top M: the first n ranked
+        for s in range(1 + tops.shape[0]):
             n = n_tree if s == 0 else min(n_valid, max(tops[s - 1], budget))
             cov[r, s] = cum_mass[min(n - 1, width - 1)] if n > 0 else 0.0
             front[r, s] = cum_front[min(n - 1, width - 1)] if n > 0 else 0
