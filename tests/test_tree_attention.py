@@ -8,6 +8,7 @@ import torch
 from tests.tiny_models import one_thread, tiny_pair
 from tree.attention import (
     ancestor_matrix,
+    cache_kwarg,
     cache_length,
     compact_cache,
     forward_chain,
@@ -147,3 +148,16 @@ def test_compaction_refuses_positions_outside_the_tree(models):
         forward_chain(model, torch.tensor(CONTEXT), cache)
         with pytest.raises(ValueError, match="kept positions must ascend"):
             compact_cache(cache, 5, [3])
+
+
+def test_the_cache_argument_follows_the_forward_the_model_declares():
+    class New(torch.nn.Module):
+        def forward(self, input_ids, cache=None): ...
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None): ...
+
+    assert cache_kwarg(New()) == "cache" and cache_kwarg(Old()) == "past_key_values"
+    hooked = New()  # an instance whose forward was replaced (accelerate's hooks do this)
+    hooked.forward = lambda input_ids, past_key_values=None: None
+    assert cache_kwarg(hooked) == "past_key_values" and cache_kwarg(New()) == "cache"
