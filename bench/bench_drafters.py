@@ -132,11 +132,11 @@ def elasticity_text(table: pd.DataFrame) -> str:
 def run_online(pairs: dict[str, ModelPair], prompts, chosen: list[Variant], args) -> dict:
     """Both target temperatures' runs; their tables, keyed by table name."""
     frames: dict[str, list[pd.DataFrame]] = {"groups": [], "elasticity": [], "halves": []}
+    warmup = warmup_count(args.warmup_prompts, args.device, len(prompts))
     for t_t in sorted({v.temperatures[0] for v in chosen}):
         law = [v for v in chosen if v.temperatures[0] == t_t]
         t0 = time.perf_counter()
         # exact greedy equality is asserted in float32 only (decode_law)
-        warmup = warmup_count(args.warmup_prompts, args.device, len(prompts))
         timings = decode_law(pairs, prompts, law, args.max_new_tokens, warmup,
                              exact=args.dtype == "float32")  # fmt: skip
         if t_t == 0:

@@ -323,10 +323,8 @@ def main() -> None:
                           f"{a['features_and_predict'] / b['features_and_predict']:.2f}x, "
                           f"total {a['total'] / b['total']:.2f}x", flush=True)  # fmt: skip
             baselines = {}
-            for p in [
-                *bench[:warmup],
-                *bench,
-            ]:  # the warm-up decodes, overwritten by the timed ones
+            warm_then_timed = [*bench[:warmup], *bench]  # the timed decodes overwrite the warm
+            for p in warm_then_timed:
                 out, ms = timed_baseline(pair.target, encode_prompt(pair.tokenizer, p.text),
                                          args.max_new_tokens, pair.eos_ids, t, 0, p.id)  # fmt: skip
                 baselines[p.id] = (tokens_to_eos(out, pair.eos_ids), ms)

@@ -61,7 +61,6 @@ def _prefix_sets(order, rank, valid, parent, path_prob, scored, budget, tops, ks
         n_valid = 0
         for u in range(width):
             n_valid += valid[r, u]
-        for u in range(width):
             in_tree = valid[r, u] and rank[r, u] < budget
             p = parent[r, u]
             parent_in = p < 0 or (valid[r, p] and rank[r, p] < budget)

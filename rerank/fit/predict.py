@@ -394,6 +394,6 @@ def per_depth_scores(
                 cal[:, lo:hi] = iso.maps_[d].predict(q[:, lo:hi].ravel()).reshape(rows.size, -1)
         else:
             cal = iso.predict(q.reshape(-1), depth[rows].reshape(-1)).reshape(rows.size, -1)
-        logf[rows] = torch.from_numpy(np.log(cal).astype(np.float32))  # the maps clip to [1e-6, 1]
+        logf[rows] = torch.from_numpy(np.log(cal).astype(np.float32))  # the maps clip already
     logf = torch.where(pool.valid, logf, -torch.inf)
     return path_sum(logf, pool.parent, pool_levels(pool.parent, pool.depth))
