@@ -70,11 +70,15 @@ def _mass_by_rank(values: Tensor, rank: Tensor, mask: Tensor, n_ranks: int) -> T
     return torch.cumsum(binned[:, :n_ranks], dim=-1)
 
 
-def draw_values(ctx: PoolContext, top_first: Tensor, budgets: Sequence[int]) -> dict[str, Tensor]:
+def draw_values(
+    ctx: PoolContext, top_first: Tensor, budgets: Sequence[int], order: Tensor | None = None
+) -> dict[str, Tensor]:
     """Root-draw and PEARL-commit values and expected tree sizes. [R, n_budgets] each.
 
     Root-draw keeps, below whichever first-level g is drawn, g's b-1 best-ranked
-    descendants; PEARL-commit keeps them only below the drafter's top g*.
+    descendants; PEARL-commit keeps them only below the drafter's top g*. `order`, the
+    whole pool's draft order when the caller has it (its first column is then `top_first`),
+    replaces the compiled search by one scan of it.
     """
     for b in budgets:
         if b < 1:
@@ -85,17 +89,16 @@ def draw_values(ctx: PoolContext, top_first: Tensor, budgets: Sequence[int]) -> 
     names = ("root_draw", "size/root_draw", "pearl_commit", "size/pearl_commit")
     if compiled_route(ctx.draft):
         valid, has_valid = kernel_valid(ctx.restrict, ctx.draft)
-        stacked, monotone = draw_curves(
-            ctx.draft.contiguous().numpy(),
-            valid,
-            has_valid,
-            ctx.pool.parent.contiguous().numpy(),
-            ctx.pool.depth.contiguous().numpy(),
-            ctx.path_prob.contiguous().numpy(),
-            ctx.law.contiguous().numpy(),
-            top_first.contiguous().numpy(),
-            n_ranks,
-        )
+        pool_args = (ctx.pool.parent.contiguous().numpy(), ctx.pool.depth.contiguous().numpy(),
+                     ctx.path_prob.contiguous().numpy(), ctx.law.contiguous().numpy())  # fmt: skip
+        draft = ctx.draft.contiguous().numpy()
+        if order is not None and order.shape[1] == width:
+            stacked, monotone = draw_curves_in_order(
+                order.contiguous().numpy(), draft, valid, has_valid, *pool_args, n_ranks
+            )
+        else:
+            stacked, monotone = draw_curves(draft, valid, has_valid, *pool_args,
+                                            top_first.contiguous().numpy(), n_ranks)  # fmt: skip
         if not monotone:
             raise ValueError(
                 "draw rules need pools in pool order whose draft scores never rise along a "
@@ -136,6 +139,13 @@ def pearl_curves(ctx: PoolContext, draft_order: Tensor) -> tuple[Tensor, Tensor]
     value(b) = 1 + sum of P(u) over depth>=2 members of T_b, and the expected
     size adds p(g|c) for each such u below g.
     """
+    if compiled_route(ctx.path_prob) and compiled_route(ctx.law):
+        value, size = _pearl_kernel(
+            draft_order.contiguous().numpy(), ctx.pool.depth.contiguous().numpy(),
+            ctx.valid.contiguous().numpy(), ctx.first_ancestor.contiguous().numpy(),
+            ctx.law.contiguous().numpy(), ctx.path_prob.contiguous().numpy(),
+        )  # fmt: skip
+        return torch.from_numpy(value), torch.from_numpy(size)
     # gather the k ordered entries first: every product below is [R, k], not [R, P]
     below = (
         (torch.gather(ctx.pool.depth, -1, draft_order) >= 2)
@@ -144,6 +154,27 @@ def pearl_curves(ctx: PoolContext, draft_order: Tensor) -> tuple[Tensor, Tensor]
     first_prob = torch.gather(ctx.law, -1, torch.gather(ctx.first_ancestor, -1, draft_order))
     value = 1 + torch.cumsum(torch.gather(ctx.path_prob, -1, draft_order) * below, dim=-1)
     size = 1 + torch.cumsum(first_prob * below, dim=-1)
+    return value, size
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def _pearl_kernel(order, depth, valid, first_ancestor, law, path_prob):
+    """`pearl_curves` per round in one pass over the ordered entries, instead of six [R, k]
+    gathers: the same float32 products and float64 running sums rounded to float32 per
+    position (torch's CPU cumsum), then 1 + in float32 (`tests/test_select_kernels.py`)."""
+    n_rounds, k = order.shape
+    value = np.empty((n_rounds, k), dtype=np.float32)
+    size = np.empty((n_rounds, k), dtype=np.float32)
+    one = np.float32(1.0)
+    for r in prange(n_rounds):
+        acc_value, acc_size = 0.0, 0.0
+        for j in range(k):
+            i = order[r, j]
+            below = np.float32(1.0 if depth[r, i] >= 2 and valid[r, i] else 0.0)
+            acc_value += path_prob[r, i] * below
+            acc_size += law[r, first_ancestor[r, i]] * below
+            value[r, j] = one + np.float32(acc_value)
+            size[r, j] = one + np.float32(acc_size)
     return value, size
 
 
@@ -259,6 +290,80 @@ def draw_curves(
                     bad[r] |= child > key
                     heap_push(heap, n, ~child)
                     n += 1
+        for c in range(4):
+            for j in range(1, n_ranks):
+                out[r, c, j] += out[r, c, j - 1]
+    return out, not bad.any()
+
+
+@njit(parallel=True, cache=True, nogil=True)
+def draw_curves_in_order(
+    order: np.ndarray,
+    draft: np.ndarray,
+    valid: np.ndarray,
+    has_valid: bool,
+    parent: np.ndarray,
+    depth: np.ndarray,
+    path_prob: np.ndarray,
+    law: np.ndarray,
+    n_ranks: int,
+) -> tuple[np.ndarray, bool]:
+    """`draw_curves` from the whole pool's draft order ([R, P], `rank_order`), not a search.
+
+    With draft scores non-increasing along paths, the within-subtree draft order of a
+    first-level g's descendants is the whole pool's order restricted to them: one scan of
+    `order` gives each g's j-th best descendant. Their masses are then added g by g in pool
+    order, as `draw_curves` adds them, so the curves are the same bits
+    (`tests/test_select_kernels.py`). PEARL-commit's g* is the order's first entry.
+    """
+    n_rounds, width = draft.shape
+    out = np.zeros((n_rounds, 4, n_ranks), dtype=path_prob.dtype)
+    bad = np.zeros(n_rounds, dtype=np.bool_)
+    for r in prange(n_rounds):
+        # reached: valid, on a chain of valid nodes from a depth-1 root child (the search's set)
+        slot = np.full(width, -1, dtype=np.int64)  # each first-level candidate's row below
+        anc = np.full(width, -1, dtype=np.int64)
+        keys = np.empty(width, dtype=np.int64)
+        n_first = 0
+        for u in range(width):
+            ok = valid[r, u] if has_valid else True
+            keys[u] = heap_key(np.float32(draft[r, u]), u, width, ok)
+            p = parent[r, u]
+            if p >= u:
+                bad[r] = True
+            elif p < 0:
+                if depth[r, u] == 1 and ok:
+                    slot[u], anc[u] = n_first, u
+                    n_first += 1
+            elif ok and anc[p] >= 0:
+                anc[u] = anc[p]
+                bad[r] |= keys[u] > keys[p]
+        if bad[r]:
+            continue
+        mass = np.zeros((max(n_first, 1), n_ranks), dtype=path_prob.dtype)
+        count = np.zeros(max(n_first, 1), dtype=np.int64)
+        for j in range(width):
+            u = order[r, j]
+            g = anc[u]
+            if g < 0 or g == u:
+                continue
+            s = slot[g]
+            if count[s] < n_ranks:
+                mass[s, count[s]] = path_prob[r, u]
+                count[s] += 1
+        top = order[r, 0]
+        for g in range(width):
+            s = slot[g]
+            if s < 0:
+                continue
+            first = law[r, g]
+            commit = g == top
+            for j in range(count[s]):
+                out[r, 0, j] += mass[s, j]
+                out[r, 1, j] += first
+                if commit:
+                    out[r, 2, j] += mass[s, j]
+                    out[r, 3, j] += first
         for c in range(4):
             for j in range(1, n_ranks):
                 out[r, c, j] += out[r, c, j - 1]

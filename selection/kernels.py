@@ -235,16 +235,20 @@ def _rank_row(
 
 @njit(parallel=True, cache=True, nogil=True)
 def rank_order_kernel(
-    score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int
+    score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int, scan: np.ndarray
 ) -> tuple[np.ndarray, bool]:
     """The first k pool indices best-first by the SPEC tie-break. [R, k] int64.
 
+    `scan` ([R, P], e.g. the draft order, or [1, 0]: pool order) is the order a top-k heap
+    scans in (`_rank_row`: the time depends on it, the result does not).
     Returns ok=False if a score is NaN or +inf (the caller raises).
     """
     n_rounds = score.shape[0]
+    use_scan = scan.shape[0] == n_rounds
     out = np.empty((n_rounds, k), dtype=np.int64)
     nan = np.zeros(n_rounds, dtype=np.bool_)
     for r in prange(n_rounds):
         ok_valid = valid[r] if has_valid else valid[0]
-        nan[r] = not _rank_row(score[r], ok_valid, has_valid, k, out[r], out[r, :0])
+        nan[r] = not _rank_row(score[r], ok_valid, has_valid, k, out[r],
+                               scan[r] if use_scan else scan[0])  # fmt: skip
     return out, not nan.any()

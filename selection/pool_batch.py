@@ -98,7 +98,7 @@ def list_matrix(
     an absent retained row; `trace_matrix` reads that from the trace schema). The one
     implementation of this for pools, first-level columns and report tables alike.
     """
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    arr = _one_array(col)
     if arr.null_count:
         rows = np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))
         raise ValueError(
@@ -149,6 +149,13 @@ def item_nullable(name: str) -> bool:
     return TRACE_SCHEMA.field(name).type.value_field.nullable
 
 
+def _one_array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """The column as one array: a batch's single chunk as it is (combine_chunks copies it)."""
+    if not isinstance(col, pa.ChunkedArray):
+        return col
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
 def trace_matrix(
     table: pa.Table, name: str, fill, dtype, width: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -172,7 +179,7 @@ def check_draft_logprobs(col: pa.ChunkedArray | pa.Array) -> None:
     positive or +inf log q breaks it, and top-B trees would not be ancestor-closed.
     The message shows the first offending entries (row, pool index, value).
     """
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    arr = _one_array(col)
     values = arr.flatten().to_numpy(zero_copy_only=False)
     bad = np.flatnonzero(~(values <= 0.0))  # NaN compares False: counted here
     if bad.size:
@@ -199,7 +206,7 @@ def pool_batch_from_table(table: pa.Table) -> PoolBatch:
     token, _ = trace_matrix(table, "cand_token", -1, np.int64)
     draft, _ = trace_matrix(table, "cand_draft_logprob", -np.inf, np.float32)
     target, _ = trace_matrix(table, "cand_target_prob", 0.0, np.float32)
-    argmax, _ = trace_matrix(table, "cand_target_argmax", -1, np.int64)
+    argmax, _ = trace_matrix(table, "cand_target_argmax", -1, np.int32)  # only compared
     root_argmax = trace_scalar(table, "root_argmax", np.int64)
     # The target's argmax at each candidate's parent prefix (root row for depth 1).
     if argmax.shape != parent.shape:  # the flat take below reads rows by parent's width

@@ -236,12 +236,18 @@ def ranking_keys(score: Tensor, valid: Tensor | None = None) -> Tensor:
 
 
 def rank_order(
-    score: Tensor, valid: Tensor | None = None, k: int | None = None, keys: Tensor | None = None
+    score: Tensor,
+    valid: Tensor | None = None,
+    k: int | None = None,
+    keys: Tensor | None = None,
+    scan: Tensor | None = None,
 ) -> Tensor:
     """Pool indices best-first by the SPEC tie-break; invalid last. [R, k or P].
 
     `k` keeps only the first k (a top-k is much cheaper than a full sort);
-    `keys` passes precomputed `ranking_keys(score, valid)`.
+    `keys` passes precomputed `ranking_keys(score, valid)`; `scan`, an order of the whole
+    pool near the expected one (the draft order), makes the compiled top-k cheaper
+    without changing its result.
     """
     if keys is None and compiled_route(score) and score.dim() == 2:
         width = score.shape[-1]
@@ -251,6 +257,7 @@ def rank_order(
             valid_np,
             has_valid,
             width if k is None else min(k, width),
+            np.zeros((1, 0), np.int64) if scan is None else scan.contiguous().numpy(),
         )
         if not no_nan:
             raise ValueError(NAN_SCORES_MESSAGE)

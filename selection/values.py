@@ -231,7 +231,8 @@ def evaluate_pools(
             out[name], cum = _fused_values(ctx, *_lead(ctx, name), budgets, k, full, src, copy,
                                            scan=whole_order)  # fmt: skip
         else:
-            out[name], cum = _ranked_values(ctx, name, firsts, extra_scores, budgets, k, full)
+            out[name], cum = _ranked_values(ctx, name, firsts, extra_scores, budgets, k, full,
+                                            whole_order)  # fmt: skip
         if full:
             out[f"curve/{name}"] = cum
     if curves:
@@ -273,15 +274,17 @@ def _ranked_values(
     budgets: Sequence[int],
     k: int,
     full: bool,
+    scan: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """A rule's values from its candidate scores, ranked in torch (and its curve if `full`)."""
+    """A rule's values from its candidate scores, ranked (and its curve if `full`); `scan`,
+    the whole pool's draft order when known: the top-k heap scans in it."""
     if name in firsts:
         score = lead_factor_scores(ctx, firsts[name])
     elif name in (extra_scores or {}):
         score = extra_scores[name]
     else:
         score = rule_scores(ctx, name)
-    order = rank_order(score, ctx.restrict, k=None if full else k)
+    order = rank_order(score, ctx.restrict, k=None if full else k, scan=scan)
     values = values_at_budgets(order, ctx.path_prob, budgets)
     cum = torch.cumsum(torch.gather(ctx.path_prob, -1, order), dim=-1) if full else None
     return values, cum
@@ -304,5 +307,6 @@ def _add_draft_tree_rules(
         if curves:
             out[f"curve/{PEARL}"], out[f"curve/size/{PEARL}"] = value, size
     if any(rule_entry(r).offline == "draw" for r in rules):
-        drawn = draw_values(ctx, draft_order[:, 0], budgets)  # draft rank 0 is a depth-1 node
+        # draft rank 0 is a depth-1 node
+        drawn = draw_values(ctx, draft_order[:, 0], budgets, draft_order)
         out.update({name: v for name, v in drawn.items() if name.split("/")[-1] in rules})

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selection.context import pool_context
+from selection.draws import draw_values, pearl_curves
 from selection.ranking import (
     draft_scores,
     first_level_ancestor,
@@ -75,9 +76,12 @@ def test_primitives_match_the_torch_route(case, top_m, k):
     assert got == ref
     score = path_sum(edge, parent)
     valid = restrict_to_top_m(score, top_m)
+    # a scan order (any permutation of the pool) changes the heap's work, not its result
+    scan = torch.argsort(torch.rand(score.shape, generator=torch.Generator().manual_seed(k)))
     for kk in (min(k, width), None):  # heap top-k and full sort
         got, ref = _both_routes(lambda kk=kk: rank_order(score, valid, k=kk))
         assert torch.equal(got, ref)
+        assert torch.equal(rank_order(score, valid, k=kk, scan=scan), ref)
 
 
 def test_pool_levels_agree_on_layouts_that_break():
@@ -127,6 +131,35 @@ def test_draw_rules_refuse_draft_scores_that_rise_along_a_path():
     pool.draft_logprob[1, 4] = 0.5  # a log-probability above 0: the child outranks its parent
     with pytest.raises(ValueError, match="rise along a path"):
         evaluate_pools(pool, [4], rules=["root_draw"])
+
+
+@pytest.mark.parametrize("top_m", [0, 25])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draw_curves_from_the_draft_order_equal_the_search(temperature, top_m):
+    # the scan of the whole pool's order (the pass's route) against the best-first search,
+    # bit for bit: the same masses added g by g in pool order
+    rng = np.random.default_rng(12)
+    pool = random_pool_batch(rng, 96, [6, 12, 12, 8], temperature=temperature, tie_values=True)
+    ctx = pool_context(pool, top_m)
+    order = rank_order(ctx.draft, ctx.restrict)
+    budgets = [1, 2, 8, 20, 38, 60]
+    scanned = draw_values(ctx, order[:, 0], budgets, order)
+    searched = draw_values(ctx, order[:, 0], budgets)
+    assert scanned.keys() == searched.keys()
+    for name, want in searched.items():
+        assert torch.equal(scanned[name], want), name
+    assert (scanned["root_draw"][:, -1] > scanned["root_draw"][:, 1]).any()  # deep subtrees
+
+
+def test_draw_rules_refuse_rising_draft_scores_on_the_scan_route():
+    rng = np.random.default_rng(9)
+    pool = random_pool_batch(rng, 4, [3, 5, 5])
+    ctx = pool_context(pool)  # valid log-probabilities; then a child's score above its parent's
+    child = 4
+    ctx.draft[1, child] = ctx.draft[1, pool.parent[1, child]] + 1.0
+    order = rank_order(ctx.draft, ctx.restrict)
+    with pytest.raises(ValueError, match="this batch breaks that"):
+        draw_values(ctx, order[:, 0], [4], order)
 
 
 def test_nan_scores_are_refused_on_both_routes():
@@ -304,3 +337,17 @@ def test_every_route_of_the_fused_kernel_gives_the_torch_rankings_values(top_m):
                     assert status == 0
                     assert np.array_equal(values, want)
                     assert not curve or np.array_equal(cum, mass)
+
+
+@pytest.mark.parametrize("top_m", [0, 25])
+def test_pearl_curves_kernel_gives_the_torch_routes_bits(top_m):
+    # sampling pools with ties and a top-M restriction: invalid entries inside the order
+    rng = np.random.default_rng(11)
+    pool = random_pool_batch(rng, 64, [6, 12, 12, 8], temperature=1.0, tie_values=True)
+    ctx = pool_context(pool, top_m)
+    for k in (None, 7):  # the whole pool's order and a top-k prefix of it
+        order = rank_order(ctx.draft, ctx.restrict, k=k)
+        got, ref = _both_routes(lambda order=order: pearl_curves(ctx, order))
+        assert got[0].dtype == ref[0].dtype == torch.float32
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+        assert not torch.equal(got[0], torch.ones_like(got[0]))  # curves that hold mass

@@ -396,4 +396,4 @@ def per_depth_scores(
             cal = iso.predict(q.reshape(-1), depth[rows].reshape(-1)).reshape(rows.size, -1)
         logf[rows] = torch.from_numpy(np.log(cal).astype(np.float32))  # the maps clip already
     logf = torch.where(pool.valid, logf, -torch.inf)
-    return path_sum(logf, pool.parent, pool_levels(pool.parent, pool.depth))
+    return path_sum(logf, pool.parent, levels)
