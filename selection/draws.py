@@ -6,11 +6,13 @@ below the drawn token; PEARL-commit keeps g*'s B-1 best-ranked descendants only
 below the drafter's top g*. Each is a mass-by-rank curve read at the budgets
 (`selection.values` has the formulas).
 
-Two routes give the root-draw and PEARL-commit curves: one sort of the pool by
+Three routes give the root-draw and PEARL-commit curves: one sort of the pool by
 (first-level ancestor, draft rank) in torch (`_draw_curves_torch`, the
-reference, and the CUDA route), and the compiled best-first search of
-`draw_curves` on CPU; they add the same terms in another order and agree to
-float32 rounding (`tests/test_select_kernels.py`).
+reference, and the CUDA route), and on CPU the compiled best-first search of
+`draw_curves` or, where the caller holds the whole pool's draft order, one scan of it
+(`draw_curves_in_order`, the search's bits); the compiled routes add the torch route's
+terms in another order and agree with it to float32 rounding
+(`tests/test_select_kernels.py`).
 """
 
 from __future__ import annotations
