@@ -298,6 +298,34 @@ def draw_curves(
     return out, not bad.any()
 
 
+@njit(cache=True, nogil=True)
+def _subtrees(draft_row, valid_row, has_valid, parent_row, depth_row):
+    """(slot, anc, n_first, bad) of one round for `draw_curves_in_order`: each first-level
+    candidate's row in its per-subtree table (-1 elsewhere) and every reached candidate's
+    first-level ancestor (-1: not reached); reached = valid, on a chain of valid candidates
+    from a valid depth-1 child of the root, the search's set. bad: a parent after its child,
+    or a draft score rising along a reached edge."""
+    width = draft_row.shape[0]
+    slot = np.full(width, -1, dtype=np.int64)
+    anc = np.full(width, -1, dtype=np.int64)
+    keys = np.empty(width, dtype=np.int64)
+    n_first, bad = 0, False
+    for u in range(width):
+        ok = valid_row[u] if has_valid else True
+        keys[u] = heap_key(np.float32(draft_row[u]), u, width, ok)
+        p = parent_row[u]
+        if p >= u:
+            bad = True
+        elif p < 0:
+            if depth_row[u] == 1 and ok:
+                slot[u], anc[u] = n_first, u
+                n_first += 1
+        elif ok and anc[p] >= 0:
+            anc[u] = anc[p]
+            bad |= keys[u] > keys[p]
+    return slot, anc, n_first, bad
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def draw_curves_in_order(
     order: np.ndarray,
@@ -322,24 +350,8 @@ def draw_curves_in_order(
     out = np.zeros((n_rounds, 4, n_ranks), dtype=path_prob.dtype)
     bad = np.zeros(n_rounds, dtype=np.bool_)
     for r in prange(n_rounds):
-        # reached: valid, on a chain of valid nodes from a depth-1 root child (the search's set)
-        slot = np.full(width, -1, dtype=np.int64)  # each first-level candidate's row below
-        anc = np.full(width, -1, dtype=np.int64)
-        keys = np.empty(width, dtype=np.int64)
-        n_first = 0
-        for u in range(width):
-            ok = valid[r, u] if has_valid else True
-            keys[u] = heap_key(np.float32(draft[r, u]), u, width, ok)
-            p = parent[r, u]
-            if p >= u:
-                bad[r] = True
-            elif p < 0:
-                if depth[r, u] == 1 and ok:
-                    slot[u], anc[u] = n_first, u
-                    n_first += 1
-            elif ok and anc[p] >= 0:
-                anc[u] = anc[p]
-                bad[r] |= keys[u] > keys[p]
+        row_valid = valid[r] if has_valid else valid[0]
+        slot, anc, n_first, bad[r] = _subtrees(draft[r], row_valid, has_valid, parent[r], depth[r])
         if bad[r]:
             continue
         mass = np.zeros((max(n_first, 1), n_ranks), dtype=path_prob.dtype)

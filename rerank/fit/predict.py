@@ -382,8 +382,7 @@ def per_depth_scores(
         rows = np.flatnonzero((temps == np.float32(t)) & (fold == f))
         if rows.size == 0:
             continue
-        # cast inside the ufunc's loop: no float64 copy of the rows (the same float64 exp)
-        q = np.exp(pool.draft_logprob.numpy()[rows], dtype=np.float64)
+        q = np.exp(pool.draft_logprob.numpy()[rows], dtype=np.float64)  # no float64 copy
         if levels:  # each depth's columns at once: the same values PerDepthIsotonic maps
             cal = np.empty_like(q)
             for d, (lo, hi) in enumerate(levels, start=1):
