@@ -35,7 +35,7 @@ from decode.session import RunReport
 from rerank.serving import local_path
 from selection.rules import online_rules, value_key
 from selection.rules import rule as rule_entry
-from specrank.bootstrap import percentile_interval, resample_weights
+from specrank.bootstrap import Interval, percentile_interval, resample_weights
 from specrank.laws import law_name
 
 
@@ -179,8 +179,9 @@ def offline_metrics(table: pd.DataFrame) -> dict[str, float]:
     out = {}
     for row in table.to_dict("records"):
         for k in ("realized_tau", "offline_tau", "realized_minus_offline",
-                  "realized_minus_offline_lo", "realized_minus_offline_hi"):  # fmt: skip
-            if np.isfinite(row[k]):
+                  "realized_minus_offline_lo", "realized_minus_offline_hi", "minus_first",
+                  "minus_first_lo", "minus_first_hi"):  # fmt: skip
+            if k in row and np.isfinite(row[k]):
                 out[f"offline/B{row['budget']}/{row['rule']}/{k}"] = float(row[k])
     return out
 
@@ -188,14 +189,17 @@ def offline_metrics(table: pd.DataFrame) -> dict[str, float]:
 def offline_text(table: pd.DataFrame, source: str) -> str:
     """Realized tau beside the offline prediction for the same prompts, as printed."""
     lines = [f"realized tau beside the offline prediction of {source} (same prompts; paired "
-             f"prompt bootstrap of realized - offline):"]  # fmt: skip
+             f"prompt bootstrap of realized - offline, and of that minus the first rule's):"]  # fmt: skip
     for r in table.itertuples():
+        own = "" if r.rule == getattr(r, "against_first", r.rule) else (
+            f"; minus {r.against_first}'s {r.minus_first:+.3f} "
+            f"[{r.minus_first_lo:+.3f}, {r.minus_first_hi:+.3f}]")  # fmt: skip
         lines.append(
             f"  B={r.budget:<3d} {r.rule:<28s} realized {r.realized_tau:6.3f}  offline "
             f"{r.offline_tau:6.3f}  diff {r.realized_minus_offline:+.3f} "
             f"[{r.realized_minus_offline_lo:+.3f}, {r.realized_minus_offline_hi:+.3f}] = "
             f"[{100 * r.realized_minus_offline_lo / r.realized_tau:+.1f}%, "
-            f"{100 * r.realized_minus_offline_hi / r.realized_tau:+.1f}%] of realized tau"
+            f"{100 * r.realized_minus_offline_hi / r.realized_tau:+.1f}%] of realized tau{own}"
         )
     return "\n".join(lines)
 
@@ -287,9 +291,10 @@ def realized_vs_offline(timings: dict[str, dict[int, list[PromptTiming]]],
                         source: str) -> pd.DataFrame:  # fmt: skip
     """Per rule and budget: realized tau, the offline prediction for the same prompts, and
     realized minus predicted with a prompt-bootstrap interval (each resample draws the same
-    prompts for both; each is a ratio of sums over the drawn prompts' rounds).
+    prompts for both; each is a ratio of sums over the drawn prompts' rounds); and that
+    difference minus the first rule's (`minus_first`, `against_first`).
     `offline_names`: label -> the rule's offline name (None: the rule has none, skipped)."""
-    rows = []
+    rows, sums = [], {}
     for label, by_budget in timings.items():
         name = offline_names.get(label)
         if name is None:
@@ -299,6 +304,10 @@ def realized_vs_offline(timings: dict[str, dict[int, list[PromptTiming]]],
             ids = t["prompt_id"].tolist()
             off, off_rounds = offline_prompt_sums(values, name, budget, temperature, ids, source)
             real, real_rounds = t["emitted"].to_numpy(np.float64), t["rounds"].to_numpy(np.float64)
+            sums[label, budget] = pd.DataFrame(
+                {"real": real, "real_rounds": real_rounds, "off": off, "off_rounds": off_rounds},
+                index=pd.Index(ids, name="prompt_id"),
+            )
             w = resample_weights(len(ids), n_resamples, seed)
             point = real.sum() / real_rounds.sum() - off.sum() / off_rounds.sum()
             draws = (w @ real) / (w @ real_rounds) - (w @ off) / (w @ off_rounds)
@@ -307,4 +316,35 @@ def realized_vs_offline(timings: dict[str, dict[int, list[PromptTiming]]],
                          "prompts": len(ids), "realized_tau": real.sum() / real_rounds.sum(),
                          "offline_tau": off.sum() / off_rounds.sum(), **iv.columns(
                              "realized_minus_offline")})  # fmt: skip
+    for row in rows:
+        first = next(label for label, b in sums if b == row["budget"])
+        row["against_first"] = first
+        row.update(minus_first(sums[row["rule"], row["budget"]], sums[first, row["budget"]],
+                               n_resamples, seed).columns("minus_first"))  # fmt: skip
     return pd.DataFrame(rows)
+
+
+def minus_first(rule: pd.DataFrame, first: pd.DataFrame, n_resamples: int, seed: int) -> Interval:
+    """A rule's realized minus offline tau, minus the first rule's, over the prompts both
+    decoded: a paired prompt bootstrap (each resample draws the same prompts for both rules
+    and both figures). Per prompt (index) each frame holds summed emitted tokens and rounds,
+    realized (`real`, `real_rounds`) and offline (`off`, `off_rounds`).
+
+    Where the offline contexts are a recording of the first rule (draft), the first rule's
+    gap is zero in expectation; the difference then isolates what is the rule's own: its
+    prediction evaluated at contexts another rule visited. The rules decode their own
+    sampled trajectories, so at T>0 their gaps' noise adds rather than cancels.
+    """
+    both = rule.merge(first, left_index=True, right_index=True, suffixes=("", "_first"))
+    if both.empty:
+        raise ValueError("no prompt was decoded by both the rule and the first rule")
+
+    def gap(w: np.ndarray, suffix: str) -> np.ndarray:
+        c = {k: both[f"{k}{suffix}"].to_numpy(np.float64)
+             for k in ("real", "real_rounds", "off", "off_rounds")}  # fmt: skip
+        return (w @ c["real"]) / (w @ c["real_rounds"]) - (w @ c["off"]) / (w @ c["off_rounds"])
+
+    ones = np.ones((1, len(both)))
+    point = float((gap(ones, "") - gap(ones, "_first"))[0])
+    w = resample_weights(len(both), n_resamples, seed)
+    return percentile_interval(point, gap(w, "") - gap(w, "_first"))

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import decode.session as session
-from decode.compare import offline_prompt_sums, offline_text, rule_specs
+from decode.compare import minus_first, offline_prompt_sums, offline_text, rule_specs
 from decode.config import RunConfig
 from decode.metrics import expected_values
 from decode.run import run_online
@@ -143,6 +143,12 @@ def test_offline_prediction_of_a_separate_recording_meets_the_realized_tau(tmp_p
     assert off.loc["draft", "realized_minus_offline_lo"] == pytest.approx(0.0, abs=1e-12)
     assert off.loc["draft", "realized_minus_offline_hi"] == pytest.approx(0.0, abs=1e-12)
     assert off.loc["root", "offline_tau"] == pytest.approx(1 + frame["root@B6"].mean())
+    # against the first rule (draft, exact here): root's own part is its whole difference
+    assert (off["against_first"] == "draft").all()
+    assert off.loc["draft", "minus_first"] == pytest.approx(0.0, abs=1e-12)
+    assert off.loc["root", "minus_first"] == pytest.approx(
+        off.loc["root", "realized_minus_offline"]
+    )
     assert report.metrics["offline/B6/root/offline_tau"] == off.loc["root", "offline_tau"]
 
 
@@ -153,6 +159,30 @@ def test_the_offline_comparison_prints_its_interval_as_a_share_of_tau():
                           "realized_minus_offline_lo": [-0.1], "realized_minus_offline_hi": [0.05]})  # fmt: skip
     line = offline_text(table, "x").splitlines()[1]
     assert line.endswith("diff -0.020 [-0.100, +0.050] = [-4.0%, +2.0%] of realized tau")
+
+
+def test_a_rules_offline_gap_minus_the_first_rules_is_paired_by_prompt():
+    # rule gap over p0, p1: 30/15 - 33/15 = -0.2; the first rule's over the same prompts:
+    # 15/6 - 12/6 = +0.5 (its p9, which the rule did not decode, would make it 14.7)
+    cols = ["real", "real_rounds", "off", "off_rounds"]
+    rule = pd.DataFrame([[10, 5, 8, 5], [20, 10, 25, 10]], index=["p0", "p1"], columns=cols)
+    first = pd.DataFrame([[9, 3, 6, 3], [100, 1, 0, 1], [6, 3, 6, 3]], index=["p1", "p9", "p0"],
+                         columns=cols)  # fmt: skip
+    iv = minus_first(rule, first, 500, 0)
+    assert iv.estimate == pytest.approx(-0.7)
+    assert iv.low <= iv.estimate <= iv.high and iv.low < iv.high
+    with pytest.raises(ValueError, match="no prompt was decoded by both"):
+        minus_first(rule, first.drop(index=["p0", "p1"]), 500, 0)
+    table = pd.DataFrame({"budget": [8, 8], "rule": ["draft", "reranker_rows_lgbm"],
+                          "realized_tau": [2.5, 2.6], "offline_tau": [2.5, 2.7],
+                          "realized_minus_offline": [0.0, -0.1],
+                          "realized_minus_offline_lo": [0.0, -0.2],
+                          "realized_minus_offline_hi": [0.0, 0.0],
+                          "against_first": ["draft", "draft"], "minus_first": [0.0, -0.1],
+                          "minus_first_lo": [0.0, -0.15], "minus_first_hi": [0.0, -0.05]})  # fmt: skip
+    lines = offline_text(table, "x").splitlines()
+    assert lines[1].endswith("of realized tau")  # the first rule: nothing to subtract
+    assert lines[2].endswith("of realized tau; minus draft's -0.100 [-0.150, -0.050]")
 
 
 def test_offline_values_refuse_missing_prompts_and_laws():
