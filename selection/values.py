@@ -177,6 +177,7 @@ def evaluate_pools(
     ctx: PoolContext | None = None,
     draft_order: Tensor | None = None,
     pearl: tuple[Tensor, Tensor] | None = None,
+    edge_factors: dict[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Value of every rule at every budget for each round: {rule: [R, n_budgets]}.
 
@@ -188,7 +189,9 @@ def evaluate_pools(
     values <= 0). On CPU pools with a shared depth layout a first-factor rule
     (and root, root_softmax, depth_two) is scored, ranked and valued in one
     compiled pass (`fused.lead_factor_values`), which gives what its scores
-    would (`tests/test_select_kernels.py`). `ctx` and `draft_order` (the whole
+    would (`tests/test_select_kernels.py`). `edge_factors` adds rules given by every
+    edge's log factor ([R, P], -inf outside the pool; per-depth calibrated), valued as their
+    path sums (`path_sum`) would be, in that pass too. `ctx` and `draft_order` (the whole
     pool's, or at least max(budgets)) may be passed when the caller built them
     (`pool_context(pool, top_m)`, `rank_order(ctx.draft, ctx.restrict)`), and
     `pearl`, `pearl_curves(ctx, draft_order)` of that whole-pool order.
@@ -204,13 +207,15 @@ def evaluate_pools(
     """
     _check_rules_and_budgets(rules, budgets)
     ctx = pool_context(pool, top_m) if ctx is None else ctx
+    one_pass = compiled_route(ctx.draft) and ctx.levels is not None
+    edges, extra_scores = _edge_rules(pool, one_pass, edge_factors, extra_scores)
     k = max(budgets)
     draft_order = _draft_order(ctx, pool.shape[1], k, curves, draft_order)
     whole_order = draft_order if draft_order.shape[1] == pool.shape[1] else None
     out: dict[str, Tensor] = {}
-    one_pass = compiled_route(ctx.draft) and ctx.levels is not None
     firsts = dict(first_factors or {})
-    names = [r for r in rules if r in FACTOR_RULES] + list(firsts) + list(extra_scores or {})
+    names = [r for r in rules if r in FACTOR_RULES] + list(firsts) + list(edges)
+    names += list(extra_scores or {})
     draft_values = values_at_budgets(draft_order, ctx.path_prob, budgets)
     draft_curve = None
     if curves:
@@ -224,6 +229,9 @@ def evaluate_pools(
             out[name], cum = _fused_values(ctx, firsts[name], 1, budgets, k, full,
                                            (draft_values, draft_curve), nan_copies=True,
                                            scan=whole_order)  # fmt: skip
+        elif name in edges:  # every level's factors replaced: the path sums of `path_sum`
+            out[name], cum = _fused_values(ctx, edges[name], len(ctx.levels), budgets, k, full,
+                                           (draft_values, draft_curve), scan=whole_order)  # fmt: skip
         elif one_pass and name in POOL_RULES and rule_entry(name).offline == "lead":
             src, copy, twin = (draft_values, None), None, _law_twin(name)
             if twin in out:  # sampling: the row at T is the law
@@ -239,6 +247,24 @@ def evaluate_pools(
         out["curve/draft"] = draft_curve
     _add_draft_tree_rules(out, ctx, draft_order, rules, budgets, curves, pearl)
     return out
+
+
+def _edge_rules(
+    pool: PoolBatch,
+    one_pass: bool,
+    edge_factors: dict[str, Tensor] | None,
+    extra_scores: dict[str, Tensor] | None,
+) -> tuple[dict[str, Tensor], dict[str, Tensor] | None]:
+    """(edge-factor rules for the compiled pass, score rules): off that pass an edge-factor
+    rule is scored as its factors' path sums. NaN factors are refused (the kernel would
+    read them as draft's factors)."""
+    for name, f in (edge_factors or {}).items():
+        if bool(torch.isnan(f).any()):
+            raise ValueError(f"edge factors of {name}: NaN entries; every edge needs a value")
+    if one_pass or not edge_factors:
+        return dict(edge_factors or {}), extra_scores
+    sums = {n: path_sum(f, pool.parent) for n, f in edge_factors.items()}
+    return {}, {**(extra_scores or {}), **sums}
 
 
 def _check_rules_and_budgets(rules: Sequence[str], budgets: Sequence[int]) -> None:

@@ -30,7 +30,7 @@ from rerank.fit.predict import (
     EDGE_COLUMNS,
     fit_per_depth_maps,
     fold_map,
-    per_depth_scores,
+    per_depth_factors,
     predict_first_factors,
 )
 from selection.draws import subtree_ranks
@@ -138,7 +138,7 @@ def test_per_depth_maps_and_scores_equal_the_dense_reference(fast_traces):
         cal = iso.predict(q[rows].ravel(), pool.depth.numpy()[rows].ravel()).reshape(len(rows), -1)
         ref[rows] = torch.from_numpy(np.log(np.clip(cal, PROB_FLOOR, 1.0)).astype(np.float32))
     ref = path_sum(torch.where(pool.valid, ref, -torch.inf), pool.parent)
-    assert torch.equal(per_depth_scores(pool, ids, folds, got), ref)
+    assert torch.equal(path_sum(per_depth_factors(pool, ids, folds, got), pool.parent), ref)
 
 
 # -- reports, curves and round lookups -------------------------------------------------------

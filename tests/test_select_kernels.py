@@ -351,3 +351,30 @@ def test_pearl_curves_kernel_gives_the_torch_routes_bits(top_m):
         assert got[0].dtype == ref[0].dtype == torch.float32
         assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
         assert not torch.equal(got[0], torch.ones_like(got[0]))  # curves that hold mass
+
+
+@pytest.mark.parametrize("top_m", [0, 25])
+@pytest.mark.parametrize("curve", [False, True])
+def test_edge_factor_rules_equal_their_path_sums_ranked_as_scores(top_m, curve):
+    # the per-depth rule's route: every edge's factor through the fused pass (greedy rounds
+    # from their few mass-holding candidates, sampling rounds by the heap or the sort)
+    # against its path sums ranked as scores, bit for bit
+    rng = np.random.default_rng(13)
+    pool = random_pool_batch(rng, 120, [6, 12, 12, 8], temperature=1.0, tie_values=True)
+    pool.temperature[::2] = 0.0
+    noise = torch.rand(pool.shape, generator=torch.Generator().manual_seed(1))
+    factors = torch.where(pool.valid, pool.draft_logprob - noise, -torch.inf)
+    kw = {"curves": curve, "curve_rules": ["cal"] if curve else ()}
+    budgets = [1, 2, 8, 20, 38]
+    got = evaluate_pools(pool, budgets, ["draft"], top_m, edge_factors={"cal": factors}, **kw)
+    scores = {"cal": path_sum(factors, pool.parent)}
+    want = evaluate_pools(pool, budgets, ["draft"], top_m, extra_scores=scores, **kw)
+    assert torch.equal(got["cal"], want["cal"])
+    assert not torch.equal(got["cal"], got["draft"])  # a rule that ranks otherwise
+    assert not curve or torch.equal(got["curve/cal"], want["curve/cal"])
+    with torch_route():  # off the compiled pass: scored as the path sums
+        ref = evaluate_pools(pool, budgets, ["draft"], top_m, edge_factors={"cal": factors}, **kw)
+    torch.testing.assert_close(ref["cal"], want["cal"], rtol=1e-6, atol=1e-6)
+    factors[3, 2] = torch.nan
+    with pytest.raises(ValueError, match="edge factors of cal: NaN"):
+        evaluate_pools(pool, budgets, ["draft"], top_m, edge_factors={"cal": factors})

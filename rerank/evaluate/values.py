@@ -223,7 +223,7 @@ def evaluate_traces(
 
     `predictions` holds ROUND_KEYS + `cand_index` + one probability column per
     name in `learned` (out-of-fold). `extra_factor(pool, table)` may add rules
-    given as full candidate scores (e.g. per-depth calibration),
+    given by every edge's log factor ([R, P]; e.g. per-depth calibration),
     `first_factor(pool, table, n, keys)` rules given as log factors of the leading n
     pool columns, which hold the first level ([R, n], NaN keeps the draft factor;
     e.g. root selection after covered rounds; `keys`: the chunk's ROUND_KEYS). `curves`, when given, collects
@@ -263,7 +263,7 @@ def evaluate_traces(
             plan.budgets,
             plan.rules,
             plan.top_m,
-            extra_scores=extra_factor(pool, table) if extra_factor is not None else None,
+            edge_factors=extra_factor(pool, table) if extra_factor is not None else None,
             curves=curves is not None,
             curve_rules=plan.curve_rules,
             first_factors=firsts,

@@ -31,7 +31,7 @@ from rerank.fit.design import same_values
 from rerank.fit.halves import CrossfitResult, FitStore, LawFits, frame_folds
 from rerank.fit.models import LABEL_OF_LAW, FittedReranker
 from selection.pool_batch import PoolBatch
-from selection.ranking import path_sum, pool_levels
+from selection.ranking import pool_levels
 from selection.rules import learned
 from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
@@ -360,13 +360,14 @@ def fit_per_depth_maps(
     return maps
 
 
-def per_depth_scores(
+def per_depth_factors(
     pool: PoolBatch,
     prompt_ids: np.ndarray,
     folds: dict[str, int],
     maps: dict[tuple[float, int], PerDepthIsotonic],
 ) -> torch.Tensor:
-    """Candidate scores with every factor through its depth's out-of-fold map. [R, P]."""
+    """Every edge's log factor through its depth's out-of-fold map, -inf off the pool. [R, P]
+    (the per-depth rule's scores are their path sums)."""
     fold = np.array([folds[p] for p in prompt_ids])
     temps = pool.temperature.numpy()
     logf = torch.full(pool.shape, -torch.inf)
@@ -395,5 +396,4 @@ def per_depth_scores(
         else:
             cal = iso.predict(q.reshape(-1), depth[rows].reshape(-1)).reshape(rows.size, -1)
         logf[rows] = torch.from_numpy(np.log(cal).astype(np.float32))  # the maps clip already
-    logf = torch.where(pool.valid, logf, -torch.inf)
-    return path_sum(logf, pool.parent, levels)
+    return torch.where(pool.valid, logf, -torch.inf)

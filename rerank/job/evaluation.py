@@ -20,7 +20,7 @@ from rerank.evaluate.policy import PolicyRounds, policy_text
 from rerank.evaluate.recorded import labelled_table, recorded_budgets, store_draft_temperature
 from rerank.evaluate.reports import ReportAccumulators
 from rerank.evaluate.values import EvalPlan, LearnedFactors, evaluate_traces
-from rerank.fit.predict import fit_per_depth_maps, halves_table, per_depth_scores
+from rerank.fit.predict import fit_per_depth_maps, halves_table, per_depth_factors
 from rerank.job.fitting import Fitted
 from rerank.report.breakdowns import breakdown_gains, breakdowns
 from rerank.report.comparisons import compare, comparisons_table
@@ -63,7 +63,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     if dataset is None:
         dataset = trace_store(project_path(rerank.traces)).dataset()
     policy = _policy_rounds(rerank, fitted, budgets)
-    extra = _per_depth_scores(rerank, dataset, folds, seed)
+    extra = _per_depth_factors(rerank, dataset, folds, seed)
     rerankers = [learned(fs, rerank.model.kind).name for fs in rerank.feature_sets]
     plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
                     mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m,
@@ -134,9 +134,9 @@ def _policy_rounds(rerank: RerankConfig, fitted: Fitted, budgets: list[int]) -> 
                         f"rerank.traces={rerank.traces}", simulated=simulated, factors=factors)  # fmt: skip
 
 
-def _per_depth_scores(rerank: RerankConfig, dataset: ds.Dataset, folds: dict[str, int],
+def _per_depth_factors(rerank: RerankConfig, dataset: ds.Dataset, folds: dict[str, int],
                       seed: int) -> Callable | None:  # fmt: skip
-    """The pass's `extra_factor`: the per-depth calibration's whole candidate scores, from
+    """The pass's `extra_factor`: the per-depth calibration's log factor of every edge, from
     maps fitted out of fold here (None when `rerank.calibrators` has no `per_depth`)."""
     if "per_depth" not in rerank.calibrators:
         return None
@@ -145,6 +145,6 @@ def _per_depth_scores(rerank: RerankConfig, dataset: ds.Dataset, folds: dict[str
 
     def extra(pool, table):
         ids = table["prompt_id"].to_numpy(zero_copy_only=False)
-        return {"per_depth": per_depth_scores(pool, ids, folds, maps)}
+        return {"per_depth": per_depth_factors(pool, ids, folds, maps)}
 
     return extra
