@@ -135,20 +135,23 @@ def test_draw_rules_refuse_draft_scores_that_rise_along_a_path():
 
 @pytest.mark.parametrize("top_m", [0, 25])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_draw_curves_from_the_draft_order_equal_the_search(temperature, top_m):
-    # the scan of the whole pool's order (the pass's route) against the best-first search,
-    # bit for bit: the same masses added g by g in pool order
+def test_draw_curves_from_the_draft_order_match_the_torch_sort(temperature, top_m):
+    # the scan of the whole pool's order, given or ranked inside, against the torch route's
+    # sort by (first-level ancestor, draft rank): the same terms, summed in another order
     rng = np.random.default_rng(12)
     pool = random_pool_batch(rng, 96, [6, 12, 12, 8], temperature=temperature, tie_values=True)
     ctx = pool_context(pool, top_m)
     order = rank_order(ctx.draft, ctx.restrict)
     budgets = [1, 2, 8, 20, 38, 60]
-    scanned = draw_values(ctx, order[:, 0], budgets, order)
-    searched = draw_values(ctx, order[:, 0], budgets)
-    assert scanned.keys() == searched.keys()
-    for name, want in searched.items():
-        assert torch.equal(scanned[name], want), name
-    assert (scanned["root_draw"][:, -1] > scanned["root_draw"][:, 1]).any()  # deep subtrees
+    given = draw_values(ctx, order[:, 0], budgets, order)
+    ranked = draw_values(ctx, order[:, 0], budgets, order[:, :5])  # too short: ranked inside
+    with torch_route():
+        want = draw_values(ctx, order[:, 0], budgets)
+    assert given.keys() == ranked.keys() == want.keys()
+    for name, w in want.items():
+        assert torch.equal(given[name], ranked[name]), name
+        torch.testing.assert_close(given[name], w, rtol=1e-6, atol=1e-6, msg=name)
+    assert (given["root_draw"][:, -1] > given["root_draw"][:, 1]).any()  # deep subtrees
 
 
 def test_draw_rules_refuse_rising_draft_scores_on_the_scan_route():
