@@ -71,14 +71,14 @@ def _mass_by_rank(values: Tensor, rank: Tensor, mask: Tensor, n_ranks: int) -> T
 
 
 def draw_values(
-    ctx: PoolContext, top_first: Tensor, budgets: Sequence[int], order: Tensor | None = None
+    ctx: PoolContext, budgets: Sequence[int], order: Tensor | None = None
 ) -> dict[str, Tensor]:
     """Root-draw and PEARL-commit values and expected tree sizes. [R, n_budgets] each.
 
     Root-draw keeps, below whichever first-level g is drawn, g's b-1 best-ranked
-    descendants; PEARL-commit keeps them only below the drafter's top g*. `order`: the
-    whole pool's draft order when the caller has it (its first column is then `top_first`);
-    the compiled route ranks the pool itself otherwise.
+    descendants; PEARL-commit keeps them only below the drafter's top g*, the draft order's
+    first entry (a depth-1 node). `order`: the draft order when the caller has it; ranked
+    here otherwise (the compiled route scans the whole pool's, the torch route needs g*).
     """
     for b in budgets:
         if b < 1:
@@ -87,9 +87,10 @@ def draw_values(
     kept_below = [min(b - 1, width) for b in budgets]  # b-1 kept below the drawn g
     n_ranks = max(max(kept_below), 1)
     names = ("root_draw", "size/root_draw", "pearl_commit", "size/pearl_commit")
-    if compiled_route(ctx.draft):
-        if order is None or order.shape[1] != width:
-            order = rank_order(ctx.draft, ctx.restrict)
+    compiled = compiled_route(ctx.draft)
+    if order is None or (compiled and order.shape[1] != width):
+        order = rank_order(ctx.draft, ctx.restrict, k=None if compiled else 1)
+    if compiled:
         stacked, monotone = draw_curves_in_order(
             order.contiguous().numpy(), ctx.draft.contiguous().numpy(),
             *kernel_valid(ctx.restrict, ctx.draft), ctx.pool.parent.contiguous().numpy(),
@@ -103,8 +104,8 @@ def draw_values(
             )
         curves = dict(zip(names, torch.from_numpy(stacked).unbind(1), strict=True))
     else:
-        curves = dict(zip(names, _draw_curves_torch(ctx, top_first, n_ranks), strict=True))
-    idx = torch.tensor([k - 1 for k in kept_below], device=top_first.device)
+        curves = dict(zip(names, _draw_curves_torch(ctx, order[:, 0], n_ranks), strict=True))
+    idx = torch.tensor([k - 1 for k in kept_below], device=order.device)
     out = {}
     for name, cum in curves.items():
         taken = cum[:, idx.clamp(min=0)]

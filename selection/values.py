@@ -333,6 +333,5 @@ def _add_draft_tree_rules(
         if curves:
             out[f"curve/{PEARL}"], out[f"curve/size/{PEARL}"] = value, size
     if any(rule_entry(r).offline == "draw" for r in rules):
-        # draft rank 0 is a depth-1 node
-        drawn = draw_values(ctx, draft_order[:, 0], budgets, draft_order)
+        drawn = draw_values(ctx, budgets, draft_order)
         out.update({name: v for name, v in drawn.items() if name.split("/")[-1] in rules})

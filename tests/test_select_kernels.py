@@ -143,10 +143,10 @@ def test_draw_curves_from_the_draft_order_match_the_torch_sort(temperature, top_
     ctx = pool_context(pool, top_m)
     order = rank_order(ctx.draft, ctx.restrict)
     budgets = [1, 2, 8, 20, 38, 60]
-    given = draw_values(ctx, order[:, 0], budgets, order)
-    ranked = draw_values(ctx, order[:, 0], budgets, order[:, :5])  # too short: ranked inside
+    given = draw_values(ctx, budgets, order)
+    ranked = draw_values(ctx, budgets, order[:, :5])  # too short: ranked inside
     with torch_route():
-        want = draw_values(ctx, order[:, 0], budgets)
+        want = draw_values(ctx, budgets)
     assert given.keys() == ranked.keys() == want.keys()
     for name, w in want.items():
         assert torch.equal(given[name], ranked[name]), name
@@ -162,7 +162,7 @@ def test_draw_rules_refuse_rising_draft_scores_on_the_scan_route():
     ctx.draft[1, child] = ctx.draft[1, pool.parent[1, child]] + 1.0
     order = rank_order(ctx.draft, ctx.restrict)
     with pytest.raises(ValueError, match="this batch breaks that"):
-        draw_values(ctx, order[:, 0], [4], order)
+        draw_values(ctx, [4], order)
 
 
 def test_nan_scores_are_refused_on_both_routes():
