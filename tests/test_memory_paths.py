@@ -13,7 +13,8 @@ from rerank.evaluate import joined
 from rerank.evaluate.joined import joined_columns, joined_rows, law_major_order, law_spans
 from rerank.fit.design import codes_in, same_values, shared_strings
 from rerank.fit.halves import frame_folds
-from specrank.memory import heap_retained, return_freed_heap
+from specrank import memory
+from specrank.memory import GrowthTrim, heap_retained, return_freed_heap
 
 VALUES = ["p2", "p0", None, "p1", "p0", "p2", "p9"]
 
@@ -154,3 +155,29 @@ def test_the_row_agreement_median_is_numpy_s_in_float64(n):
     assert mean == values.astype(np.float64).mean() if n else np.isnan(mean)
     if n:
         assert np.isnan(_median64(np.append(values, np.float32(np.nan))))
+
+
+@GLIBC
+def test_a_growth_trim_returns_the_kept_heap_past_its_bound_only():
+    """Freed blocks on the kept heap stay resident: the pass's trim returns them once resident
+    memory has grown past the bound since the last return, and counts anew from there."""
+    with heap_retained():
+        trim = GrowthTrim(128 * 2**20)
+        start = _resident_mb()
+        _touch_and_free(48)  # kept, under the bound
+        assert not trim() and _resident_mb() - start > 40
+        _touch_and_free(256)  # kept, past it
+        assert _resident_mb() - start > 200
+        assert trim() and trim.trims == 1
+        assert _resident_mb() - start < 32  # returned
+        _touch_and_free(48)
+        assert not trim()  # the bound counts from the return
+
+
+def test_a_growth_trim_without_procfs_returns_the_heap_every_few_calls(monkeypatch):
+    returns = []
+    monkeypatch.setattr(memory, "resident_bytes", lambda: None)
+    monkeypatch.setattr(memory, "release_freed_heap", lambda: returns.append(1))
+    trim = GrowthTrim(2**20, fallback_every=3)
+    assert [trim() for _ in range(7)] == [False, False, True, False, False, True, False]
+    assert len(returns) == trim.trims == 2

@@ -45,9 +45,11 @@ from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table,
 from selection.ranking import pool_levels
 from selection.rules import POOL_RULES, mixture, substitution, value_key
 from selection.values import evaluate_pools
-from specrank.memory import release_freed_heap
+from specrank.memory import GrowthTrim
 
-_TRIM_EVERY = 4  # chunks between returns of the heap's free pages
+# resident growth between returns of the heap's free pages: the kept results fragment the
+# heap the pass reuses (specrank.memory.GrowthTrim)
+TRIM_GROWTH = 512 * 2**20
 RETAINED_ROWS = {"cache": "fl_cache_logprob", "same": "fl_same_logprob", "prev": "fl_prev_logprob"}
 VALUE_INPUTS = sorted(
     set(POOL_COLUMNS) | set(ROUND_KEYS) | set(RETAINED_ROWS.values()) | {"category"}
@@ -298,15 +300,15 @@ def _curve_part(curves: PromptCurves, table: pa.Table, values: dict[str, Tensor]
 def _merge_all(chunks: Iterator, curves: PromptCurves | None, consumers: Sequence) -> pd.DataFrame:
     """Merge every chunk's contributions in chunk order; their rounds as one table."""
     frames, values = [], []
-    for i, ((frame, cols), curve_part, reports) in enumerate(chunks):
+    trim = GrowthTrim(TRIM_GROWTH)
+    for (frame, cols), curve_part, reports in chunks:
         if curve_part is not None:
             curves.merge(curve_part)
         for consumer, part in zip(consumers, reports, strict=True):
             consumer.merge(part)
         frames.append(frame)
         values.append(cols)
-        if i % _TRIM_EVERY == _TRIM_EVERY - 1:
-            release_freed_heap()  # the results kept fragment the heap (specrank.memory)
+        trim()
     if not frames:
         raise ValueError("the trace store holds no rounds")
     return pd.concat([pd.concat(frames, ignore_index=True), joined_columns(values)], axis=1)
