@@ -17,20 +17,23 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import os
 import resource
 import sys
 import threading
 import time
 from collections.abc import Callable
 
-_PAGE = os.sysconf("SC_PAGE_SIZE")
+from specrank.memory import resident_bytes
+
 _GIB = 2**30
 
 
 def resident_gib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE / _GIB
+    """This process's resident memory in GiB (`specrank.memory.resident_bytes`)."""
+    resident = resident_bytes()
+    if resident is None:
+        raise RuntimeError("bench.stage_memory reads /proc/self/statm, which this system lacks")
+    return resident / _GIB
 
 
 class StagePeaks:
