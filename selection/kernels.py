@@ -62,6 +62,32 @@ def layout_holds(
     return not bad.any()
 
 
+@njit(cache=True, nogil=True)
+def greedy_edges(
+    token: np.ndarray,
+    parent: np.ndarray,
+    argmax: np.ndarray,
+    root_argmax: np.ndarray,
+    lengths: np.ndarray,
+) -> np.ndarray:
+    """Whether each candidate's token is the target's argmax at its parent's prefix (the root
+    row's argmax at depth 1), False past a round's pool. [R, P] bool.
+
+    One pass per round, where numpy's flat take, root substitution and comparison made
+    three [R, P] passes and their temporaries: a 2,048-round paper-scale chunk's pools took
+    19-20 ms to build that way and 12 ms this way (best of 6, one thread, 2026-12-05).
+    """
+    n_rounds, width = parent.shape
+    out = np.zeros((n_rounds, width), dtype=np.bool_)
+    for r in range(n_rounds):
+        for i in range(min(lengths[r], width)):
+            p = parent[r, i]
+            if p >= width:
+                raise ValueError("cand_parent: a parent index past the pool's width")
+            out[r, i] = token[r, i] == (root_argmax[r] if p < 0 else argmax[r, p])
+    return out
+
+
 @njit(parallel=True, cache=True, nogil=True)
 def path_reduce(edge: np.ndarray, parent: np.ndarray, product: bool) -> tuple[np.ndarray, bool]:
     """Path sums (or products) of per-edge values in one sweep per round.

@@ -34,6 +34,7 @@ from rerank.fit.predict import (
     predict_first_factors,
 )
 from selection.draws import subtree_ranks
+from selection.kernels import greedy_edges
 from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
 from selection.ranking import path_sum, pool_levels
 from tests.candidate_frames import FAST, TASKS, make_candidate_frame
@@ -299,3 +300,26 @@ def test_law_frames_read_apart_give_the_predictions_of_the_whole_table():
     with pytest.raises(ValueError, match=r"law_frame\(0\) gave 3 rows; the candidate table has"):
         predict_first_factors(keys, folds, "lgbm", ["base"], [],
                               law_frame=lambda t: law_frame(t).head(3), **kw)  # fmt: skip
+
+
+def test_greedy_edges_equal_the_flat_take_they_replaced():
+    # ragged pools: padded columns (parent -1, token -1) are never greedy edges
+    rng = np.random.default_rng(5)
+    n, width = 40, 12
+    lengths = rng.integers(0, width + 1, n)
+    parent = np.where(np.arange(width) < 3, -1, rng.integers(-1, 3, (n, width)))
+    parent[np.arange(width)[None, :] >= lengths[:, None]] = -1
+    token, argmax = (
+        rng.integers(-1, 4, (n, width)),
+        rng.integers(-1, 4, (n, width)).astype(np.int32),
+    )
+    root = rng.integers(0, 4, n)
+    at_parent = np.take_along_axis(argmax, np.maximum(parent, 0), axis=1)
+    valid = np.arange(width)[None, :] < lengths[:, None]
+    want = (token == np.where(parent >= 0, at_parent, root[:, None])) & valid
+    got = greedy_edges(token, parent, argmax, root, lengths)
+    assert want.any() and (~want & valid).any()  # both outcomes occur
+    np.testing.assert_array_equal(got, want)
+    parent[0, 0], lengths[0] = width, width  # a parent past the pool is refused, not read
+    with pytest.raises(ValueError, match="cand_parent: a parent index past the pool's width"):
+        greedy_edges(token, parent, argmax, root, lengths)
