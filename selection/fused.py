@@ -10,8 +10,9 @@ bits (`tests/test_select_kernels.py`):
   valued from those candidates' ranks alone (`_sparse_mass`);
 - otherwise every score is computed and ranked (`kernels._rank_row`): for a small top k
   a heap that scans the pool in the draft order (cheaper the nearer the rule ranks to
-  draft), for a large one a radix sort of the whole pool. This route also reports NaN/+inf scores and pools out of
-  pool order.
+  draft) and stops where no later candidate can enter (`_lift`), for a large one a radix
+  sort of the whole pool. This route also reports NaN/+inf scores and pools out of pool
+  order.
 
 A top-k that scored only the candidates whose parent may still enter was tried and
 dropped: the pool is grown by expanding draft's best nodes, so nearly every parent may.
@@ -52,6 +53,21 @@ def _lead_scores(draft_row, lead_row, parent_row, score) -> bool:
         else:
             return False
     return True
+
+
+@njit(cache=True, nogil=True)
+def _lift(score: np.ndarray, draft_row: np.ndarray, n_lead: int) -> float:
+    """The most a round's scores exceed its draft scores: over the first `n_lead` (replaced)
+    columns, in float64; below them every factor is draft's, so a candidate's excess is its
+    ancestor's there (up to float32 rounding, `kernels._stop_below`). A -inf score adds
+    nothing (its subtree cannot enter a heap holding finite keys); +inf: no bound."""
+    lift = -np.inf
+    for i in range(n_lead):
+        if score[i] > -np.inf:
+            d = np.float64(score[i]) - np.float64(draft_row[i])
+            if not d <= lift:  # NaN included: no bound
+                lift = d if not np.isnan(d) else np.inf
+    return lift
 
 
 @njit(cache=True, nogil=True)
@@ -107,6 +123,7 @@ def lead_factor_values(
     nonzero: np.ndarray,
     n_nonzero: np.ndarray,
     scan: np.ndarray,
+    draft: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Values of a rule whose leading factors are replaced, per round in one pass.
 
@@ -119,7 +136,9 @@ def lead_factor_values(
     `curve` keeps the whole cumulative curve ([R, k]; k must then be the pool).
     Rounds whose mass sits on few candidates (`n_nonzero[r]` >= 0 of them, listed in
     `nonzero`: `sparse_mass_rows`) rank only those (`_sparse_mass`); `scan` ([R, P], the
-    draft order, or [1, 0]: pool order) is the order the others' top-k heap scans in.
+    draft order, or [1, 0]: pool order) is the order the others' top-k heap scans in, and
+    with `draft` ([R, P], the draft scores that order ranks; [1, 0]: none) the heap stops
+    where no later candidate can enter (`_lift`).
     Rounds known to rank like a source rule are copied from its outputs
     (`src_values`, `src_curve`): those with `copy[r]`, and with `nan_copies`
     those whose leading factors are all NaN (the source is then draft selection).
@@ -128,6 +147,7 @@ def lead_factor_values(
     """
     n_rounds, width = draft_logprob.shape
     use_scan = scan.shape[0] == n_rounds
+    use_draft = use_scan and draft.shape[0] == n_rounds
     values = np.zeros((n_rounds, at.shape[0]), dtype=np.float32)
     curves = np.empty((n_rounds, k if curve else 0), dtype=np.float32)
     status = np.zeros(n_rounds, dtype=np.int64)
@@ -148,7 +168,9 @@ def lead_factor_values(
                               path_prob[r], k, mass)  # fmt: skip
         else:
             order = np.empty(k, dtype=np.int64)
-            ok = _rank_row(score, ok_valid, has_valid, k, order, scan[r] if use_scan else scan[0])
+            lift = _lift(score, draft[r], lead.shape[1]) if use_draft else np.inf
+            ok = _rank_row(score, ok_valid, has_valid, k, order, scan[r] if use_scan else scan[0],
+                           draft[r] if use_draft else draft[0], lift)  # fmt: skip
             acc = 0.0  # float64, rounded per position as torch's CPU cumsum does
             for j in range(k):
                 acc += path_prob[r, order[j]]

@@ -117,7 +117,8 @@ def _fused_values(
     `src` (values [R, n_budgets], whole curve [R, P] or None) of a rule that ranks like
     this one in the rounds `copy` (and, with `nan_copies`, where `lead` is all NaN).
     Rounds whose mass sits on few candidates rank only those (`ctx.sparse_mass`).
-    `scan`, the draft order of the whole pool when known: the top-k heap scans in it.
+    `scan`, the draft order of the whole pool (of `ctx.draft`) when known: the top-k heap
+    scans in it, and stops where no later candidate can enter.
     """
     end = ctx.levels[min(upto, len(ctx.levels)) - 1][1]
     width = ctx.pool.shape[1]
@@ -144,6 +145,7 @@ def _fused_values(
         np.zeros((0, 0), np.float32) if src_curve is None else src_curve.contiguous().numpy(),
         *ctx.sparse_mass,
         np.zeros((1, 0), np.int64) if scan is None else scan.contiguous().numpy(),
+        np.zeros((1, 0), np.float32) if scan is None else ctx.draft.contiguous().numpy(),
     )
     if status == 2:
         raise ValueError(NAN_SCORES_MESSAGE)

@@ -318,13 +318,13 @@ def test_every_route_of_the_fused_kernel_gives_the_torch_rankings_values(top_m):
     draft_order = rank_order(ctx.draft, ctx.restrict).numpy()
     width = pool.shape[1]
 
-    def run(lead, k, curve, sparse, scan):
+    def run(lead, k, curve, sparse, scan, bounded):
         return fused.lead_factor_values(
             pool.draft_logprob.numpy(), pool.parent.numpy(), lead.numpy(),
             ctx.path_prob.numpy(), valid, has_valid, k, np.int64([0, 2, 3, k - 1]), curve,
             np.zeros(120, np.bool_), False, np.zeros((120, 4), np.float32),
             np.zeros((0, 0), np.float32), nonzero, count if sparse else np.full(120, -1),
-            scan,
+            scan, ctx.draft.numpy() if bounded else np.zeros((1, 0), np.float32),
         )  # fmt: skip
 
     for n_lead in (n1, 18):
@@ -335,8 +335,9 @@ def test_every_route_of_the_fused_kernel_gives_the_torch_rankings_values(top_m):
         for k, curve in ((4, False), (9, False), (12, False), (width, True)):  # heap, radix
             want = mass[:, [0, 2, 3, k - 1]]
             for sparse in (False, True):
-                for scan in (np.zeros((1, 0), np.int64), draft_order):
-                    values, cum, status = run(lead[:, :n_lead], k, curve, sparse, scan)
+                for scan, bounded in ((np.zeros((1, 0), np.int64), False), (draft_order, False),
+                                      (draft_order, True)):  # fmt: skip
+                    values, cum, status = run(lead[:, :n_lead], k, curve, sparse, scan, bounded)
                     assert status == 0
                     assert np.array_equal(values, want)
                     assert not curve or np.array_equal(cum, mass)
