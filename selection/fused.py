@@ -10,7 +10,7 @@ bits (`tests/test_select_kernels.py`):
   valued from those candidates' ranks alone (`_sparse_mass`);
 - otherwise every score is computed and ranked (`kernels._rank_row`): for a small top k
   a heap that scans the pool in the draft order (cheaper the nearer the rule ranks to
-  draft) and stops where no later candidate can enter (`_lift`), for a large one a radix
+  draft) and stops where no later candidate can enter (`_bounded_top_k`), for a large one a radix
   sort of the whole pool. This route also reports NaN/+inf scores and pools out of pool
   order.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from selection.kernels import _rank_row, heap_key
+from selection.kernels import _rank_row, _sift_down, _stop_below, heap_key, heap_pop, key_index
 
 
 @njit(cache=True, nogil=True)
@@ -55,19 +55,71 @@ def _lead_scores(draft_row, lead_row, parent_row, score) -> bool:
     return True
 
 
-@njit(cache=True, nogil=True)
-def _lift(score: np.ndarray, draft_row: np.ndarray, n_lead: int) -> float:
-    """The most a round's scores exceed its draft scores: over the first `n_lead` (replaced)
-    columns, in float64; below them every factor is draft's, so a candidate's excess is its
-    ancestor's there (up to float32 rounding, `kernels._stop_below`). A -inf score adds
-    nothing (its subtree cannot enter a heap holding finite keys); +inf: no bound."""
-    lift = -np.inf
+@njit(inline="always", cache=True)
+def _bounded_top_k(draft_row, lead_row, parent_row, draft_score, scan_row, valid, has_valid, k,
+                   score, out) -> int:  # fmt: skip
+    """`kernels._rank_row`'s top-k heap over a draft-order scan that stops early, scoring
+    candidates as it reaches them; the same k indices into `out`. Returns the status.
+
+    Below the replaced levels (the first `n_lead` columns) every factor is draft's, so no
+    candidate's score exceeds its draft score by more than the lift, the most any of those
+    columns exceeds it (in float64). A -inf score adds nothing (its subtree cannot enter a
+    heap of finite keys); NaN or +inf: no stop. The scan in draft order (`scan_row`, of
+    `draft_score`, invalid last) stops where the next draft score is below
+    `kernels._stop_below`; the order reaches each parent before its children, so a
+    candidate's score is its parent's plus its draft factor (the same float32 sum as
+    `_lead_scores`). The draft log-probabilities must hold no NaN or +inf, as
+    `selection.ranking.draft_scores` refuses (`draft_score` are its scores): then no score
+    the scan did not reach is NaN or +inf, and only those it reached are checked.
+    """
+    width, n_lead = draft_row.shape[0], lead_row.shape[0]
+    if not _lead_scores(draft_row[:n_lead], lead_row, parent_row[:n_lead], score[:n_lead]):
+        return 1
+    nan, lift = False, -np.inf
     for i in range(n_lead):
+        nan |= not (score[i] < np.inf)
         if score[i] > -np.inf:
-            d = np.float64(score[i]) - np.float64(draft_row[i])
-            if not d <= lift:  # NaN included: no bound
+            d = np.float64(score[i]) - np.float64(draft_score[i])
+            if not d <= lift:
                 lift = d if not np.isnan(d) else np.inf
-    return lift
+    heap, bits = np.empty(k, dtype=np.int64), np.empty(1, dtype=np.int32)
+    below = -np.inf  # stop at a draft score under this (-inf: never)
+    for t in range(width):
+        i = scan_row[t]
+        ok = valid[i] if has_valid else True
+        if t >= k and below > -np.inf and (not ok or np.float64(draft_score[i]) < below):
+            break  # (past an invalid candidate, only invalid ones follow)
+        if i >= n_lead:
+            p = parent_row[i]
+            if p >= i:
+                return 1
+            score[i] = draft_row[i] if p < 0 else score[p] + draft_row[i]
+        s = np.float32(score[i])
+        nan |= not (s < np.inf)  # NaN or +inf
+        key = heap_key(s, i, width, ok)
+        if t < k:
+            heap[t] = key
+            if t == k - 1:
+                for j in range(k // 2 - 1, -1, -1):
+                    _sift_down(heap, k, j)
+                below = _stop_below(heap[0], lift, bits)
+        elif key > heap[0]:
+            heap[0] = key
+            _sift_down(heap, k, 0)
+            below = _stop_below(heap[0], lift, bits)
+    for j in range(k - 1, -1, -1):  # best-first order fills from the back
+        out[j] = key_index(heap_pop(heap, j + 1), width)
+    return 2 if nan else 0
+
+
+@njit(inline="always", cache=True)
+def _cumulate(path_prob_row, order, mass) -> None:
+    """The cumulative path probability in `order`, in float64 rounded per position to float32
+    as torch's CPU cumsum does."""
+    acc = 0.0
+    for j in range(order.shape[0]):
+        acc += path_prob_row[order[j]]
+        mass[j] = np.float32(acc)
 
 
 @njit(cache=True, nogil=True)
@@ -137,8 +189,9 @@ def lead_factor_values(
     Rounds whose mass sits on few candidates (`n_nonzero[r]` >= 0 of them, listed in
     `nonzero`: `sparse_mass_rows`) rank only those (`_sparse_mass`); `scan` ([R, P], the
     draft order, or [1, 0]: pool order) is the order the others' top-k heap scans in, and
-    with `draft` ([R, P], the draft scores that order ranks; [1, 0]: none) the heap stops
-    where no later candidate can enter (`_lift`).
+    with `draft` ([R, P], the draft scores that order ranks, from `draft_logprob` by
+    `draft_scores`, which refuses NaN and +inf; [1, 0]: none) the heap stops where no later
+    candidate can enter (`_bounded_top_k`).
     Rounds known to rank like a source rule are copied from its outputs
     (`src_values`, `src_curve`): those with `copy[r]`, and with `nan_copies`
     those whose leading factors are all NaN (the source is then draft selection).
@@ -147,7 +200,7 @@ def lead_factor_values(
     """
     n_rounds, width = draft_logprob.shape
     use_scan = scan.shape[0] == n_rounds
-    use_draft = use_scan and draft.shape[0] == n_rounds
+    bounded = use_scan and draft.shape[0] == n_rounds and 4 * k < width  # (a heap: `_rank_row`)
     values = np.zeros((n_rounds, at.shape[0]), dtype=np.float32)
     curves = np.empty((n_rounds, k if curve else 0), dtype=np.float32)
     status = np.zeros(n_rounds, dtype=np.int64)
@@ -158,26 +211,30 @@ def lead_factor_values(
                 curves[r] = src_curve[r]
             continue
         score = np.empty(width, dtype=np.float32)
-        if not _lead_scores(draft_logprob[r], lead[r], parent[r], score):
-            status[r] = 1
-            continue
         ok_valid = valid[r] if has_valid else valid[0]
         mass = curves[r] if curve else np.empty(k, dtype=np.float32)
-        if n_nonzero[r] >= 0:
-            ok = _sparse_mass(score, ok_valid, has_valid, nonzero[r], n_nonzero[r],
-                              path_prob[r], k, mass)  # fmt: skip
+        if bounded and n_nonzero[r] < 0:
+            order = np.empty(k, dtype=np.int64)
+            status[r] = _bounded_top_k(draft_logprob[r], lead[r], parent[r], draft[r], scan[r],
+                                       ok_valid, has_valid, k, score, order)  # fmt: skip
+            if status[r]:
+                continue
+            _cumulate(path_prob[r], order, mass)
+        elif not _lead_scores(draft_logprob[r], lead[r], parent[r], score):
+            status[r] = 1
+            continue
+        elif n_nonzero[r] >= 0:
+            if not _sparse_mass(score, ok_valid, has_valid, nonzero[r], n_nonzero[r],
+                                path_prob[r], k, mass):  # fmt: skip
+                status[r] = 2
+                continue
         else:
             order = np.empty(k, dtype=np.int64)
-            lift = _lift(score, draft[r], lead.shape[1]) if use_draft else np.inf
-            ok = _rank_row(score, ok_valid, has_valid, k, order, scan[r] if use_scan else scan[0],
-                           draft[r] if use_draft else draft[0], lift)  # fmt: skip
-            acc = 0.0  # float64, rounded per position as torch's CPU cumsum does
-            for j in range(k):
-                acc += path_prob[r, order[j]]
-                mass[j] = np.float32(acc)
-        if not ok:
-            status[r] = 2
-            continue
+            if not _rank_row(score, ok_valid, has_valid, k, order,
+                             scan[r] if use_scan else scan[0]):  # fmt: skip
+                status[r] = 2
+                continue
+            _cumulate(path_prob[r], order, mass)
         for b in range(at.shape[0]):
             if at[b] >= 0:
                 values[r, b] = mass[at[b]]

@@ -225,7 +225,7 @@ STOP_MARGIN = 1e-3  # relative slack of the draft-order scan's stop, past float3
 
 
 @njit(inline="always", cache=True)
-def _stop_below(key: np.int64, lift: float) -> float:
+def _stop_below(key: np.int64, lift: float, bits: np.ndarray) -> float:
     """The draft score below which no later candidate of a draft-order scan can beat `key`.
 
     A rule whose scores are draft's plus at most `lift` (`_rank_row`) scores a candidate of
@@ -238,8 +238,8 @@ def _stop_below(key: np.int64, lift: float) -> float:
     key32 = np.int32(key >> 32)
     if key32 == _INT32_MIN:
         return -np.inf
-    bits = key32 ^ ((key32 >> 31) & 0x7FFFFFFF)  # heap_key's map is its own inverse
-    h = np.float64(np.array([bits], dtype=np.int32).view(np.float32)[0])
+    bits[0] = key32 ^ ((key32 >> 31) & 0x7FFFFFFF)  # heap_key's map is its own inverse
+    h = np.float64(bits.view(np.float32)[0])  # (`bits`: an int32 scratch, no allocation a call)
     if not np.isfinite(h):
         return -np.inf
     room = h - lift - STOP_MARGIN * (1.0 + abs(h))
@@ -250,7 +250,7 @@ def _stop_below(key: np.int64, lift: float) -> float:
 @njit(inline="always", cache=True)
 def _rank_row(
     score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int, out: np.ndarray,
-    scan: np.ndarray, draft: np.ndarray, lift: float,
+    scan: np.ndarray,
 ) -> bool:  # fmt: skip
     """The first k pool indices of one round best-first into `out`; False if a score is NaN/+inf.
 
@@ -259,12 +259,6 @@ def _rank_row(
     depend on it, the time does (in draft order, a first-level factor near draft's
     replaces few heap entries: 29 -> 17 ms for top 59 of a 2048-round sampling chunk,
     one thread; a random one gains nothing); large k sorts every key (`_radix_order`).
-
-    `draft` ([P], or empty) with a finite `lift`: `scan` is then the draft order of these
-    draft scores (the same valid mask, invalid last), and no score exceeds its draft score
-    by more than `lift` (`lead_factor_values` takes the largest difference over the levels
-    it replaces, below which every factor is draft's). The scan stops where the remaining
-    candidates cannot enter the heap (`_stop_below`); the result is the same.
     """
     width = score.shape[0]
     nan = False
@@ -272,21 +266,8 @@ def _rank_row(
         return _radix_order(score, valid, has_valid, k, out)
     heap = np.empty(k, dtype=np.int64)
     in_scan = scan.shape[0] == width
-    bounded = in_scan and draft.shape[0] == width and lift < np.inf
-    below = -np.inf  # stop at a draft score under this (-inf: never)
     for t in range(width):
         i = scan[t] if in_scan else t
-        # (past an invalid candidate only invalid ones follow: the draft order puts them last)
-        if (
-            t >= k
-            and below > -np.inf
-            and (  # below is finite only when bounded
-                not (valid[i] if has_valid else True) or np.float64(draft[i]) < below
-            )
-        ):
-            for j in range(width):  # the candidates not scanned are still checked
-                nan |= not (np.float32(score[j]) < np.inf)
-            break
         s = np.float32(score[i])
         nan |= not (s < np.inf)  # NaN or +inf
         key = heap_key(s, i, width, valid[i] if has_valid else True)
@@ -295,13 +276,9 @@ def _rank_row(
             if t == k - 1:
                 for j in range(k // 2 - 1, -1, -1):
                     _sift_down(heap, k, j)
-                if bounded:
-                    below = _stop_below(heap[0], lift)
         elif key > heap[0]:
             heap[0] = key
             _sift_down(heap, k, 0)
-            if bounded:
-                below = _stop_below(heap[0], lift)
     # pop the heap from its smallest key: best-first order fills from the back
     for j in range(k - 1, -1, -1):
         out[j] = key_index(heap_pop(heap, j + 1), width)
@@ -325,5 +302,5 @@ def rank_order_kernel(
     for r in prange(n_rounds):
         ok_valid = valid[r] if has_valid else valid[0]
         nan[r] = not _rank_row(score[r], ok_valid, has_valid, k, out[r],
-                               scan[r] if use_scan else scan[0], score[r][:0], np.inf)  # fmt: skip
+                               scan[r] if use_scan else scan[0])  # fmt: skip
     return out, not nan.any()

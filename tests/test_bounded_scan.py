@@ -1,6 +1,7 @@
 """The fused kernel's top-k heap stops its draft-order scan where no later candidate can
-enter (`selection.kernels._stop_below`, `selection.fused._lift`): the values stay those of
-the whole scan and of torch's ranking, and a NaN score it did not scan is still refused."""
+enter (`selection.kernels._stop_below`, `selection.fused._bounded_top_k`): the values stay
+those of the whole scan and of torch's ranking, and a NaN draft factor it would not reach is
+refused before it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from selection import fused
 from selection.context import pool_context
 from selection.ranking import kernel_valid, rank_order, torch_route
-from selection.values import lead_factor_scores
+from selection.values import evaluate_pools, lead_factor_scores
 from tests.random_pools import random_pool_batch
 
 LEVELS = [10, 60, 60, 60, 60]  # 250 candidates: a top 8 or 30 takes the heap, not the sort
@@ -25,12 +26,11 @@ def _pools(top_m: int):
     return rng, pool, ctx
 
 
-def _values(pool, ctx, lead, k, draft, draft_logprob=None):
+def _values(pool, ctx, lead, k, draft):
     valid, has_valid = kernel_valid(ctx.restrict, ctx.draft)
     n = pool.shape[0]
     return fused.lead_factor_values(
-        pool.draft_logprob.numpy() if draft_logprob is None else draft_logprob,
-        pool.parent.numpy(), lead.numpy(), ctx.path_prob.numpy(), valid, has_valid, k,
+        pool.draft_logprob.numpy(), pool.parent.numpy(), lead.numpy(), ctx.path_prob.numpy(), valid, has_valid, k,
         AT, False, np.zeros(n, np.bool_), False,
         np.zeros((n, 3), np.float32), np.zeros((0, 0), np.float32), *ctx.sparse_mass,
         rank_order(ctx.draft, ctx.restrict).numpy(), draft,
@@ -64,11 +64,13 @@ def test_the_bounded_scan_gives_the_whole_scans_and_torchs_values(top_m, spread)
             assert not np.array_equal(_values(pool, ctx, lead, k, lowered)[0], whole[0])
 
 
-def test_a_nan_score_past_the_stop_is_still_refused():
+def test_a_nan_draft_factor_past_the_stop_is_refused_before_any_scan():
+    # the scan does not reach the draft order's tail, so it does not check it: a NaN draft
+    # log-probability there is refused where the draft scores are built, before any rule
     _, pool, ctx = _pools(0)
-    lead = pool.draft_logprob[:, :10].clone()  # draft's own factors: the scan stops at once
-    last = rank_order(ctx.draft, None).numpy()[:, -1]  # the draft order's last candidate
-    logprob = pool.draft_logprob.numpy().copy()
-    logprob[0, last[0]] = np.nan  # its score is NaN; the draft row still says it is last
+    lead = pool.draft_logprob[:, :10].clone()
     assert _values(pool, ctx, lead, 8, ctx.draft.numpy())[2] == 0
-    assert _values(pool, ctx, lead, 8, ctx.draft.numpy(), draft_logprob=logprob)[2] == 2
+    last = rank_order(ctx.draft, None).numpy()[0, -1]
+    pool.draft_logprob[0, last] = torch.nan
+    with pytest.raises(ValueError, match="draft log-probabilities must be <= 0 or -inf"):
+        evaluate_pools(pool, [8], ["draft"], first_factors={"lead": lead})

@@ -24,7 +24,7 @@ import torch
 
 from calibrate.isotonic import DEFAULT_BINS, PerDepthIsotonic
 from rerank.evaluate.matched import SimulatedPredictions
-from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks
+from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks, prompt_folds
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
 from rerank.fit.design import same_values
@@ -337,11 +337,7 @@ def fit_per_depth_maps(
         edges = _FlatEdges(table)
         if rate is None:  # ~4 (temperature, half) groups share the rounds: oversample 4x
             rate = min(1.0, 4 * max_edges / max(1, n_rounds * edges.width))
-        # a fold per distinct prompt of the chunk, not pandas' map of every row's string (the
-        # fit at paper scale: 9.9 -> 9.4-9.6 s); a prompt without a fold is in neither half
-        ids = pc.dictionary_encode(table["prompt_id"].combine_chunks())
-        fold_of = np.array([folds.get(p, -1) for p in ids.dictionary.to_pylist()], dtype=np.int64)
-        prompt_fold = fold_of[ids.indices.to_numpy(zero_copy_only=False)]
+        prompt_fold = prompt_folds(table["prompt_id"], folds)
         temps = table["temperature"].to_numpy()
         for t in np.unique(temps):
             for half in (0, 1):
