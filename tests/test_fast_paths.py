@@ -33,6 +33,7 @@ from rerank.fit.predict import (
     per_depth_factors,
     predict_first_factors,
 )
+from rerank.fit.quality import round_firsts
 from selection.draws import subtree_ranks
 from selection.kernels import greedy_edges
 from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table
@@ -323,3 +324,21 @@ def test_greedy_edges_equal_the_flat_take_they_replaced():
     parent[0, 0], lengths[0] = width, width  # a parent past the pool is refused, not read
     with pytest.raises(ValueError, match="cand_parent: a parent index past the pool's width"):
         greedy_edges(token, parent, argmax, root, lengths)
+
+
+def test_round_firsts_equal_the_stable_sort_they_replaced():
+    """Each round's first row by descending key, as the lexsort gave it (the reference,
+    kept here): ties to the first row, NaN below every number, a round of NaNs its first
+    row, unused round numbers skipped (as a categorical groupby's ngroup may leave them)."""
+    rng = np.random.default_rng(3)
+    n = 5_000
+    round_id = rng.integers(0, 900, n) * 2  # odd numbers unused
+    key = rng.integers(0, 4, n).astype(np.float64)  # many ties
+    key[rng.random(n) < 0.2] = np.nan
+    key[round_id == 0] = np.nan  # a round of NaNs
+    key[(round_id == 2) & (key == 0)] = -0.0  # -0.0 ties 0.0
+    order = np.lexsort((-key, round_id))
+    expected = order[np.r_[True, round_id[order][1:] != round_id[order][:-1]]]
+    got = round_firsts(key, round_id, int(round_id.max()) + 1)
+    assert np.array_equal(got, expected)
+    assert np.isnan(key[got[0]]) and got[0] == np.flatnonzero(round_id == 0)[0]

@@ -145,7 +145,9 @@ def split_priors(
     """
     tokens = prior.tokens[rows]
     by = None if groups is None or not prior.by_prompt else np.asarray(groups)[~held]
-    if by is not None and np.unique(by).size < 2:
+    # fewer than two prompts, found without sorting the rows' strings (2.6 s a job at paper
+    # scale with np.unique): rows of one prompt share its string, compared by identity first
+    if by is not None and (by.size == 0 or not (by != by[0]).any()):
         # An inner split of a tiny training half can leave its fit one prompt: no prompt
         # alternation exists there, so its rows alternate (said, not silent).
         log.warning("early stopping's inner split trains on one prompt: its token prior "
