@@ -41,7 +41,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostin
 from threadpoolctl import threadpool_limits
 
 from rerank.fit.crossfit import inner_validation
-from rerank.fit.design import CATEGORICAL, DesignColumns, DesignRows
+from rerank.fit.design import CATEGORICAL, BlockDataset, DesignColumns, DesignRows
 from rerank.fit.token_prior import PriorColumn, split_priors
 
 SMALL_FIT_ROWS = 100_000  # fits on fewer rows run on one thread (module doc)
@@ -220,7 +220,7 @@ def _fit(
     params = lgbm_params(law, capacity, seed, n_threads)
     # Binned up front from the rows' blocks (`DesignRows`): the Datasets keep no reference
     # to them (free_raw_data), and no float copy of the rows is made.
-    data = lgb.Dataset(
+    data = BlockDataset(
         [X], label=y, weight=w, feature_name=list(features), categorical_feature=cat_idx,
         params=params,
     ).construct()  # fmt: skip

@@ -45,6 +45,7 @@ from rerank.fit.crossfit import check_grouped, inner_validation
 from rerank.fit.design import (
     CATEGORICAL,
     TOKEN_PRIOR,
+    BlockDataset,
     DesignColumns,
     DesignRows,
     digest_rows,
@@ -159,8 +160,8 @@ def train_share(rows: pd.DataFrame, share: NodeShare, spec: NodeFit, network: di
     def dataset(role: int, reference: lgb.Dataset | None = None) -> lgb.Dataset:
         index = np.flatnonzero(share.role == role)
         # not built here: lgb.train spans the network first, then bins (module doc)
-        return lgb.Dataset([DesignRows(design, index)], label=y[index], feature_name=features,
-                           categorical_feature=cat_idx, params=params, reference=reference)  # fmt: skip
+        return BlockDataset([DesignRows(design, index)], label=y[index], feature_name=features,
+                            categorical_feature=cat_idx, params=params, reference=reference)  # fmt: skip
 
     data = dataset(TRAIN)
     n_held = int((share.role == HELD).sum())

@@ -172,8 +172,8 @@ class DesignRows(lgb.Sequence):
             self._block = (lo, block)
         return block[idx - lo].astype(np.float64)
 
-    def matrix(self, part: slice = slice(None)) -> np.ndarray:
-        """The float32 matrix of these rows (``part`` of them)."""
+    def matrix(self, part: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """The float32 matrix of these rows (``part`` of them: a slice or positions)."""
         prior = None if self.prior is None else self.prior[part]
         return self.design.rows(self.index[part], prior, self.column)
 
@@ -225,3 +225,24 @@ def digest_rows(columns: Sequence[str], row_hashes: np.ndarray) -> str:
     h = hashlib.sha256(repr(list(columns)).encode())
     h.update(np.ascontiguousarray(row_hashes).tobytes())
     return h.hexdigest()
+
+
+class BlockDataset(lgb.Dataset):
+    """`lgb.Dataset` of one `DesignRows` whose bin sample is read as one matrix.
+
+    LightGBM reads a `Sequence`'s bin sample a row at a time in Python (up to 200,000
+    `__getitem__` calls and a list of rows per fit: 7 thread-s of the default job's fits at
+    paper scale, py-spy 2026-12-05). This replaces its private `Dataset.__sample` with one
+    that takes the same rows (`_create_sample_indices`, LightGBM's own) in one gather and
+    keeps what LightGBM keeps of each column (the entries beyond its ZERO_THRESHOLD, and
+    NaN); the fit is the same bits as from the rows' matrix (tests/test_crossfit.py, which
+    also fails if LightGBM renames the method).
+    """
+
+    def _Dataset__sample(self, *, seqs: list, total_nrow: int) -> tuple[list, list]:
+        (rows,) = seqs  # one DesignRows, as `rerank.fit.boosting` builds it
+        indices = self._create_sample_indices(total_nrow=total_nrow)
+        sampled = rows.matrix(indices).astype(np.float64).T
+        kept = [(np.abs(col) > lgb.basic.ZERO_THRESHOLD) | np.isnan(col) for col in sampled]
+        at = np.arange(len(indices), dtype=np.int32)
+        return [c[k] for c, k in zip(sampled, kept, strict=True)], [at[k] for k in kept]
