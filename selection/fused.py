@@ -23,7 +23,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from selection.kernels import _rank_row, _sift_down, _stop_below, heap_key, heap_pop, key_index
+from selection.kernels import (
+    _rank_row,
+    _stop_below,
+    heap_drain,
+    heap_key,
+    heap_offer,
+    heap_takes,
+)
 
 
 @njit(cache=True, nogil=True)
@@ -96,19 +103,9 @@ def _bounded_top_k(draft_row, lead_row, parent_row, draft_score, scan_row, valid
             score[i] = draft_row[i] if p < 0 else score[p] + draft_row[i]
         s = np.float32(score[i])
         nan |= not (s < np.inf)  # NaN or +inf
-        key = heap_key(s, i, width, ok)
-        if t < k:
-            heap[t] = key
-            if t == k - 1:
-                for j in range(k // 2 - 1, -1, -1):
-                    _sift_down(heap, k, j)
-                below = _stop_below(heap[0], lift, bits)
-        elif key > heap[0]:
-            heap[0] = key
-            _sift_down(heap, k, 0)
+        if heap_offer(heap, t, k, heap_key(s, i, width, ok)):
             below = _stop_below(heap[0], lift, bits)
-    for j in range(k - 1, -1, -1):  # best-first order fills from the back
-        out[j] = key_index(heap_pop(heap, j + 1), width)
+    heap_drain(heap, k, width, out)
     return 2 if nan else 0
 
 
@@ -200,7 +197,7 @@ def lead_factor_values(
     """
     n_rounds, width = draft_logprob.shape
     use_scan = scan.shape[0] == n_rounds
-    bounded = use_scan and draft.shape[0] == n_rounds and 4 * k < width  # (a heap: `_rank_row`)
+    bounded = use_scan and draft.shape[0] == n_rounds and heap_takes(k, width)
     values = np.zeros((n_rounds, at.shape[0]), dtype=np.float32)
     curves = np.empty((n_rounds, k if curve else 0), dtype=np.float32)
     status = np.zeros(n_rounds, dtype=np.int64)

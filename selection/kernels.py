@@ -228,7 +228,7 @@ STOP_MARGIN = 1e-3  # relative slack of the draft-order scan's stop, past float3
 def _stop_below(key: np.int64, lift: float, bits: np.ndarray) -> float:
     """The draft score below which no later candidate of a draft-order scan can beat `key`.
 
-    A rule whose scores are draft's plus at most `lift` (`_rank_row`) scores a candidate of
+    A rule whose scores are draft's plus at most `lift` (`fused._bounded_top_k`) scores a candidate of
     draft score d at most d + lift, up to float32 rounding: at most a few ulps a level, far
     below the STOP_MARGIN x (1 + |d| + |h|) asked here. With h the key's score and d <= 0,
     d + lift + margin < h holds exactly for d below the returned value. -inf (never stop)
@@ -262,7 +262,7 @@ def _rank_row(
     """
     width = score.shape[0]
     nan = False
-    if not 4 * k < width:
+    if not heap_takes(k, width):
         return _radix_order(score, valid, has_valid, k, out)
     heap = np.empty(k, dtype=np.int64)
     in_scan = scan.shape[0] == width
@@ -270,19 +270,41 @@ def _rank_row(
         i = scan[t] if in_scan else t
         s = np.float32(score[i])
         nan |= not (s < np.inf)  # NaN or +inf
-        key = heap_key(s, i, width, valid[i] if has_valid else True)
-        if t < k:
-            heap[t] = key
-            if t == k - 1:
-                for j in range(k // 2 - 1, -1, -1):
-                    _sift_down(heap, k, j)
-        elif key > heap[0]:
-            heap[0] = key
-            _sift_down(heap, k, 0)
-    # pop the heap from its smallest key: best-first order fills from the back
+        heap_offer(heap, t, k, heap_key(s, i, width, valid[i] if has_valid else True))
+    heap_drain(heap, k, width, out)
+    return not nan
+
+
+@njit(inline="always", cache=True)
+def heap_takes(k: int, width: int) -> bool:
+    """Whether a top k of `width` keys is found with a heap (else a radix sort of all)."""
+    return 4 * k < width
+
+
+@njit(inline="always", cache=True)
+def heap_offer(heap: np.ndarray, t: int, k: int, key: np.int64) -> bool:
+    """Offer a scan's `t`-th key to the k-entry min-heap of its best keys (the first k fill
+    it, heapified at the k-th); True when the heap's smallest key changed."""
+    if t < k:
+        heap[t] = key
+        if t < k - 1:
+            return False
+        for j in range(k // 2 - 1, -1, -1):
+            _sift_down(heap, k, j)
+        return True
+    if key <= heap[0]:
+        return False
+    heap[0] = key
+    _sift_down(heap, k, 0)
+    return True
+
+
+@njit(inline="always", cache=True)
+def heap_drain(heap: np.ndarray, k: int, width: int, out: np.ndarray) -> None:
+    """The heap's k indices best-first into `out` (popped from the smallest key, so the
+    order fills from the back)."""
     for j in range(k - 1, -1, -1):
         out[j] = key_index(heap_pop(heap, j + 1), width)
-    return not nan
 
 
 @njit(parallel=True, cache=True, nogil=True)

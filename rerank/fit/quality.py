@@ -17,16 +17,16 @@ def _mean(x: np.ndarray) -> float:
 
 
 @njit(cache=True)
-def round_firsts(key: np.ndarray, round_id: np.ndarray, n_rounds: int) -> np.ndarray:
+def round_firsts(key: np.ndarray, round_id: np.ndarray) -> np.ndarray:
     """Row index of the highest `key` in each round that holds a row, in round order (first
-    row on ties; NaN below every number, a round of NaNs its first row); `round_id` in
-    0..n_rounds-1 (a groupby's `ngroup` may leave numbers unused).
+    row on ties; NaN below every number, a round of NaNs its first row); `round_id` >= 0,
+    numbers without a row skipped.
 
     What sorting by (round, -key) stably and taking each round's first row gives
     (`np.lexsort`, tested against it), in one pass: the lexsort took 4 s of the fitting
     stage's own thread at paper scale (py-spy, 2026-12-05), one sort per predictor.
     """
-    best = np.full(n_rounds, -1, dtype=np.int64)
+    best = np.full(round_id.max() + 1 if round_id.size else 0, -1, dtype=np.int64)
     for i in range(key.shape[0]):
         r = round_id[i]
         b = best[r]
@@ -48,15 +48,13 @@ def prediction_quality(candidates: pd.DataFrame, preds: FirstFactorPredictions) 
     for temperature, part in frame.groupby("temperature"):
         label = part[LABEL_OF_LAW[law_kind(float(temperature))]].to_numpy(np.float64)
         round_id = part.groupby(["prompt_id", "round_index"]).ngroup().to_numpy()
-        n_rounds = int(round_id.max()) + 1 if len(round_id) else 0
-        # the target's most probable first-level candidate
-        best = round_firsts(label, round_id, n_rounds)
+        best = round_firsts(label, round_id)  # the target's most probable first-level candidate
         # greedy: the first level must hold the argmax token (label 1) for the round to count
         eligible = label[best] > 0 if law_kind(float(temperature)) == "greedy" else None
         fold_of_round = part["fold"].to_numpy()[best]
         for name in ["draft_prob", *preds.rules]:
             pred = part[name].to_numpy(np.float64)
-            hit = round_firsts(pred, round_id, n_rounds) == best  # [n_rounds]
+            hit = round_firsts(pred, round_id) == best  # [n_rounds]
             for fold in (None, 0, 1):
                 m = slice(None) if fold is None else (part["fold"].to_numpy() == fold)
                 keep = np.ones(hit.shape, bool) if fold is None else fold_of_round == fold
