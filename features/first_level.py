@@ -30,12 +30,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from features.kernels import draft_mass, fill
 from features.registry import FEATURES, FILL_STEPS, PER_KIND_STEPS, SUBTREE_STEPS
 from features.rounds import FL_ROWS, INT_FIELDS, SCALAR_FIELDS, RoundArrays, RoundBlocks
 from features.subtree import pool_error, pool_pass, subtree_stats
+from specrank.jit import njit
 from tree.retained import ROW_KINDS
 
 # features.kernels.fill reads the input blocks' rows by position: this order (features.rounds)
@@ -121,7 +121,7 @@ def features_of_blocks(b: RoundBlocks) -> FirstLevelFeatures:
     return FirstLevelFeatures(o32, oi32, ob)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(nogil=True, error_model="numpy")
 def _features(depth, parent, logprob, token, expanded, rows, scalars, ints, only_argmax):
     """Every kernel step in one call: (o32, oi32, ob, pool_pass errors, first-level width).
 

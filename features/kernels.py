@@ -17,10 +17,11 @@ only kernels of this file: numba's cache is invalidated file by file.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from specrank.jit import njit
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _block_sum(a, lo, n):
     """numpy's pairwise_sum of a[lo : lo + n] for n <= 128: 8 partial sums, then the rest."""
     if n < 8:
@@ -48,7 +49,7 @@ def _block_sum(a, lo, n):
     return res
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def pairwise_sum(a, lo, n):
     """sum(a[lo : lo + n]) in numpy's order: above 128 terms, the two halves' sums (n/2
     rounded down to a multiple of 8). Its recursion unrolled on a stack (numba's cache
@@ -82,7 +83,7 @@ def pairwise_sum(a, lo, n):
     return sums[0]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(nogil=True, error_model="numpy")
 def draft_mass(e, n1, width):
     """(q / sum q [R, W] (0 on padding), sum q [R], N) over each round's first level."""
     R = n1.size
@@ -100,7 +101,7 @@ def draft_mass(e, n1, width):
     return qn, mass, n
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _descending_ranks(v, n, rank):
     """rank[i] = position of v[i] sorted descending, ties by index (a stable argsort of -v)."""
     for i in range(n):
@@ -111,7 +112,7 @@ def _descending_ranks(v, n, rank):
         rank[i] = k
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(nogil=True, error_model="numpy", inline="always")
 def _draft_round(lp, q, qn, log_qn, mass, n, first, o32, oi32, order, rank, plogp, f32, i32):
     """Sibling and root-distribution features of one round; returns the draft-rank-0 index."""
     _descending_ranks(lp, n, rank)
@@ -147,7 +148,7 @@ def _draft_round(lp, q, qn, log_qn, mass, n, first, o32, oi32, order, rank, plog
     return order[0]
 
 
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+@njit(nogil=True, error_model="numpy", inline="always")
 def _row_round(lp, n, first, rows, o32, token, drop, v, rank):
     """A retained row's log-prob of each candidate, its gap to the row's best first-level
     log-prob and the candidate's rank under it (NaN where absent, and at token `drop`).
@@ -174,7 +175,7 @@ def _row_round(lp, n, first, rows, o32, token, drop, v, rank):
         o32[rows[2], o] = np.nan if np.isnan(x) else rank[i]
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(nogil=True, error_model="numpy")
 def _token_only_agreement(only_argmax, draft_top):
     """(count, share): the round's token-only rows, and the share whose argmax is the
     drafter's top first token (NaN without a row)."""
@@ -188,7 +189,7 @@ def _token_only_agreement(only_argmax, draft_top):
     return count, (agree / count if count > 0 else np.nan)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(nogil=True, error_model="numpy")
 def fill(n1, token, expanded, cum, e, qn, log_qn, mass, rows, scalars, ints, only_argmax,
          o32, oi32, ob, out):  # fmt: skip
     """Write every feature but the subtree statistics into the output blocks o32, oi32, ob.

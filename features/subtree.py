@@ -17,7 +17,8 @@ each in pool order (the former np.bincount per depth).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from specrank.jit import njit
 
 # pool_pass error codes, in the order they are reported
 NAN_LOGPROB, FIRST_NOT_LEADING, NOT_POOL_ORDER, BAD_PARENT = range(4)
@@ -46,7 +47,7 @@ def pool_error(code: int, r: int, i: int, value: int, depth: np.ndarray) -> Valu
     )
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _note(error, code, r, i, value):
     """Keep the first occurrence of an error code."""
     if error[code, 0] < 0:
@@ -55,7 +56,7 @@ def _note(error, code, r, i, value):
         error[code, 2] = value
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def pool_pass(depth, parent, logprob):
     """Check every round's pool order; first-level counts and cumulative draft scores.
 
@@ -98,7 +99,7 @@ def pool_pass(depth, parent, logprob):
     return n1, cum, error
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(nogil=True, error_model="numpy")
 def subtree_stats(depth, parent, cum, e, n1, o32, oi32, f32, i32):
     """The statistics of every round's first-level candidates, written into the output blocks.
 

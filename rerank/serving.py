@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from numba import njit
 from torch import Tensor
 
 from calibrate.isotonic import PROB_FLOOR
@@ -30,6 +29,7 @@ from rerank.forest.jit import JitForest, jit_forest, log_phat
 from rerank.forest.table import ForestError, forest_of
 from rerank.forest.walk import CompiledForest, TorchForest, compile_forest, link, prepare
 from selection.policies import NO_TOKEN_ONLY, SCORE_MODES
+from specrank.jit import njit
 from specrank.laws import law_kind
 from specrank.paths import project_path
 
@@ -336,7 +336,7 @@ class _PriorTable:
         return self.table[np.minimum(tokens, self.top)]
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _design_rows(o32, oi32, ob, tokens, task_code, d32, r32, di, ri, db, rb, prior_table,
                  prior_top, prior_column, task_column, n_features):  # fmt: skip
     """X^T [F, n1] float32 from the feature blocks: block rows to their design columns (cast

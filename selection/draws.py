@@ -19,12 +19,13 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import prange
 from torch import Tensor
 
 from selection.context import PoolContext
 from selection.kernels import heap_key
 from selection.ranking import compiled_route, kernel_valid, rank_order
+from specrank.jit import njit
 
 
 def subtree_ranks(ctx: PoolContext) -> tuple[Tensor, Tensor, Tensor]:
@@ -155,7 +156,7 @@ def pearl_curves(ctx: PoolContext, draft_order: Tensor) -> tuple[Tensor, Tensor]
     return value, size
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def _pearl_kernel(order, depth, valid, first_ancestor, law, path_prob):
     """`pearl_curves` per round in one pass over the ordered entries, instead of six [R, k]
     gathers: the same float32 products and float64 running sums rounded to float32 per
@@ -197,7 +198,7 @@ def matched_budget(mean_size_curve: Tensor, target_size: float) -> tuple[int, in
     return lo + 1, hi + 1, w
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _subtrees(draft_row, valid_row, has_valid, parent_row, depth_row):
     """(slot, anc, n_first, bad) of one round for `draw_curves_in_order`: each first-level
     candidate's row in its per-subtree table (-1 elsewhere) and every reached candidate's
@@ -225,7 +226,7 @@ def _subtrees(draft_row, valid_row, has_valid, parent_row, depth_row):
     return slot, anc, n_first, bad
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def draw_curves_in_order(
     order: np.ndarray,
     draft: np.ndarray,

@@ -21,7 +21,7 @@ dropped: the pool is grown by expanding draft's best nodes, so nearly every pare
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from selection.kernels import (
     _rank_row,
@@ -31,9 +31,10 @@ from selection.kernels import (
     heap_offer,
     heap_takes,
 )
+from specrank.jit import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _all_nan(lead_row: np.ndarray) -> bool:
     """No leading factor given: the round ranks like draft selection."""
     for i in range(lead_row.shape[0]):  # noqa: SIM110 (a loop numba compiles; no generators)
@@ -42,7 +43,7 @@ def _all_nan(lead_row: np.ndarray) -> bool:
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _lead_scores(draft_row, lead_row, parent_row, score) -> bool:
     """Candidate scores into `score`: path sums of the draft log factors, the leading
     `lead_row` ones where not NaN (float32 sums, as `path_reduce`); False if a parent
@@ -62,7 +63,7 @@ def _lead_scores(draft_row, lead_row, parent_row, score) -> bool:
     return True
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def _bounded_top_k(draft_row, lead_row, parent_row, draft_score, scan_row, valid, has_valid, k,
                    score, out) -> int:  # fmt: skip
     """`kernels._rank_row`'s top-k heap over a draft-order scan that stops early, scoring
@@ -109,7 +110,7 @@ def _bounded_top_k(draft_row, lead_row, parent_row, draft_score, scan_row, valid
     return 2 if nan else 0
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def _cumulate(path_prob_row, order, mass) -> None:
     """The cumulative path probability in `order`, in float64 rounded per position to float32
     as torch's CPU cumsum does."""
@@ -119,7 +120,7 @@ def _cumulate(path_prob_row, order, mass) -> None:
         mass[j] = np.float32(acc)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _sparse_mass(score, valid, has_valid, nonzero, n_nonzero, path_prob_row, k, mass) -> bool:
     """The cumulative path probability at ranks 0..k-1 into `mass` for a round whose mass
     sits on `n_nonzero` candidates (`nonzero`; a greedy round's argmax path): only their
@@ -154,7 +155,7 @@ def _sparse_mass(score, valid, has_valid, nonzero, n_nonzero, path_prob_row, k, 
     return not nan
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def lead_factor_values(
     draft_logprob: np.ndarray,
     parent: np.ndarray,
@@ -238,7 +239,7 @@ def lead_factor_values(
     return values, curves, status.max()
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def sparse_mass_rows(path_prob: np.ndarray, most: int) -> tuple[np.ndarray, np.ndarray]:
     """Per round, the candidates with nonzero path probability when there are at most
     `most` of them ([R, most] int64, in index order), and how many (-1: more)."""

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
+
+from specrank.jit import njit
 
 _INT32_MIN = -(2**31)
 
@@ -30,7 +32,7 @@ def use_threads(n_threads: int) -> None:
     numba.set_num_threads(max(1, min(n_threads, numba.config.NUMBA_NUM_THREADS)))
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def heap_key(score: np.float32, index: int, width: int, valid: bool) -> np.int64:
     """`selection.ranking.ranking_keys` of one candidate (larger = ranked first)."""
     # + 0.0 turns -0.0 into +0.0
@@ -41,7 +43,7 @@ def heap_key(score: np.float32, index: int, width: int, valid: bool) -> np.int64
     return (key32 << 32) | (width - 1 - index)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def layout_holds(
     depth: np.ndarray, parent: np.ndarray, layout: np.ndarray, level_start: np.ndarray
 ) -> bool:
@@ -62,7 +64,7 @@ def layout_holds(
     return not bad.any()
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def greedy_edges(
     token: np.ndarray,
     parent: np.ndarray,
@@ -88,7 +90,7 @@ def greedy_edges(
     return out
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def path_reduce(edge: np.ndarray, parent: np.ndarray, product: bool) -> tuple[np.ndarray, bool]:
     """Path sums (or products) of per-edge values in one sweep per round.
 
@@ -111,7 +113,7 @@ def path_reduce(edge: np.ndarray, parent: np.ndarray, product: bool) -> tuple[np
     return out, not bad.any()
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def first_level_ancestor_kernel(parent: np.ndarray) -> tuple[np.ndarray, bool]:
     """Pool index of each candidate's depth-1 ancestor; ok=False outside pool order."""
     n_rounds, width = parent.shape
@@ -130,7 +132,7 @@ def first_level_ancestor_kernel(parent: np.ndarray) -> tuple[np.ndarray, bool]:
     return out, not bad.any()
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def key_index(key: np.int64, width: int) -> int:
     """The pool index a ranking key encodes in its low 32 bits."""
     return width - 1 - (key & 0xFFFFFFFF)
@@ -139,7 +141,7 @@ def key_index(key: np.int64, width: int) -> int:
 # Min-heaps of the unique keys themselves (the index is decoded from the low
 # bits), so comparisons need no indirection; a max-heap stores ~key, which
 # reverses the order without overflow.
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def _sift_down(heap: np.ndarray, n: int, start: int) -> None:
     j = start
     item = heap[j]
@@ -156,7 +158,7 @@ def _sift_down(heap: np.ndarray, n: int, start: int) -> None:
     heap[j] = item
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def heap_push(heap: np.ndarray, n: int, key: np.int64) -> None:
     """Push onto a heap of n entries."""
     j = n
@@ -169,7 +171,7 @@ def heap_push(heap: np.ndarray, n: int, key: np.int64) -> None:
     heap[j] = key
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def heap_pop(heap: np.ndarray, n: int) -> np.int64:
     """Pop the smallest of a heap of n entries."""
     top = heap[0]
@@ -179,7 +181,7 @@ def heap_pop(heap: np.ndarray, n: int) -> np.int64:
     return top
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def _radix_order(score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int,
                  out: np.ndarray) -> bool:  # fmt: skip
     """`_rank_row` by a sort of every key: an LSD radix sort, 8 bits a pass, of the keys'
@@ -224,7 +226,7 @@ def _radix_order(score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int,
 STOP_MARGIN = 1e-3  # relative slack of the draft-order scan's stop, past float32 rounding
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def _stop_below(key: np.int64, lift: float, bits: np.ndarray) -> float:
     """The draft score below which no later candidate of a draft-order scan can beat `key`.
 
@@ -247,7 +249,7 @@ def _stop_below(key: np.int64, lift: float, bits: np.ndarray) -> float:
     return room / (1.0 - STOP_MARGIN) if room < 0 else room / (1.0 + STOP_MARGIN)
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def _rank_row(
     score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int, out: np.ndarray,
     scan: np.ndarray,
@@ -275,13 +277,13 @@ def _rank_row(
     return not nan
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def heap_takes(k: int, width: int) -> bool:
     """Whether a top k of `width` keys is found with a heap (else a radix sort of all)."""
     return 4 * k < width
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def heap_offer(heap: np.ndarray, t: int, k: int, key: np.int64) -> bool:
     """Offer a scan's `t`-th key to the k-entry min-heap of its best keys (the first k fill
     it, heapified at the k-th); True when the heap's smallest key changed."""
@@ -299,7 +301,7 @@ def heap_offer(heap: np.ndarray, t: int, k: int, key: np.int64) -> bool:
     return True
 
 
-@njit(inline="always", cache=True)
+@njit(inline="always")
 def heap_drain(heap: np.ndarray, k: int, width: int, out: np.ndarray) -> None:
     """The heap's k indices best-first into `out` (popped from the smallest key, so the
     order fills from the back)."""
@@ -307,7 +309,7 @@ def heap_drain(heap: np.ndarray, k: int, width: int, out: np.ndarray) -> None:
         out[j] = key_index(heap_pop(heap, j + 1), width)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def rank_order_kernel(
     score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int, scan: np.ndarray
 ) -> tuple[np.ndarray, bool]:

@@ -27,18 +27,18 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 import torch
-from numba import njit
 
 from rerank.evaluate.joined import joined_columns, law_ordered_frame, law_spans
 from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
 from selection.rules import parse_value_key, value_key
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
+from specrank.jit import njit
 from specrank.laws import law_columns
 
 COVERAGE_COLUMNS = ["task", "cand_scored"]
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _prefix_sets(order, rank, valid, parent, path_prob, scored, budget, tops, ks):  # fmt: skip
     """round_coverage's sets in one scan of each round's draft order. Per round and prefix set
     (tree, each top M, pool, each frontier K, frontier): coverage, extra scored prefixes and

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from numba import njit
 from torch import Tensor
+
+from specrank.jit import njit
 
 
 @dataclass
@@ -63,7 +64,7 @@ class PromptCurves:
         return np.stack([store[(t, p)] for p in prompts])
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _group_sums(values: np.ndarray, labels: np.ndarray, n_groups: int) -> np.ndarray:
     """Per-group column sums of float32 rows in float64, as pandas' group_sum computes them.
 

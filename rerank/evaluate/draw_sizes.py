@@ -32,17 +32,17 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 import torch
-from numba import njit
 from torch import Tensor
 
 from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
 from selection.draws import matched_budget
 from selection.rules import parse_value_key
 from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
+from specrank.jit import njit
 from specrank.laws import law_columns
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _curve_sums(order, anc, below, law, size, law_of, n_laws, budgets):  # fmt: skip
     """Per-law sums over rounds of the size curves at every pre-draw budget 1..P, in float64,
     [n_laws, 2 + n_b, P]: PEARL's size, its size times 1{X1 = g*}, then for each B the share

@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from numba import njit
 from torch import Tensor
 
 from features.registry import FEATURES
@@ -47,6 +46,7 @@ from selection.policies import SCORE_MODES, SIMULATED
 from selection.ranking import rank_order, ranks_of_order
 from selection.rules import BASELINE, parse_value_key, value_key
 from selection.values import lead_factor_scores, rule_scores, values_at_budgets
+from specrank.jit import njit
 from specrank.laws import law_name
 
 ROOT_IF_COVERED = "root_if_covered"
@@ -234,7 +234,7 @@ def simulable_rounds(chunk: PoolChunk, policy: str) -> np.ndarray:
     return (parent_scored | ~pool.valid).all(-1).numpy()
 
 
-@njit(cache=True)
+@njit()
 def _held(follows: np.ndarray, cov_draft: np.ndarray, cov_root: np.ndarray) -> np.ndarray:
     """h_t of the module doc over rounds sorted by series and round index: 0 where a round
     does not follow the previous one, else the previous round's coverage."""

@@ -34,11 +34,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
-from numba import njit
 
 from rerank.evaluate.joined import joined_rows, law_ordered_frame, law_spans
 from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from selection.pool_batch import list_matrix, trace_matrix
+from specrank.jit import njit
 from specrank.laws import law_name
 from tree.retained import TOKEN_ONLY_MAX
 
@@ -56,7 +56,7 @@ _LIST = TOKEN_ONLY_MAX + 1  # the root row joins the 24 without counting toward 
 _NARROW = {"path_bits": np.int32, "n_list": np.int8}
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def _list_scan(token, valid, parent, scored, in_tree, path, c, root_token, list_max):  # fmt: skip
     """next_round_lists' five columns, one pass over each round's pool (see there)."""
     n_rounds, width = token.shape

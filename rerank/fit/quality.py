@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from numba import njit
 
 from rerank.fit.models import LABEL_OF_LAW
 from rerank.fit.predict import FirstFactorPredictions
+from specrank.jit import njit
 from specrank.laws import law_kind
 
 
@@ -16,7 +16,7 @@ def _mean(x: np.ndarray) -> float:
     return float(np.mean(x)) if np.size(x) else float("nan")
 
 
-@njit(cache=True)
+@njit()
 def round_firsts(key: np.ndarray, round_id: np.ndarray) -> np.ndarray:
     """Row index of the highest `key` in each round that holds a row, in round order (first
     row on ties; NaN below every number, a round of NaNs its first row); `round_id` >= 0,

@@ -38,12 +38,13 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 import torch
-from numba import njit, prange
+from numba import prange
 from scipy.special import expit
 
 from calibrate.isotonic import PROB_FLOOR
 from rerank.forest.table import MAX_CATEGORY, ForestError
 from rerank.forest.walk import LGB_ZERO, CompiledForest, prepare
+from specrank.jit import njit
 
 MAX_COLUMN = 2**16 - 1  # Xv columns a node can name (16 bits)
 MAX_OFFSET = 2**15 - 1  # preorder distance to a right child (15 bits): trees < 32k nodes
@@ -156,12 +157,12 @@ def log_phat(j: JitForest, X: np.ndarray) -> np.ndarray:
     )  # fmt: skip
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _clip_log_one(p):
     return np.float32(math.log(min(max(p, PROB_FLOOR), 1.0)))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _lane(k, t, s, x, node, thr, value, roots):
     """One step of a lane walking trees t, t + 8, ...: down a level, or at a leaf, take its
     value and start the lane's next tree (k = -1: the lane is done)."""
@@ -175,7 +176,7 @@ def _lane(k, t, s, x, node, thr, value, roots):
     return k, t, s
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _walk(x, node, thr, value, roots):
     """Sum of the leaf values row x reaches, eight lanes (lane j walks trees j, j + 8, ...)."""
     T = roots.size
@@ -209,7 +210,7 @@ def _walk(x, node, thr, value, roots):
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _read_ahead(node, value):
     """One load per cache line of the nodes and the values (streamed by the hardware), so
     that the walk finds them cached; returns 0.0 built from the loads so they are kept."""
@@ -221,12 +222,12 @@ def _read_ahead(node, value):
     return 0.0 * ahead  # 0 * a finite int is 0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _link(s, logistic, sigmoid):
     return 1.0 / (1.0 + math.exp(-sigmoid * s)) if logistic else s
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(nogil=True, error_model="numpy")
 def _predict(Xv, node, thr, value, roots, base, logistic, sigmoid):
     n = Xv.shape[0]
     out = np.zeros(n)
@@ -237,7 +238,7 @@ def _predict(Xv, node, thr, value, roots, base, logistic, sigmoid):
     return out
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
+@njit(nogil=True, error_model="numpy")
 def _design_log_phat(XT, node, thr, value, roots, base, logistic, sigmoid, enc_column,
                      enc_values, cat_column, cat_left, cat_known, cat_missing_left, cat_floor,
                      lightgbm):  # fmt: skip
@@ -258,7 +259,7 @@ def _design_log_phat(XT, node, thr, value, roots, base, logistic, sigmoid, enc_c
     return out
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always")
 def _prepare_row(row, x, enc_column, enc_values, cat_column, cat_left, cat_known,
                  cat_missing_left, cat_floor, lightgbm):  # fmt: skip
     """Row `row` [F] of the design matrix as `forest.walk.prepare` builds it, into x [2W]:
@@ -335,7 +336,7 @@ def batch_phat(j: JitForest, X: np.ndarray, n_threads: int | None = None) -> np.
     return expit(raw)  # scikit-learn's HalfBinomialLoss.predict_proba
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@njit(parallel=True, nogil=True)
 def _lgb_sigmoid(raw: np.ndarray, slope: float) -> np.ndarray:
     out = np.empty_like(raw)
     for i in prange(raw.shape[0]):
@@ -343,7 +344,7 @@ def _lgb_sigmoid(raw: np.ndarray, slope: float) -> np.ndarray:
     return out
 
 
-@njit(parallel=True, cache=True, nogil=True, error_model="numpy")
+@njit(parallel=True, nogil=True, error_model="numpy")
 def _batch_raw(X, node, thr, value, roots, base, enc_column, enc_values, cat_column, cat_left,
                cat_known, cat_missing_left, cat_floor, lightgbm):  # fmt: skip
     n, n_features = X.shape
