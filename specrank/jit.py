@@ -10,7 +10,8 @@ files' contents, recursively, and the constants' values). Globals a module binds
 kernel's decoration are not seen; the project's kernel modules import at the top.
 
 Written here because numba offers no dependency tracking; it plugs into numba's own cache
-locators (`numba.core.caching`), changing only the stamp they compare.
+locators (`numba.core.caching`), changing only the stamp they compare. A user's own
+NUMBA_CACHE_LOCATOR_CLASSES replaces numba's locators and these with them.
 """
 
 from __future__ import annotations
