@@ -7,12 +7,14 @@ import os
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from rerank.evaluate import joined
 from rerank.evaluate.joined import joined_columns, joined_rows, law_major_order, law_spans
 from rerank.fit.design import codes_in, same_values, shared_strings
-from rerank.fit.halves import frame_folds
+from rerank.fit.halves import frame_folds, prompt_folds
 from specrank import memory
 from specrank.memory import GrowthTrim, heap_retained, return_freed_heap
 
@@ -44,6 +46,14 @@ def test_frame_folds_map_each_prompt_and_refuse_one_outside_the_map():
     assert got.dtype == np.int8 and got.tolist() == [1, 0, 1, 1]
     with pytest.raises(ValueError, match="outside the fold map"):
         frame_folds(frame, {"a": 1, "b": 0})
+
+
+def test_prompt_folds_of_an_arrow_column_in_chunks_with_their_own_dictionaries():
+    # the per-depth maps' path: each chunk dictionary-encoded on its own, "z" in no fold
+    ids = pa.chunked_array([["b", "a", "z"], ["a", "c", "b", "b"]])
+    column = pc.dictionary_encode(ids).to_pandas()
+    got = prompt_folds(column, {"a": 0, "b": 1, "c": 1})
+    assert got.tolist() == [1, 0, -1, 0, 1, 1, 1]
 
 
 def _resident_mb() -> float:

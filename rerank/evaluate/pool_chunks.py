@@ -17,7 +17,6 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import torch
 from torch import Tensor
@@ -177,12 +176,3 @@ def iter_pool_chunks(
 def sum_by_law(temperature: np.ndarray, values: np.ndarray) -> dict[float, np.ndarray]:
     """Per-temperature sums over rounds of `values` ([R, ...]): the law-level accumulators."""
     return {float(t): values[temperature == t].sum(axis=0) for t in np.unique(temperature)}
-
-
-def prompt_folds(prompt_id: pa.ChunkedArray, folds: dict[str, int]) -> np.ndarray:
-    """Each row's fold (-1: a prompt without one), mapped once per distinct prompt: pandas'
-    map of every row's string slowed the per-depth maps' fit at paper scale (9.4-9.6 s
-    against 9.9, 2026-12-05)."""
-    ids = pc.dictionary_encode(prompt_id.combine_chunks())
-    fold_of = np.array([folds.get(p, -1) for p in ids.dictionary.to_pylist()], dtype=np.int64)
-    return fold_of[ids.indices.to_numpy(zero_copy_only=False)]

@@ -24,11 +24,11 @@ import torch
 
 from calibrate.isotonic import DEFAULT_BINS, PerDepthIsotonic
 from rerank.evaluate.matched import SimulatedPredictions
-from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks, prompt_folds
+from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
 from rerank.fit.design import same_values
-from rerank.fit.halves import CrossfitResult, FitStore, LawFits, frame_folds
+from rerank.fit.halves import CrossfitResult, FitStore, LawFits, frame_folds, prompt_folds
 from rerank.fit.models import LABEL_OF_LAW, FittedReranker
 from selection.pool_batch import PoolBatch
 from selection.ranking import pool_levels
@@ -337,7 +337,7 @@ def fit_per_depth_maps(
         edges = _FlatEdges(table)
         if rate is None:  # ~4 (temperature, half) groups share the rounds: oversample 4x
             rate = min(1.0, 4 * max_edges / max(1, n_rounds * edges.width))
-        prompt_fold = prompt_folds(table["prompt_id"], folds)
+        prompt_fold = prompt_folds(pc.dictionary_encode(table["prompt_id"]).to_pandas(), folds)
         temps = table["temperature"].to_numpy()
         for t in np.unique(temps):
             for half in (0, 1):
