@@ -21,7 +21,8 @@ Each step is the project's own command (a subprocess), in one folder (--out):
    against draft with paired prompt-bootstrap intervals, and each rule's realized minus
    predicted tau with its interval. Under --score top_m a third rule, `draft@+M`, decodes
    at B + M scoring its tree only: draft at as many scored prefixes a pass (issue 28's
-   practical baseline of App. D.10's Theorem 2); --no-draft-at-b-plus-m leaves it out.
+   practical baseline of App. D.10's Theorem 2), beside its offline prediction
+   (`draft_scored`); --no-draft-at-b-plus-m leaves it out.
 The figures are CPU figures on this machine: run it alone and give the load beside them.
 """
 

@@ -32,8 +32,9 @@ import pandas as pd
 
 from decode.metrics import PromptTiming, prompt_table
 from decode.session import RunReport
+from rerank.evaluate.policy import DRAFT_SCORED
 from rerank.serving import local_path
-from selection.rules import online_rules, value_key
+from selection.rules import BASELINE, online_rules, value_key
 from selection.rules import rule as rule_entry
 from specrank.bootstrap import Interval, percentile_interval, resample_weights
 from specrank.laws import law_name
@@ -283,6 +284,36 @@ def offline_prompt_sums(values: pd.DataFrame, rule: str, budget: int, temperatur
                          f"those prompts and evaluate them (rerank.transfer)")  # fmt: skip
     g = grouped.loc[prompt_ids]
     return (g["sum"] + g["size"]).to_numpy(np.float64), g["size"].to_numpy(np.float64)
+
+
+def offline_rule(spec: RuleSpec, name: str | None, score: str, top_m: int) -> str | None:
+    """A rule's name in the offline values (``name``: its own, for a rule at the run's
+    budgets). `draft@+M` under `run.score=top_m` with M = run.top_m is App. D.10's draft at
+    B + M scored prefixes, whose offline value is `draft_scored` (draft's tree of B + M nodes
+    at the recorded rounds); another `<rule>@+N` has none (the recording is at the run's
+    budgets)."""
+    if not spec.extra_budget:
+        return name
+    if spec.rule == BASELINE and score == "top_m" and spec.extra_budget == top_m:
+        return DRAFT_SCORED
+    return None
+
+
+def check_draft_scored(values: pd.DataFrame, budget: int, top_m: int, temperature: float,
+                       source: str) -> None:  # fmt: skip
+    """`draft_scored@B` predicts draft@+M only where the offline run scored B + M prefixes a
+    pass (its `rerank.score=top_m` with `rerank.score_top_m` = run.top_m): its draft's
+    largest count must be B + M (fewer only where a pool holds fewer candidates)."""
+    col = value_key(f"scored/{BASELINE}", budget)
+    part = values[np.isclose(values["temperature"].to_numpy(np.float64), temperature)]
+    found = part[col].max() if col in part and len(part) else None
+    if found != budget + top_m:
+        raise ValueError(
+            f"run.offline={source}: draft@+{top_m} is predicted by {value_key(DRAFT_SCORED, budget)}, "
+            f"draft's tree of B + M = {budget + top_m} nodes, but the offline run's draft scored "
+            f"at most {found} prefixes a pass ({col}); expected a rerank.train / rerank.transfer "
+            f"run with rerank.score=top_m and rerank.score_top_m={top_m}"
+        )
 
 
 def realized_vs_offline(timings: dict[str, dict[int, list[PromptTiming]]],

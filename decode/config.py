@@ -61,7 +61,8 @@ class RunConfig:
     # select.budget and each of run.budgets; ratios of tau and tokens/s to the first rule with
     # paired intervals. `reranker` alone reads run.reranker. `<rule>@+N` (not first, no
     # reranker): at each budget + N, scoring its tree only (draft@+<run.top_m>: draft at
-    # B + M scored prefixes, issue 28). Empty: run.rule alone.
+    # B + M scored prefixes, issue 28; its offline prediction is draft_scored). Empty:
+    # run.rule alone.
     rules: list[str] = field(default_factory=list)
     # The per-round values of a rerank.train / rerank.transfer run (its folder, the
     # per_round_values.parquet, or an MLflow URI) on a separate recording of the run's

@@ -40,9 +40,11 @@ from omegaconf import DictConfig, OmegaConf
 import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
 from decode.compare import (
     RuleSpec,
+    check_draft_scored,
     combine_reports,
     offline_metrics,
     offline_prompt_sums,
+    offline_rule,
     offline_text,
     offline_values,
     paired_ratios,
@@ -74,6 +76,7 @@ from pairs.config import DataConfig, ModelConfig
 from pairs.models import load_model_pair
 from pairs.positions import check_prompt_lengths
 from pairs.prompts import Prompt
+from rerank.evaluate.policy import DRAFT_SCORED
 from rerank.fit.models import FittedReranker
 from rerank.serving import (
     PREDICTORS,
@@ -139,6 +142,9 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
             for b in run_budgets(s, run) if name else ():
                 offline_prompt_sums(offline, name, b, s.base.decode.temperature,
                                     [p.id for p in prompts], run.offline)  # fmt: skip
+                if name == DRAFT_SCORED:
+                    check_draft_scored(offline, b, run.top_m, s.base.decode.temperature,
+                                       run.offline)  # fmt: skip
     keys = ("model", "data", "pool", "select", "decode", "run")
     manifest = manifest_view({k: config.get(k) for k in keys})
 
@@ -210,13 +216,13 @@ def _plan_arms(specs: list[RuleSpec], settings: list[OnlineSettings], run: RunCo
         unknown_tasks(f, prompts)
         check_feature_availability(f, run.score, run.allow_missing_features)
         fitted.append(f)
-    # `<rule>@+N` is labelled <rule>_plus<N> (MLflow keys take no '@' or '+'); it has no
-    # offline prediction (the separate recording is at the run's budgets)
+    # `<rule>@+N` is labelled <rule>_plus<N> (MLflow keys take no '@' or '+'); only
+    # draft@+<run.top_m> under top_m has an offline prediction (`offline_rule`)
     labels = unique_labels([rule_label(p.rule, f) + (f"_plus{p.extra_budget}" if p.extra_budget
                             else "") for p, f in zip(specs, fitted, strict=True)])  # fmt: skip
     arms = [Arm(label, st, p.reranker, f, extra_budget=p.extra_budget)
             for label, st, p, f in zip(labels, settings, specs, fitted, strict=True)]  # fmt: skip
-    names = {a.label: None if p.extra_budget else offline_name(p.rule, f)
+    names = {a.label: offline_rule(p, offline_name(p.rule, f), run.score, run.top_m)
              for a, p, f in zip(arms, specs, fitted, strict=True)}  # fmt: skip
     return arms, names, prompts
 

@@ -114,17 +114,29 @@ def test_rules_in_one_run_are_paired_and_logged(tmp_path):
     assert {"tables/online_compare.csv", "plots/online_compare.png"} <= logged
 
 
-def test_offline_prediction_of_a_separate_recording_meets_the_realized_tau(tmp_path):
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """The tiny pair's model config and a recording of PROMPTS (draft at B=6, T=0, 24 new
+    tokens, run.score=record: decode.record's rounds) with its rows."""
+    root = tmp_path_factory.mktemp("recorded")
+    pair = tiny_pair(root / "models", "llama")
+    with one_thread():
+        fitted_reranker(root / "rr", pair, 0.0)  # records PROMPTS into rr/traces
+    rows = trace_store(root / "rr" / "traces").dataset().to_table().to_pylist()
+    return tiny_model_config(root / "models", "llama"), rows
+
+
+def _offline_frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame({"prompt_id": [r["prompt_id"] for r in rows],
+                         "temperature": [r["temperature"] for r in rows]})  # fmt: skip
+
+
+def test_offline_prediction_of_a_separate_recording_meets_the_realized_tau(tmp_path, recorded):
     """A separate recording of the same prompts (decode.record's rounds, draft at B=6, T=0)
     gives each rule's offline prediction. Draft's recorded rounds are the online rounds, so
     realized equals predicted exactly; root's prediction is its own offline mean."""
-    pair = tiny_pair(tmp_path / "models", "llama")
-    model_cfg = tiny_model_config(tmp_path / "models", "llama")
-    with one_thread():
-        fitted_reranker(tmp_path / "rr", pair, 0.0)  # records PROMPTS at B=6, T=0 into rr/traces
-    rows = trace_store(tmp_path / "rr" / "traces").dataset().to_table().to_pylist()
-    frame = pd.DataFrame({"prompt_id": [r["prompt_id"] for r in rows],
-                          "temperature": [r["temperature"] for r in rows]})  # fmt: skip
+    model_cfg, rows = recorded
+    frame = _offline_frame(rows)
     frame["draft@B6"] = expected_values(rows, "draft", 6)
     frame["root@B6"] = expected_values(rows, "root", 6)
     path = tmp_path / "offline.parquet"
@@ -150,6 +162,35 @@ def test_offline_prediction_of_a_separate_recording_meets_the_realized_tau(tmp_p
         off.loc["root", "realized_minus_offline"]
     )
     assert report.metrics["offline/B6/root/offline_tau"] == off.loc["root", "offline_tau"]
+
+
+def test_draft_at_b_plus_m_is_predicted_by_draft_scored(tmp_path, recorded):
+    """Under run.score=top_m (B=6, M=2) draft@+2's offline prediction is draft_scored@B6:
+    draft's tree of B + M = 8 nodes at the recorded rounds, here draft at 8 of the recording
+    by hand; an offline run of another M (10 prefixes a pass) is refused, naming both."""
+    model_cfg, rows = recorded
+    frame = _offline_frame(rows)
+    frame["draft@B6"] = expected_values(rows, "draft", 6)
+    frame["draft_scored@B6"] = expected_values(rows, "draft", 8)
+    frame["scored/draft@B6"] = 10.0
+    path = tmp_path / "offline.parquet"
+    frame.to_parquet(path)
+    run = RunConfig(rules=["draft", "draft@+2"], score="top_m", top_m=2, offline=str(path),
+                    warmup_prompts=0, baseline=False, bootstrap_resamples=100, progress=False)  # fmt: skip
+    s, data = settings("draft", score="top_m", top_m=2), _data(tmp_path, PROMPTS)
+    with pytest.raises(ValueError, match=r"draft@\+2 is predicted by draft_scored@B6, .* B \+ M "
+                       r"= 8 nodes, but .* at most 10\.0 prefixes"):  # fmt: skip
+        run_online(model_cfg, data, s, run, None, {}, tmp_path / "o0")  # before any decode
+    frame["scored/draft@B6"] = 8.0
+    frame.to_parquet(path)
+    with one_thread():
+        report = run_online(model_cfg, data, s, run, None, {}, tmp_path / "o")
+    off = report.offline.set_index("rule")
+    assert off.loc["draft_plus2", "offline_rule"] == "draft_scored"
+    assert off.loc["draft_plus2", "offline_tau"] == pytest.approx(
+        1 + frame["draft_scored@B6"].mean()
+    )
+    assert off.loc["draft", "realized_minus_offline"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_the_offline_comparison_prints_its_interval_as_a_share_of_tau():
@@ -228,7 +269,7 @@ def test_a_rule_at_extra_budget_is_parsed_and_refused_where_it_means_nothing():
 def test_draft_at_b_plus_m_scores_its_tree_in_the_same_run(tmp_path, monkeypatch):
     """Under run.score=top_m (M=4, B=6) `draft@+4` decodes at B + M = 10 scoring its tree
     only, paired with draft at B=6 (which scores its tree and M more): both lossless, every
-    prompt by both, no offline name; a budget beyond the pool is refused before any model."""
+    prompt by both; a budget beyond the pool is refused before any model."""
     model_cfg = tiny_model_config(tmp_path / "models", "llama")
     calls: list[tuple[str, int, str]] = []
     real = session.decode_prompt
