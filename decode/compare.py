@@ -262,6 +262,15 @@ def offline_values(source: str, tracking_uri: str) -> pd.DataFrame:
     return pd.read_parquet(path)
 
 
+def _law_rows(values: pd.DataFrame, temperature: float, source: str) -> pd.DataFrame:
+    """The offline rounds of the run's law; refuses a table without any."""
+    part = values[np.isclose(values["temperature"].to_numpy(np.float64), temperature)]
+    if part.empty:
+        raise ValueError(f"run.offline={source}: no rounds of the {law_name(temperature)} law "
+                         f"(T={temperature})")  # fmt: skip
+    return part
+
+
 def offline_prompt_sums(values: pd.DataFrame, rule: str, budget: int, temperature: float,
                         prompt_ids: list[str], source: str) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Per prompt (in `prompt_ids`' order): summed offline tau (value + 1) and rounds of
@@ -272,10 +281,7 @@ def offline_prompt_sums(values: pd.DataFrame, rule: str, budget: int, temperatur
         have = sorted(c for c in values.columns if "@B" in c)
         raise ValueError(f"run.offline={source}: no offline value {col!r} (rule {rule} at "
                          f"B={budget}); it holds {have[:12]}{' ...' if len(have) > 12 else ''}")  # fmt: skip
-    part = values[np.isclose(values["temperature"].to_numpy(np.float64), temperature)]
-    if part.empty:
-        raise ValueError(f"run.offline={source}: no rounds of the {law_name(temperature)} law "
-                         f"(T={temperature})")  # fmt: skip
+    part = _law_rows(values, temperature, source)
     grouped = part.groupby("prompt_id")[col].agg(["sum", "size"])
     missing = [p for p in prompt_ids if p not in grouped.index]
     if missing:
@@ -305,8 +311,8 @@ def check_draft_scored(values: pd.DataFrame, budget: int, top_m: int, temperatur
     pass (its `rerank.score=top_m` with `rerank.score_top_m` = run.top_m): its draft's
     largest count must be B + M (fewer only where a pool holds fewer candidates)."""
     col = value_key(f"scored/{BASELINE}", budget)
-    part = values[np.isclose(values["temperature"].to_numpy(np.float64), temperature)]
-    found = part[col].max() if col in part and len(part) else None
+    part = _law_rows(values, temperature, source)
+    found = part[col].max() if col in part else None
     if found != budget + top_m:
         raise ValueError(
             f"run.offline={source}: draft@+{top_m} is predicted by {value_key(DRAFT_SCORED, budget)}, "

@@ -172,6 +172,8 @@ def test_draft_at_b_plus_m_is_predicted_by_draft_scored(tmp_path, recorded):
     frame = _offline_frame(rows)
     frame["draft@B6"] = expected_values(rows, "draft", 6)
     frame["draft_scored@B6"] = expected_values(rows, "draft", 8)
+    # draft at 8 differs from draft at 6 here, so the prediction below names its column
+    assert frame["draft_scored@B6"].mean() > frame["draft@B6"].mean()
     frame["scored/draft@B6"] = 10.0
     path = tmp_path / "offline.parquet"
     frame.to_parquet(path)
