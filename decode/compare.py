@@ -19,7 +19,7 @@ rule's realized value stands beside its offline expected value at the same round
 With `run.offline` (the per-round values of a `rerank.train` or `rerank.transfer` run
 on a separate recording of the same prompts) each rule's realized tau stands beside the
 offline prediction for the same prompts, with realized minus predicted and its paired
-interval (`realized_vs_offline`).
+interval (`decode.predicted`).
 """
 
 from __future__ import annotations
@@ -32,12 +32,9 @@ import pandas as pd
 
 from decode.metrics import PromptTiming, prompt_table
 from decode.session import RunReport
-from rerank.evaluate.policy import DRAFT_SCORED
-from rerank.serving import local_path
-from selection.rules import BASELINE, online_rules, value_key
+from selection.rules import online_rules
 from selection.rules import rule as rule_entry
-from specrank.bootstrap import Interval, percentile_interval, resample_weights
-from specrank.laws import law_name
+from specrank.bootstrap import percentile_interval, resample_weights
 
 
 @dataclass(frozen=True)
@@ -175,36 +172,6 @@ def combine_reports(reports: dict[str, RunReport], ratios: pd.DataFrame) -> RunR
                      stacked("elasticity"), first.entropy, compare=ratios)  # fmt: skip
 
 
-def offline_metrics(table: pd.DataFrame) -> dict[str, float]:
-    """`offline/B<b>/<label>/...`: the offline prediction beside the realized tau."""
-    out = {}
-    for row in table.to_dict("records"):
-        for k in ("realized_tau", "offline_tau", "realized_minus_offline",
-                  "realized_minus_offline_lo", "realized_minus_offline_hi", "minus_first",
-                  "minus_first_lo", "minus_first_hi"):  # fmt: skip
-            if k in row and np.isfinite(row[k]):
-                out[f"offline/B{row['budget']}/{row['rule']}/{k}"] = float(row[k])
-    return out
-
-
-def offline_text(table: pd.DataFrame, source: str) -> str:
-    """Realized tau beside the offline prediction for the same prompts, as printed."""
-    lines = [f"realized tau beside the offline prediction of {source} (same prompts; paired "
-             f"prompt bootstrap of realized - offline, and of that minus the first rule's):"]  # fmt: skip
-    for r in table.itertuples():
-        own = "" if r.rule == getattr(r, "against_first", r.rule) else (
-            f"; minus {r.against_first}'s {r.minus_first:+.3f} "
-            f"[{r.minus_first_lo:+.3f}, {r.minus_first_hi:+.3f}]")  # fmt: skip
-        lines.append(
-            f"  B={r.budget:<3d} {r.rule:<28s} realized {r.realized_tau:6.3f}  offline "
-            f"{r.offline_tau:6.3f}  diff {r.realized_minus_offline:+.3f} "
-            f"[{r.realized_minus_offline_lo:+.3f}, {r.realized_minus_offline_hi:+.3f}] = "
-            f"[{100 * r.realized_minus_offline_lo / r.realized_tau:+.1f}%, "
-            f"{100 * r.realized_minus_offline_hi / r.realized_tau:+.1f}%] of realized tau{own}"
-        )
-    return "\n".join(lines)
-
-
 def ratios_text(table: pd.DataFrame) -> str:
     """The paired comparison as printed: ratio [95% CI] of tau and tokens/s to the first rule."""
     first = table["rule"].iloc[0]
@@ -243,145 +210,3 @@ def plot_ratios(table: pd.DataFrame, path: Path) -> Path:
     axes[0].legend(fontsize=7)
     save(fig, path)
     return path
-
-
-# -- the offline prediction beside the realized tau ------------------------------------------------
-
-
-def offline_values(source: str, tracking_uri: str) -> pd.DataFrame:
-    """The per-round values of `run.offline`: a run folder of rerank.train / rerank.transfer
-    (its `per_round_values.parquet`), that file, or an MLflow URI of either."""
-    path = local_path(source, tracking_uri)
-    if path.is_dir():
-        path = path / "per_round_values.parquet"
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"run.offline: no such file '{path}' (expected the folder of a rerank.train or "
-            f"rerank.transfer run, or its per_round_values.parquet)"
-        )
-    return pd.read_parquet(path)
-
-
-def _law_rows(values: pd.DataFrame, temperature: float, source: str) -> pd.DataFrame:
-    """The offline rounds of the run's law; refuses a table without any."""
-    part = values[np.isclose(values["temperature"].to_numpy(np.float64), temperature)]
-    if part.empty:
-        raise ValueError(f"run.offline={source}: no rounds of the {law_name(temperature)} law "
-                         f"(T={temperature})")  # fmt: skip
-    return part
-
-
-def offline_prompt_sums(values: pd.DataFrame, rule: str, budget: int, temperature: float,
-                        prompt_ids: list[str], source: str) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Per prompt (in `prompt_ids`' order): summed offline tau (value + 1) and rounds of
-    `rule` at `budget` under the run's law. Refuses a table that lacks the column, the law
-    or any of the prompts, naming them."""
-    col = value_key(rule, budget)
-    if col not in values:
-        have = sorted(c for c in values.columns if "@B" in c)
-        raise ValueError(f"run.offline={source}: no offline value {col!r} (rule {rule} at "
-                         f"B={budget}); it holds {have[:12]}{' ...' if len(have) > 12 else ''}")  # fmt: skip
-    part = _law_rows(values, temperature, source)
-    grouped = part.groupby("prompt_id")[col].agg(["sum", "size"])
-    missing = [p for p in prompt_ids if p not in grouped.index]
-    if missing:
-        raise ValueError(f"run.offline={source}: {len(missing)} of the run's {len(prompt_ids)} "
-                         f"prompts have no recorded rounds there (e.g. {missing[:3]}); record "
-                         f"those prompts and evaluate them (rerank.transfer)")  # fmt: skip
-    g = grouped.loc[prompt_ids]
-    return (g["sum"] + g["size"]).to_numpy(np.float64), g["size"].to_numpy(np.float64)
-
-
-def offline_rule(spec: RuleSpec, name: str | None, score: str, top_m: int) -> str | None:
-    """A rule's name in the offline values (``name``: its own, for a rule at the run's
-    budgets). `draft@+M` under `run.score=top_m` with M = run.top_m is App. D.10's draft at
-    B + M scored prefixes, whose offline value is `draft_scored` (draft's tree of B + M nodes
-    at the recorded rounds); another `<rule>@+N` has none (the recording is at the run's
-    budgets)."""
-    if not spec.extra_budget:
-        return name
-    if spec.rule == BASELINE and score == "top_m" and spec.extra_budget == top_m:
-        return DRAFT_SCORED
-    return None
-
-
-def check_draft_scored(values: pd.DataFrame, budget: int, top_m: int, temperature: float,
-                       source: str) -> None:  # fmt: skip
-    """`draft_scored@B` predicts draft@+M only where the offline run scored B + M prefixes a
-    pass (its `rerank.score=top_m` with `rerank.score_top_m` = run.top_m): its draft's
-    largest count must be B + M (fewer only where a pool holds fewer candidates)."""
-    col = value_key(f"scored/{BASELINE}", budget)
-    part = _law_rows(values, temperature, source)
-    found = part[col].max() if col in part else None
-    if found != budget + top_m:
-        raise ValueError(
-            f"run.offline={source}: draft@+{top_m} is predicted by {value_key(DRAFT_SCORED, budget)}, "
-            f"draft's tree of B + M = {budget + top_m} nodes, but the offline run's draft scored "
-            f"at most {found} prefixes a pass ({col}); expected a rerank.train / rerank.transfer "
-            f"run with rerank.score=top_m and rerank.score_top_m={top_m}"
-        )
-
-
-def realized_vs_offline(timings: dict[str, dict[int, list[PromptTiming]]],
-                        offline_names: dict[str, str | None], values: pd.DataFrame,
-                        temperature: float, eos_ids: frozenset[int], n_resamples: int, seed: int,
-                        source: str) -> pd.DataFrame:  # fmt: skip
-    """Per rule and budget: realized tau, the offline prediction for the same prompts, and
-    realized minus predicted with a prompt-bootstrap interval (each resample draws the same
-    prompts for both; each is a ratio of sums over the drawn prompts' rounds); and that
-    difference minus the first rule's (`minus_first`, `against_first`).
-    `offline_names`: label -> the rule's offline name (None: the rule has none, skipped)."""
-    rows, sums = [], {}
-    for label, by_budget in timings.items():
-        name = offline_names.get(label)
-        if name is None:
-            continue
-        for budget, ts in by_budget.items():
-            t = prompt_table(ts, eos_ids)
-            ids = t["prompt_id"].tolist()
-            off, off_rounds = offline_prompt_sums(values, name, budget, temperature, ids, source)
-            real, real_rounds = t["emitted"].to_numpy(np.float64), t["rounds"].to_numpy(np.float64)
-            sums[label, budget] = pd.DataFrame(
-                {"real": real, "real_rounds": real_rounds, "off": off, "off_rounds": off_rounds},
-                index=pd.Index(ids, name="prompt_id"),
-            )
-            w = resample_weights(len(ids), n_resamples, seed)
-            point = real.sum() / real_rounds.sum() - off.sum() / off_rounds.sum()
-            draws = (w @ real) / (w @ real_rounds) - (w @ off) / (w @ off_rounds)
-            iv = percentile_interval(point, draws)
-            rows.append({"rule": label, "offline_rule": name, "budget": budget,
-                         "prompts": len(ids), "realized_tau": real.sum() / real_rounds.sum(),
-                         "offline_tau": off.sum() / off_rounds.sum(), **iv.columns(
-                             "realized_minus_offline")})  # fmt: skip
-    for row in rows:
-        first = next(label for label, b in sums if b == row["budget"])
-        row["against_first"] = first
-        row.update(minus_first(sums[row["rule"], row["budget"]], sums[first, row["budget"]],
-                               n_resamples, seed).columns("minus_first"))  # fmt: skip
-    return pd.DataFrame(rows)
-
-
-def minus_first(rule: pd.DataFrame, first: pd.DataFrame, n_resamples: int, seed: int) -> Interval:
-    """A rule's realized minus offline tau, minus the first rule's, over the prompts both
-    decoded: a paired prompt bootstrap (each resample draws the same prompts for both rules
-    and both figures). Per prompt (index) each frame holds summed emitted tokens and rounds,
-    realized (`real`, `real_rounds`) and offline (`off`, `off_rounds`).
-
-    Where the offline contexts are a recording of the first rule (draft), the first rule's
-    gap is zero in expectation; the difference then isolates what is the rule's own: its
-    prediction evaluated at contexts another rule visited. The rules decode their own
-    sampled trajectories, so at T>0 their gaps' noise adds rather than cancels.
-    """
-    both = rule.merge(first, left_index=True, right_index=True, suffixes=("", "_first"))
-    if both.empty:
-        raise ValueError("no prompt was decoded by both the rule and the first rule")
-
-    def gap(w: np.ndarray, suffix: str) -> np.ndarray:
-        c = {k: both[f"{k}{suffix}"].to_numpy(np.float64)
-             for k in ("real", "real_rounds", "off", "off_rounds")}  # fmt: skip
-        return (w @ c["real"]) / (w @ c["real_rounds"]) - (w @ c["off"]) / (w @ c["off_rounds"])
-
-    ones = np.ones((1, len(both)))
-    point = float((gap(ones, "") - gap(ones, "_first"))[0])
-    w = resample_weights(len(both), n_resamples, seed)
-    return percentile_interval(point, gap(w, "") - gap(w, "_first"))

@@ -40,23 +40,24 @@ from omegaconf import DictConfig, OmegaConf
 import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
 from decode.compare import (
     RuleSpec,
-    check_draft_scored,
     combine_reports,
-    offline_metrics,
-    offline_prompt_sums,
-    offline_rule,
-    offline_text,
-    offline_values,
     paired_ratios,
     plot_ratios,
     ratios_text,
-    realized_vs_offline,
     rule_specs,
     unique_labels,
 )
 from decode.config import RunConfig, manifest_view
 from decode.inputs import check_job_launcher, check_prompts, resolve_inputs
 from decode.metrics import PromptTiming, round_table
+from decode.predicted import (
+    check_offline,
+    offline_metrics,
+    offline_rule,
+    offline_text,
+    offline_values,
+    realized_vs_offline,
+)
 from decode.session import (
     Arm,
     RunReport,
@@ -76,7 +77,6 @@ from pairs.config import DataConfig, ModelConfig
 from pairs.models import load_model_pair
 from pairs.positions import check_prompt_lengths
 from pairs.prompts import Prompt
-from rerank.evaluate.policy import DRAFT_SCORED
 from rerank.fit.models import FittedReranker
 from rerank.serving import (
     PREDICTORS,
@@ -138,13 +138,8 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
     model, prompts = _checked_prompts(model, data, s)
     arms, names, prompts = _plan_arms(specs, settings, run, uri, prompts)
     if offline is not None:  # every rule, budget and prompt must have its prediction: checked now
-        for name in names.values():
-            for b in run_budgets(s, run) if name else ():
-                offline_prompt_sums(offline, name, b, s.base.decode.temperature,
-                                    [p.id for p in prompts], run.offline)  # fmt: skip
-                if name == DRAFT_SCORED:
-                    check_draft_scored(offline, b, run.top_m, s.base.decode.temperature,
-                                       run.offline)  # fmt: skip
+        check_offline(offline, list(names.values()), run_budgets(s, run),
+                      s.base.decode.temperature, [p.id for p in prompts], run.top_m, run.offline)  # fmt: skip
     keys = ("model", "data", "pool", "select", "decode", "run")
     manifest = manifest_view({k: config.get(k) for k in keys})
 

@@ -13,9 +13,16 @@ import pandas as pd
 import pytest
 
 import decode.session as session
-from decode.compare import minus_first, offline_prompt_sums, offline_text, rule_specs
+from decode.compare import rule_specs
 from decode.config import RunConfig
 from decode.metrics import expected_values
+from decode.predicted import (
+    minus_first,
+    offline_prompt_sums,
+    offline_text,
+    predicted_rounds,
+    recorded_tokens,
+)
 from decode.run import run_online
 from decode.session import Arm, arm_order, decode_all
 from pairs.config import DataConfig, PromptSource
@@ -127,8 +134,17 @@ def recorded(tmp_path_factory):
 
 
 def _offline_frame(rows: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame({"prompt_id": [r["prompt_id"] for r in rows],
-                         "temperature": [r["temperature"] for r in rows]})  # fmt: skip
+    """The recording's keys, with its rule and budget as rerank.transfer writes them."""
+    return pd.DataFrame({k: [r[k] for r in rows]
+                         for k in ("prompt_id", "temperature", "rule", "budget")})  # fmt: skip
+
+
+def _renewal_tau(frame: pd.DataFrame, col: str, recorded: str) -> float:
+    """By hand: sum_p L_p / sum_p (L_p / v_p) over the frame's prompts, L_p = the recording's
+    tokens (its column + 1 summed), v_p = `col`'s mean + 1 there."""
+    g = frame.groupby("prompt_id")
+    tokens, v = g[recorded].sum() + g.size(), g[col].mean() + 1
+    return float(tokens.sum() / (tokens / v).sum())
 
 
 def test_offline_prediction_of_a_separate_recording_meets_the_realized_tau(tmp_path, recorded):
@@ -154,7 +170,13 @@ def test_offline_prediction_of_a_separate_recording_meets_the_realized_tau(tmp_p
     assert off.loc["draft", "realized_minus_offline"] == pytest.approx(0.0, abs=1e-12)
     assert off.loc["draft", "realized_minus_offline_lo"] == pytest.approx(0.0, abs=1e-12)
     assert off.loc["draft", "realized_minus_offline_hi"] == pytest.approx(0.0, abs=1e-12)
-    assert off.loc["root", "offline_tau"] == pytest.approx(1 + frame["root@B6"].mean())
+    assert frame[["rule", "budget"]].drop_duplicates().values.tolist() == [["draft", 6]]
+    assert off.loc["root", "offline_tau"] == pytest.approx(
+        _renewal_tau(frame, "root@B6", "draft@B6")
+    )
+    assert off.loc["root", "offline_round_mean"] == pytest.approx(1 + frame["root@B6"].mean())
+    # root emits more per round than draft, on some prompts more than on others: the two differ
+    assert off.loc["root", "offline_tau"] != pytest.approx(off.loc["root", "offline_round_mean"])
     # against the first rule (draft, exact here): root's own part is its whole difference
     assert (off["against_first"] == "draft").all()
     assert off.loc["draft", "minus_first"] == pytest.approx(0.0, abs=1e-12)
@@ -190,7 +212,7 @@ def test_draft_at_b_plus_m_is_predicted_by_draft_scored(tmp_path, recorded):
     off = report.offline.set_index("rule")
     assert off.loc["draft_plus2", "offline_rule"] == "draft_scored"
     assert off.loc["draft_plus2", "offline_tau"] == pytest.approx(
-        1 + frame["draft_scored@B6"].mean()
+        _renewal_tau(frame, "draft_scored@B6", "draft@B6")
     )
     assert off.loc["draft", "realized_minus_offline"] == pytest.approx(0.0, abs=1e-12)
 
@@ -207,7 +229,7 @@ def test_the_offline_comparison_prints_its_interval_as_a_share_of_tau():
 def test_a_rules_offline_gap_minus_the_first_rules_is_paired_by_prompt():
     # rule gap over p0, p1: 30/15 - 33/15 = -0.2; the first rule's over the same prompts:
     # 15/6 - 12/6 = +0.5 (its p9, which the rule did not decode, would make it 14.7)
-    cols = ["real", "real_rounds", "off", "off_rounds"]
+    cols = ["real", "real_rounds", "pred", "pred_rounds"]
     rule = pd.DataFrame([[10, 5, 8, 5], [20, 10, 25, 10]], index=["p0", "p1"], columns=cols)
     first = pd.DataFrame([[9, 3, 6, 3], [100, 1, 0, 1], [6, 3, 6, 3]], index=["p1", "p9", "p0"],
                          columns=cols)  # fmt: skip
@@ -239,6 +261,31 @@ def test_offline_values_refuse_missing_prompts_and_laws():
         offline_prompt_sums(values, "draft", 8, 1.0, ["p0"], "x")
     with pytest.raises(ValueError, match=r"no offline value 'root@B8'.*\['draft@B8'\]"):
         offline_prompt_sums(values, "root", 8, 0.0, ["p0"], "x")
+
+
+def test_the_prediction_weighs_each_prompt_by_the_rules_own_rounds():
+    """Prompt a: 100 recorded tokens, 2 a round (50 rounds), where a rule emits 4 a round;
+    prompt b: 100 tokens, 1 a round (100 rounds), the rule too. Decoding both, the rule takes
+    25 + 100 rounds for 200 tokens: tau 1.6. The mean over the recorded rounds says
+    (50 x 4 + 100 x 1) / 150 = 2.0, weighing a by the recording's 50 rounds, not the rule's 25."""
+    values = pd.DataFrame({"prompt_id": ["a"] * 50 + ["b"] * 100, "temperature": 0.0,
+                           "rule": "draft", "budget": 8, "draft@B8": [1.0] * 50 + [0.0] * 100,
+                           "root@B8": [3.0] * 50 + [0.0] * 100})  # fmt: skip
+    tokens = recorded_tokens(values, 0.0, ["b", "a"], "x")
+    assert tokens.tolist() == [100.0, 100.0]
+    sums, rounds = offline_prompt_sums(values, "root", 8, 0.0, ["b", "a"], "x")
+    assert predicted_rounds(tokens, sums, rounds).tolist() == [100.0, 25.0]
+    assert sums.sum() / rounds.sum() == 2.0
+    # the recording's own rule is predicted by its own rounds
+    sums, rounds = offline_prompt_sums(values, "draft", 8, 0.0, ["b", "a"], "x")
+    assert predicted_rounds(tokens, sums, rounds).tolist() == rounds.tolist() == [100.0, 50.0]
+    with pytest.raises(ValueError, match=r"no 'rule' and 'budget' columns"):
+        recorded_tokens(values.drop(columns="budget"), 0.0, ["a"], "x")
+    with pytest.raises(ValueError, match=r"no offline value 'draft@B59' of the recording's own "
+                       r"tree \(draft at B=59\)"):  # fmt: skip
+        recorded_tokens(values.assign(budget=59), 0.0, ["a"], "x")
+    with pytest.raises(ValueError, match=r"1 of the run's 2 prompts .*\['p9'\]"):
+        recorded_tokens(values, 0.0, ["a", "p9"], "x")
 
 
 def test_rule_lists_are_checked_by_name():
