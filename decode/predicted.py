@@ -205,6 +205,9 @@ def offline_comparison(tables: dict[tuple[str, int], pd.DataFrame],
     (`minus_first`, `against_first`). `tables`: (label, budget) -> the prompt table
     (`prompt_id`, `emitted`, `rounds`), in the run's order, first rule first;
     `offline_names`: label -> the rule's offline name (None: the rule has none, skipped)."""
+    # the recording's tokens per prompt are every rule's and budget's: read once
+    every = list(dict.fromkeys(q for t in tables.values() for q in t["prompt_id"]))
+    tokens_of = pd.Series(recorded_tokens(values, temperature, every, source), index=every)
     rows, sums = [], {}
     for (label, budget), t in tables.items():
         name = offline_names.get(label)
@@ -212,7 +215,7 @@ def offline_comparison(tables: dict[tuple[str, int], pd.DataFrame],
             continue
         ids = t["prompt_id"].tolist()
         off, off_rounds = offline_prompt_sums(values, name, budget, temperature, ids, source)
-        tokens = recorded_tokens(values, temperature, ids, source)
+        tokens = tokens_of.loc[ids].to_numpy(np.float64)
         c = sums[label, budget] = pd.DataFrame(
             {"real": t["emitted"].to_numpy(np.float64),
              "real_rounds": t["rounds"].to_numpy(np.float64), "pred": tokens,
