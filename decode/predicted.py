@@ -49,13 +49,12 @@ def offline_text(table: pd.DataFrame, source: str) -> str:
     lines = [f"realized tau beside the offline prediction of {source} (same prompts; paired "
              f"prompt bootstrap of realized - offline, and of that minus the first rule's):"]  # fmt: skip
     for r in table.itertuples():
-        own = "" if r.rule == getattr(r, "against_first", r.rule) else (
+        own = "" if r.rule == r.against_first else (
             f"; minus {r.against_first}'s {r.minus_first:+.3f} "
             f"[{r.minus_first_lo:+.3f}, {r.minus_first_hi:+.3f}]")  # fmt: skip
-        mean = getattr(r, "offline_round_mean", None)
         lines.append(
             f"  B={r.budget:<3d} {r.rule:<28s} realized {r.realized_tau:6.3f}  offline "
-            f"{r.offline_tau:6.3f}{'' if mean is None else f' (round mean {mean:.3f})'}  "
+            f"{r.offline_tau:6.3f} (round mean {r.offline_round_mean:.3f})  "
             f"diff {r.realized_minus_offline:+.3f} "
             f"[{r.realized_minus_offline_lo:+.3f}, {r.realized_minus_offline_hi:+.3f}] = "
             f"[{100 * r.realized_minus_offline_lo / r.realized_tau:+.1f}%, "

@@ -220,9 +220,12 @@ def test_draft_at_b_plus_m_is_predicted_by_draft_scored(tmp_path, recorded):
 def test_the_offline_comparison_prints_its_interval_as_a_share_of_tau():
     """Issue 28's bound is +-3% of tau: the printed line gives the interval's ends as shares."""
     table = pd.DataFrame({"budget": [8], "rule": ["reranker_rows_lgbm"], "realized_tau": [2.5],
-                          "offline_tau": [2.52], "realized_minus_offline": [-0.02],
-                          "realized_minus_offline_lo": [-0.1], "realized_minus_offline_hi": [0.05]})  # fmt: skip
+                          "offline_tau": [2.52], "offline_round_mean": [2.6],
+                          "realized_minus_offline": [-0.02], "realized_minus_offline_lo": [-0.1],
+                          "realized_minus_offline_hi": [0.05],
+                          "against_first": ["reranker_rows_lgbm"]})  # fmt: skip
     line = offline_text(table, "x").splitlines()[1]
+    assert "offline  2.520 (round mean 2.600)" in line
     assert line.endswith("diff -0.020 [-0.100, +0.050] = [-4.0%, +2.0%] of realized tau")
 
 
@@ -240,7 +243,7 @@ def test_a_rules_offline_gap_minus_the_first_rules_is_paired_by_prompt():
         minus_first(rule, first.drop(index=["p0", "p1"]), 500, 0)
     table = pd.DataFrame({"budget": [8, 8], "rule": ["draft", "reranker_rows_lgbm"],
                           "realized_tau": [2.5, 2.6], "offline_tau": [2.5, 2.7],
-                          "realized_minus_offline": [0.0, -0.1],
+                          "offline_round_mean": [2.5, 2.7], "realized_minus_offline": [0.0, -0.1],
                           "realized_minus_offline_lo": [0.0, -0.2],
                           "realized_minus_offline_hi": [0.0, 0.0],
                           "against_first": ["draft", "draft"], "minus_first": [0.0, -0.1],
