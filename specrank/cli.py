@@ -146,6 +146,7 @@ def run_entry_point(
     not read (`READS`; under `make run`'s SPECRANK_ROUTED=1 they are left to the other
     stages) and unknown keys with suggestions, run."""
     import dataclasses
+    import gc
     import os
     import sys
 
@@ -170,4 +171,8 @@ def run_entry_point(
     if message:
         sys.exit(f"error: {message}")
     sys.argv = [sys.argv[0], *argv]
+    # The imports' objects (modules, configs, classes) live as long as the process: frozen,
+    # the collector's full passes skip them and traverse only the stage's own objects (the
+    # default `rerank.train` ran 12 full passes, 2.6 CPU s, before).
+    gc.freeze()
     main()

@@ -130,3 +130,25 @@ def test_node_equivalent_budget_is_the_first_draft_budget_reaching_the_value():
     # 1.0 at budget 2; 1.2 first reached at 3; 1.5 at 3 (not the plateau's end);
     # beyond the pool: NaN; a summation-order hair above a draft value: still that budget
     np.testing.assert_array_equal(got, [2.0, 3.0, 3.0, np.nan, 2.0])
+
+
+def test_the_products_run_on_one_blas_thread_and_the_count_comes_back(monkeypatch) -> None:
+    from threadpoolctl import threadpool_info
+
+    from specrank import bootstrap
+
+    def blas_threads() -> set[int]:
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+
+    before, inside = blas_threads(), []
+    own = bootstrap._weighted_means
+    monkeypatch.setattr(bootstrap, "_weighted_means",
+                        lambda *a: inside.append(blas_threads()) or own(*a))  # fmt: skip
+    frame = pd.DataFrame({"prompt_id": ["a", "a", "b", "c"], "task": ["t"] * 4,
+                          "v": [1.0, 2.0, 3.0, 4.0]})  # fmt: skip
+    stats = PromptSums.from_rounds(frame, ["v"])
+    got = bootstrap.weighted_means(stats, "round", resample_weights(3, 50, 0))
+    assert inside == [{1}]
+    assert blas_threads() == before
+    np.testing.assert_allclose(got[:, 0], (resample_weights(3, 50, 0) @ [3.0, 3.0, 4.0])
+                               / (resample_weights(3, 50, 0) @ [2.0, 1.0, 1.0]))  # fmt: skip

@@ -65,6 +65,20 @@ def test_forest_route_predicts_what_the_library_predicts(kind, temperature):
     np.testing.assert_array_equal(forest, library)  # the same sums in the same order
 
 
+@pytest.mark.parametrize("n_rows", [1, 7, 263, 600])
+def test_the_batch_walk_predicts_any_number_of_rows_bit_for_bit(n_rows):
+    # 256 rows a task of the batch walk, two threads: one short task, and tasks in parallel
+    frame = make_candidate_frame(n_prompts=30, rounds=6, temperature=1.0, seed=3)
+    model = fit_reranker(frame, "rows", "hgb", "sampling", categories=TASKS, n_threads=1,
+                         capacity=FAST)  # fmt: skip
+    new = make_candidate_frame(n_prompts=60, rounds=6, temperature=1.0, seed=9)
+    X = design_matrix(new, model.features, model.categories,
+                      model.token_prior.transform(new["token"].to_numpy()))[:n_rows]  # fmt: skip
+    assert len(X) == n_rows
+    library = model.predict_matrix(X, 1, route="library")
+    np.testing.assert_array_equal(model.predict_matrix(X, 2, route="forest"), library)
+
+
 @pytest.mark.parametrize("kind", ["hgb", "lgbm"])
 def test_crossfit_predictions_do_not_depend_on_the_route(kind):
     frame = make_candidate_frame(n_prompts=24, rounds=5, temperature=1.0, seed=11)

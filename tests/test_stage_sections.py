@@ -122,3 +122,17 @@ def test_the_command_line_refuses_and_routes() -> None:
     assert routed.returncode == 0, routed.stderr
     assert "for the other stages: rerank.n_resamples=5" in routed.stderr
     assert "features:" in routed.stdout  # the job's config, printed by --cfg job
+
+
+def test_a_command_runs_with_the_imports_objects_frozen_out_of_the_collector(monkeypatch) -> None:
+    import gc
+
+    from specrank.cli import run_entry_point
+
+    seen = []
+    monkeypatch.setattr(sys, "argv", ["rerank.train"])
+    try:
+        run_entry_point(lambda: seen.append(gc.get_freeze_count()), stage="rerank.train")
+    finally:
+        gc.unfreeze()
+    assert seen and seen[0] > 0
