@@ -40,8 +40,9 @@ import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 from threadpoolctl import threadpool_limits
 
+from rerank.fit.binned import BinnedRuns
 from rerank.fit.crossfit import inner_validation
-from rerank.fit.design import CATEGORICAL, BlockDataset, DesignColumns, DesignRows
+from rerank.fit.design import CATEGORICAL, DesignColumns, DesignRows
 from rerank.fit.token_prior import PriorColumn, split_priors
 
 SMALL_FIT_ROWS = 100_000  # fits on fewer rows run on one thread (module doc)
@@ -95,6 +96,7 @@ def fit_estimator(
     tasks: np.ndarray | None = None,
     rows: np.ndarray | None = None,
     prior: PriorColumn | None = None,
+    runs: BinnedRuns | None = None,
 ) -> Any:
     """One library's estimator fitted on a design (a matrix or `DesignColumns`; columns =
     ``features``).
@@ -109,7 +111,8 @@ def fit_estimator(
     own float64 conversion then costs less than one of ours would).
     ``prior``: the token prior's column; with early stopping it is recomputed inside the
     inner split (`rerank.fit.token_prior.split_priors`), so no prior reads a label of the
-    held-out prompts.
+    held-out prompts. ``runs``: LightGBM's binned columns, shared with the fits of other
+    feature sets on the same frame (`rerank.fit.binned`; None: this fit's own).
     """
     design = X if isinstance(X, DesignColumns) else DesignColumns.of_matrix(X, features)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
@@ -126,7 +129,8 @@ def fit_estimator(
         n_threads = 1
     fit = DesignRows(design, every)
     if not capacity.early_stopping:
-        return _fit(fit, y, w, features, kind, law, capacity, capacity.n_iter, seed, n_threads)[0]
+        return _fit(fit, y, w, features, kind, law, capacity, capacity.n_iter, seed, n_threads,
+                    runs=runs)[0]  # fmt: skip
     if groups is None:
         raise ValueError(
             "early stopping needs the prompt of every training row (groups=) for its "
@@ -142,11 +146,12 @@ def fit_estimator(
     est, loss = _fit(
         DesignRows(design, every[inner], p_in, column), y[inner], w_in, features, kind, law,
         capacity, capacity.n_iter, seed, n_threads,
-        valid=(DesignRows(design, every[held], p_held, column), y[held], w_held),
+        valid=(DesignRows(design, every[held], p_held, column), y[held], w_held), runs=runs,
     )  # fmt: skip
     chosen = int(np.argmin(loss)) + 1  # first iteration with the lowest held-out loss
     if capacity.refit:
-        return _fit(fit, y, w, features, kind, law, capacity, chosen, seed, n_threads)[0]
+        return _fit(fit, y, w, features, kind, law, capacity, chosen, seed, n_threads,
+                    runs=runs)[0]  # fmt: skip
     return _cut(est, kind, chosen)
 
 
@@ -210,28 +215,41 @@ def _fit(
     seed: int,
     n_threads: int | None,
     valid: tuple[DesignRows, np.ndarray, np.ndarray | None] | None = None,
+    runs: BinnedRuns | None = None,
 ) -> tuple[Any, np.ndarray | None]:
     """(estimator, held-out loss after each iteration, or None without `valid`)."""
-    cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
     if kind == "hgb":  # scikit-learn fits in-memory matrices only
+        cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
         valid = None if valid is None else (valid[0].matrix(), *valid[1:])
         return _fit_hgb(X.matrix(), y, w, features, law, capacity, n_iter, seed, n_threads,
                         cat_idx, valid)  # fmt: skip
     params = lgbm_params(law, capacity, seed, n_threads)
-    # Binned up front from the rows' blocks (`DesignRows`): the Datasets keep no reference
-    # to them (free_raw_data), and no float copy of the rows is made.
-    data = BlockDataset(
-        [X], label=y, weight=w, feature_name=list(features), categorical_feature=cat_idx,
-        params=params,
-    ).construct()  # fmt: skip
+    # LightGBM sizes its per-thread buffers by `num_threads`, but some of its parallel
+    # regions (a Dataset's subset copy among them) take the calling thread's OpenMP count,
+    # every core in a fresh thread: a fit on fewer threads in a worker thread then wrote past
+    # those buffers (a segfault; tests/test_binned.py). So the calling thread's count is the
+    # fit's while it runs.
+    with threadpool_limits(limits=n_threads, user_api="openmp"):
+        return _fit_lgbm(X, y, w, params, capacity, n_iter, valid, runs)
+
+
+def _fit_lgbm(X: DesignRows, y: np.ndarray, w: np.ndarray | None, params: dict,
+              capacity: Capacity, n_iter: int,
+              valid: tuple[DesignRows, np.ndarray, np.ndarray | None] | None,
+              runs: BinnedRuns | None) -> tuple[Any, np.ndarray | None]:  # fmt: skip
+    # Binned up front from the rows' blocks (`DesignRows`), by runs of columns that the
+    # fits of a law's other feature sets share (`rerank.fit.binned`); the Datasets keep no
+    # reference to the rows (free_raw_data), and no float copy of them is made.
+    runs = BinnedRuns(keep=False) if runs is None else runs  # None: a fit of its own
+    data = runs.joined(runs.training(X, y, params), y, w)
     if valid is None:
         return lgb.train(params, data, num_boost_round=n_iter), None
     Xv, yv, wv = valid
-    # the training set's features and categories, as lgb.train would set them (it cannot
-    # once the raw rows are freed)
+    # binned by the training Dataset's bins, with its features and categories as lgb.train
+    # would set them (it cannot once the raw rows are freed)
     held = lgb.Dataset(
-        [Xv], label=yv, weight=wv, feature_name=list(features), categorical_feature=cat_idx,
-        params=params, reference=data,
+        [Xv], label=yv, weight=wv, feature_name=data.feature_name,
+        categorical_feature=data.categorical_feature, params=params, reference=data,
     ).construct()  # fmt: skip
     record: dict = {}
     callbacks = [

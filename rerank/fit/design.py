@@ -120,6 +120,14 @@ class DesignColumns:
         design.columns = [X[:, j] for j in range(X.shape[1])]
         return design
 
+    def select(self, positions: Sequence[int]) -> DesignColumns:
+        """The design of the columns at ``positions`` (views of these columns)."""
+        design = DesignColumns.__new__(DesignColumns)
+        design.n_rows = self.n_rows
+        design.features = [self.features[j] for j in positions]
+        design.columns = [self.columns[j] for j in positions]
+        return design
+
     def rows(self, index: np.ndarray | None = None, prior: np.ndarray | None = None,
              column: int | None = None) -> np.ndarray:  # fmt: skip
         """Float32 matrix of the rows `index` (in that order; None: every row); ``prior`` (one

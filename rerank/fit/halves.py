@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from rerank.fit.binned import BinnedRuns
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity, fit_estimator
 from rerank.fit.crossfit import check_grouped, fold_masks, prompt_subsample
 from rerank.fit.design import (
@@ -83,6 +84,7 @@ def crossfit_predict(
     prior_split: str = "prompt",
     fits: FitStore | None = None,
     train_share: float = 1.0,
+    runs: BinnedRuns | None = None,
 ) -> CrossfitResult:
     """Out-of-fold phat (float64 in [PROB_FLOOR, 1]) for every row of one law's frame.
 
@@ -95,7 +97,8 @@ def crossfit_predict(
     faster one for ``kind``, `BATCH_ROUTE`). ``fits``: finished fits are kept there and a
     fit found there is taken instead of refitted (`rerank.fit.resume`). ``train_share``: each
     half's model is fitted on that share of its training prompts (`prompt_subsample`) and
-    still predicts the whole other half.
+    still predicts the whole other half. ``runs``: LightGBM's binned columns of ``frame``,
+    shared with the cross-fits of its other feature sets (`rerank.fit.binned`).
     """
     _check_args(frame, kind, law)
     folds = _checked_folds(folds, len(frame))
@@ -117,7 +120,7 @@ def crossfit_predict(
     def fit_fold(train: np.ndarray) -> Any:
         return fit_estimator(
             design, y, features, kind, law, capacity, seed, fit_threads, sample_weight=sample_weight,
-            groups=prompt_ids, tasks=tasks, rows=np.flatnonzero(train), prior=column,
+            groups=prompt_ids, tasks=tasks, rows=np.flatnonzero(train), prior=column, runs=runs,
         )  # fmt: skip
 
     keys, prints = _fit_keys(fp_cols, hash_rows(frame, fp_cols), masks, sample_weight, kind=kind, law=law,
@@ -176,13 +179,14 @@ class LawFits:
     train_share: float
 
     def crossfit(self, frame: pd.DataFrame, temperature: float, feature_set: str,
-                 folds: dict[str, int]) -> CrossfitResult:  # fmt: skip
-        """`crossfit_predict` of one law's rows `frame` with these settings."""
+                 folds: dict[str, int], runs: BinnedRuns | None = None) -> CrossfitResult:  # fmt: skip
+        """`crossfit_predict` of one law's rows `frame` with these settings (``runs``: the binned
+        columns of ``frame``'s other feature sets' fits)."""
         return crossfit_predict(
             frame, feature_set, self.kind, law_kind(temperature), frame_folds(frame, folds),
             seed=self.seed, n_threads=self.n_threads, categories=self.categories,
             capacity=self.capacity, prior_split=self.prior_split, fits=self.fits,
-            train_share=self.train_share,
+            train_share=self.train_share, runs=runs,
         )  # fmt: skip
 
 

@@ -1,12 +1,11 @@
 """Out-of-fold first-factor predictions of every learned rule (SPEC §7-8).
 
-For each decoding law separately (greedy rows are never mixed with sampled
-rows): cross-fitted rerankers (one per feature set: Base, Rows and those beyond
-the paper), the isotonic control of the first draft factor and the draft-rank
-control give phat for every first-level candidate;
-per-depth isotonic maps of every draft factor are fitted on pool edges of the
-training half. Every prediction of a prompt comes from a model fitted on the
-other half (`rerank.fit.crossfit` conventions).
+For each decoding law separately (greedy rows are never mixed with sampled rows):
+cross-fitted rerankers (one per feature set: Base, Rows and those beyond the paper),
+the isotonic control of the first draft factor and the draft-rank control give phat
+for every first-level candidate; per-depth isotonic maps of every draft factor are
+fitted on pool edges of the training half. Every prediction of a prompt comes from a
+model fitted on the other half (`rerank.fit.crossfit` conventions).
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import torch
 from calibrate.isotonic import DEFAULT_BINS, PerDepthIsotonic
 from rerank.evaluate.matched import SimulatedPredictions
 from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks
+from rerank.fit.binned import BinnedRuns
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
 from rerank.fit.design import same_values
@@ -166,8 +166,7 @@ def predict_first_factors(
     settings = LawFits(kind, seed, n_threads, tuple(sorted(candidates["task"].unique())),
                        capacity, prior_split, fits, train_share)  # fmt: skip
     jobs = [(float(t), fs) for t in np.unique(temperatures) for fs in feature_sets]
-    done = prefit(settings, jobs, folds) if prefit is not None else {}
-    positions = []
+    done, positions = (prefit(settings, jobs, folds) if prefit is not None else {}), []
     for temperature in np.unique(temperatures):  # a half's rows at a time, not a sorted copy
         law = law_kind(float(temperature))
         rows = np.flatnonzero(temperatures == temperature)
@@ -178,10 +177,11 @@ def predict_first_factors(
         # 3 bytes a row where two strings take 33), the rows checked equal to the frame's
         out = candidates[[*ROUND_KEYS, "cand_index"]].take(rows).reset_index(drop=True)
         out["fold"] = fold
+        runs = BinnedRuns()  # the law's binned columns, shared by its feature sets' fits
         for feature_set in feature_sets:
-            name = learned(feature_set, kind).name
-            key = (float(temperature), feature_set)
-            res = done[key] if key in done else settings.crossfit(frame, *key, folds)
+            name, key = learned(feature_set, kind).name, (float(temperature), feature_set)
+            runs.keep = feature_set != feature_sets[-1]  # the last set takes the kept runs
+            res = done[key] if key in done else settings.crossfit(frame, *key, folds, runs)
             out[name] = res.phat
             if simulated is not None:
                 simulated.add_to(out, name, feature_set, res.models, fold, key[0])
@@ -196,7 +196,7 @@ def predict_first_factors(
             if name not in rules:
                 rules.append(name)
         parts.append(out)
-        del frame  # the next law's rows take its place
+        del frame, runs  # the next law's rows take their place
         release_freed_heap()
     return FirstFactorPredictions(
         pd.concat(parts, ignore_index=True), rules, models, seconds, np.concatenate(positions)
