@@ -104,6 +104,17 @@ def test_a_later_set_bins_only_its_new_columns_and_the_prior() -> None:
     assert again[0] is not small[0]
 
 
+def test_runs_beyond_the_byte_budget_are_binned_again_not_kept() -> None:
+    design, y, names = _design()
+    rows = np.arange(N_ROWS)
+    for budget, shared in ((10 * N_ROWS, True), (10 * N_ROWS - 1, False)):
+        runs = BinnedRuns(keep_bytes=budget)  # the small set's first run: 10 columns
+        small = runs.training(DesignRows(design.select(_columns(names, 10)), rows), y, PARAMS)
+        large = runs.training(DesignRows(design.select(_columns(names, 23)), rows), y, PARAMS)
+        assert (large[0] is small[0]) is shared
+        assert [len(r.feature_name) for r in large] == ([10, 13, 1] if shared else [23, 1])
+
+
 def test_the_halves_fits_in_two_threads_are_the_fits_one_thread_makes() -> None:
     # As the job fits the halves: two worker threads, one LightGBM thread each, every set
     # joined from shared runs. Without each fit's OpenMP count set in its own thread this

@@ -20,8 +20,8 @@ and then refuses held-out runs joined the same way ("different bin mappers").
 
 One `BinnedRuns` serves the fits of one law's frame (the rows are its positions); the two
 halves' fits may run in two threads at once (each with its OpenMP count set in its thread:
-`rerank.fit.boosting`). Kept runs hold a uint8 per row and column: 47 bytes a row of a
-half's training rows by default, freed with the law's frame.
+`rerank.fit.boosting`). Kept runs hold about a byte per row and column, up to `KEEP_BYTES`
+for a law, freed with its frame.
 """
 
 from __future__ import annotations
@@ -42,16 +42,23 @@ from rerank.fit.design import CATEGORICAL, TOKEN_PRIOR, BlockDataset, DesignRows
 # (the categories live in the joined bins, which the fit reads).
 _JOIN_NOTES = r"(?s)(Cannot add features from NoneType|Resetting categorical features)"
 _JOINING = threading.Lock()  # one join at a time in the process: warnings' filters are global
+# At most this many bytes of runs are kept for a law; a run beyond it is binned again by
+# each set that reads it. A kept run and its copy in a fit's Dataset are both resident while
+# the fit runs: at 3x the paper the fits peaked 0.18 GiB higher (4.06 GiB), and at 10x the
+# job's peak was in the fits, 0.5-0.8 GiB under the 12 GiB goal. Kept runs take 40 MB at 1x
+# and 120 MB at 3x; at 10x a half's first run alone takes 150 MB, so none is kept there.
+KEEP_BYTES = 128 * 2**20
 
 
 class BinnedRuns:
     """Binned runs of design columns, by their rows, columns and the Dataset parameters."""
 
-    def __init__(self, keep: bool = True) -> None:
+    def __init__(self, keep: bool = True, keep_bytes: int = KEEP_BYTES) -> None:
         self._runs: dict[tuple, lgb.Dataset] = {}
         # False for the last fits that read the kept runs: they take them (joined in place,
         # no copy beside them) and keep nothing new
         self.keep = keep
+        self.keep_bytes, self._kept_bytes = keep_bytes, 0
 
     def training(self, rows: DesignRows, y: np.ndarray, params: dict) -> list[lgb.Dataset]:
         """The binned runs of ``rows`` in column order (`joined` makes their Dataset)."""
@@ -84,11 +91,19 @@ class BinnedRuns:
             return _bin(rows, lo, hi, y, params)
         key = (*where, tuple(rows.design.features[lo:hi]))
         run = self._runs.get(key) if self.keep else self._runs.pop(key, None)
-        if run is None:
-            run = _bin(rows, lo, hi, y, params)
-            if self.keep:
-                self._runs[key] = run
+        if run is not None:
+            self._kept_bytes -= 0 if self.keep else _bytes(run)
+            return run
+        run = _bin(rows, lo, hi, y, params)
+        if self.keep and self._kept_bytes + _bytes(run) <= self.keep_bytes:
+            self._runs[key] = run
+            self._kept_bytes += _bytes(run)
         return run
+
+
+def _bytes(run: lgb.Dataset) -> int:
+    """A binned run's size, about a byte per row and column (up to 255 bins)."""
+    return run.num_data() * run.num_feature()
 
 
 def _fresh(rows: DesignRows) -> set[int]:
