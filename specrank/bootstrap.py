@@ -78,7 +78,7 @@ def weighted_means(stats: PromptSums, weighting: str, weights: np.ndarray | None
     # On one thread: the products are small (2,000 x prompts x columns), and a woken OpenBLAS
     # worker spins before it sleeps again (perf, default job: 3.7 CPU s spinning beside 1.5
     # in the products). One thread also makes the sums' order, so the bits, the same on any
-    # number of cores; against two threads the intervals moved by at most 2e-14.
+    # number of cores; against two threads the intervals moved by at most 1.5e-14.
     with _blas().limit(limits=1, user_api="blas"):
         return _weighted_means(stats, weighting, w)
 

@@ -45,8 +45,9 @@ _JOINING = threading.Lock()  # one join at a time in the process: warnings' filt
 # At most this many bytes of runs are kept for a law; a run beyond it is binned again by
 # each set that reads it. A kept run and its copy in a fit's Dataset are both resident while
 # the fit runs: at 3x the paper the fits peaked 0.18 GiB higher (4.06 GiB), and at 10x the
-# job's peak was in the fits, 0.5-0.8 GiB under the 12 GiB goal. Kept runs take 40 MB at 1x
-# and 120 MB at 3x; at 10x a half's first run alone takes 150 MB, so none is kept there.
+# job's peak was in the fits, 0.5-0.8 GiB under the 12 GiB goal. By rows x columns the kept
+# runs come to about 40 MB at 1x and 120 MB at 3x; at 10x a half's first run alone is about
+# 150 MB, so none is kept there.
 KEEP_BYTES = 128 * 2**20
 
 
@@ -57,8 +58,7 @@ class BinnedRuns:
         self._runs: dict[tuple, lgb.Dataset] = {}
         # False for the last fits that read the kept runs: they take them (joined in place,
         # no copy beside them) and keep nothing new
-        self.keep = keep
-        self.keep_bytes, self._kept_bytes = keep_bytes, 0
+        self.keep, self.keep_bytes = keep, keep_bytes
 
     def training(self, rows: DesignRows, y: np.ndarray, params: dict) -> list[lgb.Dataset]:
         """The binned runs of ``rows`` in column order (`joined` makes their Dataset)."""
@@ -91,13 +91,11 @@ class BinnedRuns:
             return _bin(rows, lo, hi, y, params)
         key = (*where, tuple(rows.design.features[lo:hi]))
         run = self._runs.get(key) if self.keep else self._runs.pop(key, None)
-        if run is not None:
-            self._kept_bytes -= 0 if self.keep else _bytes(run)
-            return run
-        run = _bin(rows, lo, hi, y, params)
-        if self.keep and self._kept_bytes + _bytes(run) <= self.keep_bytes:
-            self._runs[key] = run
-            self._kept_bytes += _bytes(run)
+        if run is None:
+            run = _bin(rows, lo, hi, y, params)
+            kept = sum(_bytes(r) for r in tuple(self._runs.values()))
+            if self.keep and kept + _bytes(run) <= self.keep_bytes:
+                self._runs[key] = run
         return run
 
 
@@ -136,9 +134,9 @@ def _bin(rows: DesignRows, lo: int, hi: int, y: np.ndarray, params: dict) -> lgb
     """The constructed Dataset of columns [lo, hi) of ``rows``."""
     design = rows.design
     part = design.select(range(lo, hi))
-    own_prior = rows.prior is not None and rows.column is not None and lo <= rows.column < hi
+    own_prior = rows.prior is not None and rows.column == lo  # a fresh column is a run alone
     run = DesignRows(part, rows.index, rows.prior if own_prior else None,
-                     rows.column - lo if own_prior else None)  # fmt: skip
+                     0 if own_prior else None)  # fmt: skip
     names = part.features
     cats = [j for j, f in enumerate(names) if f in CATEGORICAL]
     # a Dataset needs its label to be copied (`subset`); `joined` sets the fit's own
