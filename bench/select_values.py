@@ -11,7 +11,8 @@ chunk, and the batched evaluator against a per-round reference loop. Then the
 profile per rule: each rule's time on one greedy and one sampling chunk, its context
 (the batch's shared quantities and draft order) built once beforehand, and a
 first-factor rule (a reranker's place in the pass: random first-level factors) as the
-job evaluates it, with and without its every-budget curve.
+job evaluates it, with and without its every-budget curve, and 14 such rules in a call
+each against all in one call (one pass over the rounds).
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def reference_loop_values(pool, budgets) -> dict[str, np.ndarray]:
     return out
 
 
+MANY_FIRSTS = 14
+
+
 def _timed(fn) -> float:
     """Best of two runs (the first also pays one-off kernel loading)."""
     best = float("inf")
@@ -103,9 +107,17 @@ def _rule_times(pool) -> dict[str, float]:
     cases["first factor"] = {"rules": ["draft"], "first_factors": {"ff": lead}}
     cases["first factor, curve"] = {"rules": ["draft"], "first_factors": {"ff": lead},
                                     "curves": True, "curve_rules": ["ff"]}  # fmt: skip
+    # the job's 14 first-factor rules without curves (substitutions, mixtures, calibrators)
+    # share one pass over the rounds: against a call (and so a pass) for each
+    many = {f"ff{j}": lead - 0.1 * j for j in range(MANY_FIRSTS)}
+    cases[f"{MANY_FIRSTS} first factors, a call each"] = [
+        {"rules": [], "first_factors": {name: f}} for name, f in many.items()
+    ]
+    cases[f"{MANY_FIRSTS} first factors, one pass"] = [{"rules": [], "first_factors": many}]
 
-    def run(kw: dict) -> None:
-        evaluate_pools(pool, BUDGETS, ctx=ctx, draft_order=order, **kw)
+    def run(kw: dict | list[dict]) -> None:
+        for one in kw if isinstance(kw, list) else [kw]:
+            evaluate_pools(pool, BUDGETS, ctx=ctx, draft_order=order, **one)
 
     return {name: _timed(partial(run, kw)) for name, kw in cases.items()}
 

@@ -155,7 +155,6 @@ def _sparse_mass(score, valid, has_valid, nonzero, n_nonzero, path_prob_row, k, 
     return not nan
 
 
-@njit(parallel=True, nogil=True)
 def lead_factor_values(
     draft_logprob: np.ndarray,
     parent: np.ndarray,
@@ -195,48 +194,97 @@ def lead_factor_values(
     those whose leading factors are all NaN (the source is then draft selection).
     Returns (values [R, len(at)] float32, curve [R, k or 0] float32, status):
     status 0 ok, 1 a parent after its child (not pool order), 2 a NaN/+inf score.
+    The one-rule case of `rules_lead_values`.
     """
+    values, curves, status = rules_lead_values(
+        draft_logprob, parent, lead[None], path_prob, valid, has_valid, k, at, curve,
+        copy, nan_copies, src_values, src_curve, nonzero, n_nonzero, scan, draft,
+    )  # fmt: skip
+    return values[0], curves[0], status
+
+
+@njit(parallel=True, nogil=True)
+def rules_lead_values(
+    draft_logprob: np.ndarray,
+    parent: np.ndarray,
+    lead: np.ndarray,
+    path_prob: np.ndarray,
+    valid: np.ndarray,
+    has_valid: bool,
+    k: int,
+    at: np.ndarray,
+    curve: bool,
+    copy: np.ndarray,
+    nan_copies: bool,
+    src_values: np.ndarray,
+    src_curve: np.ndarray,
+    nonzero: np.ndarray,
+    n_nonzero: np.ndarray,
+    scan: np.ndarray,
+    draft: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """`lead_factor_values` of J rules at once, round by round: `lead` [J, R, L] holds each
+    rule's leading factors; `copy`, `src_values` and `src_curve` are the same for all.
+    Returns (values [J, R, len(at)], curves [J, R, k or 0], the worst status).
+
+    Each rule gets the bits its own pass gives (`tests/test_select_kernels.py`). One
+    round's pool stays in cache while every rule ranks it, where a pass per rule reads the
+    batch's pools again for each: the default job's 14 first-factor rules without curves
+    took 0.72x the kernel time of a pass each (four 2,048-round batches of the paper-scale
+    bench store, one thread), and the job 167-168 CPU s against 174 (README, issue 31).
+    """
+    n_rules = lead.shape[0]
     n_rounds, width = draft_logprob.shape
     use_scan = scan.shape[0] == n_rounds
     bounded = use_scan and draft.shape[0] == n_rounds and heap_takes(k, width)
-    values = np.zeros((n_rounds, at.shape[0]), dtype=np.float32)
-    curves = np.empty((n_rounds, k if curve else 0), dtype=np.float32)
+    values = np.zeros((n_rules, n_rounds, at.shape[0]), dtype=np.float32)
+    curves = np.empty((n_rules, n_rounds, k if curve else 0), dtype=np.float32)
     status = np.zeros(n_rounds, dtype=np.int64)
     for r in prange(n_rounds):
-        if copy[r] or (nan_copies and _all_nan(lead[r])):
-            values[r] = src_values[r]
-            if curve:
-                curves[r] = src_curve[r]
-            continue
         score = np.empty(width, dtype=np.float32)
+        order = np.empty(k, dtype=np.int64)
+        scratch = np.empty(0 if curve else k, dtype=np.float32)
         ok_valid = valid[r] if has_valid else valid[0]
-        mass = curves[r] if curve else np.empty(k, dtype=np.float32)
-        if bounded and n_nonzero[r] < 0:
-            order = np.empty(k, dtype=np.int64)
-            status[r] = _bounded_top_k(draft_logprob[r], lead[r], parent[r], draft[r], scan[r],
-                                       ok_valid, has_valid, k, score, order)  # fmt: skip
-            if status[r]:
+        for j in range(n_rules):
+            if copy[r] or (nan_copies and _all_nan(lead[j, r])):
+                values[j, r] = src_values[r]
+                if curve:
+                    curves[j, r] = src_curve[r]
                 continue
-            _cumulate(path_prob[r], order, mass)
-        elif not _lead_scores(draft_logprob[r], lead[r], parent[r], score):
-            status[r] = 1
-            continue
-        elif n_nonzero[r] >= 0:
-            if not _sparse_mass(score, ok_valid, has_valid, nonzero[r], n_nonzero[r],
-                                path_prob[r], k, mass):  # fmt: skip
-                status[r] = 2
+            mass = curves[j, r] if curve else scratch
+            st = _round_mass(draft_logprob[r], lead[j, r], parent[r], path_prob[r], ok_valid,
+                             has_valid, k, bounded, use_scan, scan, draft, r, nonzero[r],
+                             n_nonzero[r], score, order, mass)  # fmt: skip
+            if st:
+                status[r] = max(status[r], st)
                 continue
-        else:
-            order = np.empty(k, dtype=np.int64)
-            if not _rank_row(score, ok_valid, has_valid, k, order,
-                             scan[r] if use_scan else scan[0]):  # fmt: skip
-                status[r] = 2
-                continue
-            _cumulate(path_prob[r], order, mass)
-        for b in range(at.shape[0]):
-            if at[b] >= 0:
-                values[r, b] = mass[at[b]]
+            for b in range(at.shape[0]):
+                if at[b] >= 0:
+                    values[j, r, b] = mass[at[b]]
     return values, curves, status.max()
+
+
+@njit(inline="always")
+def _round_mass(draft_row, lead_row, parent_row, path_prob_row, ok_valid, has_valid, k,
+                bounded, use_scan, scan, draft, r, nonzero_row, n_nonzero, score, order,
+                mass) -> int:  # fmt: skip
+    """One rule's cumulative mass at ranks 0..k-1 of round `r` into `mass`; the status."""
+    if bounded and n_nonzero < 0:
+        st = _bounded_top_k(draft_row, lead_row, parent_row, draft[r], scan[r], ok_valid,
+                            has_valid, k, score, order)  # fmt: skip
+        if st == 0:
+            _cumulate(path_prob_row, order, mass)
+        return st
+    if not _lead_scores(draft_row, lead_row, parent_row, score):
+        return 1
+    if n_nonzero >= 0:
+        ok = _sparse_mass(score, ok_valid, has_valid, nonzero_row, n_nonzero, path_prob_row,
+                          k, mass)  # fmt: skip
+        return 0 if ok else 2
+    if not _rank_row(score, ok_valid, has_valid, k, order, scan[r] if use_scan else scan[0]):
+        return 2
+    _cumulate(path_prob_row, order, mass)
+    return 0
 
 
 @njit(parallel=True, nogil=True)

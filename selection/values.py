@@ -102,7 +102,7 @@ def lead_factor_scores(ctx: PoolContext, lead: Tensor, upto: int = 1) -> Tensor:
 
 def _fused_values(
     ctx: PoolContext,
-    lead: Tensor,
+    lead: Tensor | Sequence[Tensor],
     upto: int,
     budgets: Sequence[int],
     k: int,
@@ -119,7 +119,11 @@ def _fused_values(
     Rounds whose mass sits on few candidates rank only those (`ctx.sparse_mass`).
     `scan`, the draft order of the whole pool (of `ctx.draft`) when known: the top-k heap
     scans in it, and stops where no later candidate can enter.
+    `lead` a list of J rules' factors (the same `src` and `copy` for each): their values
+    stacked ([J, R, n_budgets], curves [J, R, P] or None) from one pass over the rounds
+    (`fused.rules_lead_values`).
     """
+    leads = [lead] if isinstance(lead, Tensor) else list(lead)
     end = ctx.levels[min(upto, len(ctx.levels)) - 1][1]
     width = ctx.pool.shape[1]
     k = width if curve else min(k, width)
@@ -129,10 +133,10 @@ def _fused_values(
     src_values, src_curve = src
     if curve and src_curve is None:  # nothing to copy a curve from: compute every round
         copy, nan_copies = None, False
-    values, cum, status = fused.lead_factor_values(
+    values, cum, status = fused.rules_lead_values(
         ctx.pool.draft_logprob.contiguous().numpy(),
         ctx.pool.parent.contiguous().numpy(),
-        lead[:, :end].float().contiguous().numpy(),
+        _stacked([x[:, :end].float() for x in leads]),
         ctx.path_prob.contiguous().numpy(),
         valid,
         has_valid,
@@ -151,7 +155,20 @@ def _fused_values(
         raise ValueError(NAN_SCORES_MESSAGE)
     if status:  # levels guarantee pool order; a failure here is a bug upstream
         raise ValueError("pool layout changed between pool_levels and scoring")
-    return torch.from_numpy(values), torch.from_numpy(cum) if curve else None
+    values, cum = torch.from_numpy(values), torch.from_numpy(cum) if curve else None
+    if isinstance(lead, Tensor):
+        return values[0], None if cum is None else cum[0]
+    return values, cum
+
+
+def _stacked(leads: list[Tensor]) -> np.ndarray:
+    """[J, R, L] of rules' leading factors, those narrower than the widest padded with NaN
+    (the draft factor: the same scores)."""
+    width = max(x.shape[1] for x in leads)
+    out = torch.full((len(leads), leads[0].shape[0], width), torch.nan)
+    for j, x in enumerate(leads):
+        out[j, :, : x.shape[1]] = x
+    return out.numpy()
 
 
 def values_at_budgets(order: Tensor, path_prob: Tensor, budgets: Sequence[int]) -> Tensor:
@@ -222,15 +239,17 @@ def evaluate_pools(
     draft_curve = None
     if curves:
         draft_curve = torch.cumsum(torch.gather(ctx.path_prob, -1, draft_order), dim=-1)
+    batched = {}
+    if one_pass:
+        batched = _first_factor_passes(ctx, firsts, curve_rules if curves else (), budgets, k,
+                                       (draft_values, draft_curve), whole_order)  # fmt: skip
     for name in names:  # the order of the output: factor rules, first factors, scores
         full = curves and name in curve_rules  # its whole order: a value at every budget
         if name in POOL_RULES and rule_entry(name).offline == "draft":
             out[name] = draft_values
             continue
-        if one_pass and name in firsts:  # a round without any factor ranks like draft selection
-            out[name], cum = _fused_values(ctx, firsts[name], 1, budgets, k, full,
-                                           (draft_values, draft_curve), nan_copies=True,
-                                           scan=whole_order)  # fmt: skip
+        if name in batched:
+            out[name], cum = batched[name]
         elif name in edges:  # every level's factors replaced: the path sums of `path_sum`
             out[name], cum = _fused_values(ctx, edges[name], len(ctx.levels), budgets, k, full,
                                            (draft_values, draft_curve), scan=whole_order)  # fmt: skip
@@ -248,6 +267,29 @@ def evaluate_pools(
     if curves:
         out["curve/draft"] = draft_curve
     _add_draft_tree_rules(out, ctx, draft_order, rules, budgets, curves, pearl)
+    return out
+
+
+def _first_factor_passes(
+    ctx: PoolContext,
+    firsts: dict[str, Tensor],
+    curve_rules: Sequence[str],
+    budgets: Sequence[int],
+    k: int,
+    draft: tuple[Tensor, Tensor | None],
+    scan: Tensor | None,
+) -> dict[str, tuple[Tensor, Tensor | None]]:
+    """{rule: (values, curve or None)} of the first-factor rules, those with curves and
+    those without each in one compiled pass; a round without any factor ranks like draft
+    selection (`draft`: its values and curve)."""
+    out = {}
+    for full in (False, True):
+        group = [n for n in firsts if (n in curve_rules) == full
+                 and not (n in POOL_RULES and rule_entry(n).offline == "draft")]  # fmt: skip
+        if group:
+            values, cum = _fused_values(ctx, [firsts[n] for n in group], 1, budgets, k, full,
+                                        draft, nan_copies=True, scan=scan)  # fmt: skip
+            out |= {n: (values[j], cum[j] if full else None) for j, n in enumerate(group)}
     return out
 
 

@@ -19,6 +19,7 @@ import ctypes.util
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 
 import pyarrow as pa
 
@@ -29,14 +30,20 @@ _THRESHOLD = 2**30  # 1 GiB: every chunk-sized block stays on the heap
 _GLIBC_DEFAULT = 128 * 1024  # glibc's own M_MMAP_THRESHOLD and M_TRIM_THRESHOLD
 
 
+@cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, or None where there is none to find. Looked up once: `find_library`
+    runs `ldconfig -p` in a child process, and the heap is returned often (about 130 times
+    in the default job)."""
+    name = ctypes.util.find_library("c")
+    return None if name is None else ctypes.CDLL(name)
+
+
 def _thresholds(threshold: int) -> bool:
     """Set glibc's mmap and trim thresholds to `threshold` and one arena for every thread;
     True if every setting took effect."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    libc = ctypes.CDLL(name)
-    if not hasattr(libc, "mallopt"):
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt"):
         return False
     ok_mmap = libc.mallopt(_M_MMAP_THRESHOLD, threshold)
     ok_trim = libc.mallopt(_M_TRIM_THRESHOLD, threshold)
@@ -83,8 +90,8 @@ def release_freed_heap() -> None:
     memory back to what is in use. A no-op without glibc.
     """
     pa.default_memory_pool().release_unused()
-    name = ctypes.util.find_library("c")
-    if name is not None and hasattr(libc := ctypes.CDLL(name), "malloc_trim"):
+    libc = _libc()
+    if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
 
 

@@ -231,9 +231,12 @@ def test_fused_first_factor_values_equal_the_scores_route(top_m):
     )
     lead[rng.random((90, n1)) < 0.2] = torch.nan
     lead[::4] = torch.nan  # rounds without the factor: draft selection's values
-    firsts = {"learned": lead, "shuffled": lead[torch.randperm(90)]}
+    # two rules with curves and three without, each set ranked in one pass (its own NaN rounds)
+    firsts = {"learned": lead, "shuffled": lead[torch.randperm(90)],
+              "lowered": lead[torch.randperm(90)] - 0.5, "raised": lead.flip(0) + 0.25,
+              "narrow": lead[:, :3]}  # fewer columns: the rest keep draft's factors  # fmt: skip
     budgets = [1, 3, 8, 20, 38, 80]
-    curve_rules = ["root", "learned"]
+    curve_rules = ["root", "learned", "raised"]
 
     def run():
         return evaluate_pools(pool, budgets, POOL_RULES, top_m=top_m, first_factors=firsts,
@@ -252,7 +255,10 @@ def test_fused_first_factor_values_equal_the_scores_route(top_m):
     for name in exact:
         assert torch.equal(fused[name], ref[name]), name
         assert torch.equal(fused[name], as_scores[name]), name
-    assert not torch.equal(fused["learned"], fused["draft"])  # the factors do move the values
+    for name in firsts:  # the factors do move the values, each rule's its own way
+        assert not torch.equal(fused[name], fused["draft"]), name
+    assert not torch.equal(fused["shuffled"], fused["lowered"])
+    assert not torch.equal(fused["curve/learned"], fused["curve/raised"])
 
 
 @pytest.mark.parametrize("seed", [0, 1])
