@@ -165,7 +165,7 @@ def _stacked(leads: list[Tensor]) -> np.ndarray:
     """[J, R, L] of rules' leading factors, those narrower than the widest padded with NaN
     (the draft factor: the same scores)."""
     width = max(x.shape[1] for x in leads)
-    out = torch.full((len(leads), leads[0].shape[0], width), torch.nan)
+    out = torch.full((len(leads), leads[0].shape[0], width), torch.nan, dtype=torch.float32)
     for j, x in enumerate(leads):
         out[j, :, : x.shape[1]] = x
     return out.numpy()
