@@ -231,7 +231,7 @@ def rules_lead_values(
     round's pool stays in cache while every rule ranks it, where a pass per rule reads the
     batch's pools again for each: the default job's 14 first-factor rules without curves
     took 0.72x the kernel time of a pass each (four 2,048-round batches of the paper-scale
-    bench store, one thread), and the job 167-168 CPU s against 174 (README, issue 31).
+    bench store, one thread), and the job 167-168 CPU s against 173-178 (README, issue 31).
     """
     n_rules = lead.shape[0]
     n_rounds, width = draft_logprob.shape
