@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+
+if TYPE_CHECKING:  # imported where a cache is built: the offline commands never load it
+    from transformers import DynamicCache, PreTrainedModel
 
 
 def check_batch_one(input_ids: Tensor, who: str) -> None:
@@ -157,6 +160,8 @@ def forward_chain(
 
 def new_cache(model: PreTrainedModel) -> DynamicCache:
     """An empty DynamicCache; refuses models whose cache would not be plain full attention."""
+    from transformers import DynamicCache
+
     cache = DynamicCache(config=model.config)
     if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
         raise ValueError(

@@ -21,14 +21,16 @@ first `top_k` entries are the first-level candidates (see `specrank.trace_schema
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
 
 from tree.attention import cache_length, forward_chain, forward_tree, tree_visibility
 from tree.config import PoolConfig
+
+if TYPE_CHECKING:  # annotations only (tree.attention: the offline commands never load it)
+    from transformers import DynamicCache, PreTrainedModel
 
 
 def check_pool_config(cfg: PoolConfig) -> None:
