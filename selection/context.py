@@ -49,7 +49,7 @@ class PoolContext:
     def sparse_mass(self) -> tuple[np.ndarray, np.ndarray]:
         """Per round, the candidates that hold path mass when at most SPARSE_MASS do (a
         greedy round's argmax path), and how many (-1: more); compiled route only. Built
-        once a batch for every rule's values (`fused.lead_factor_values`)."""
+        once a batch for every rule's values (`fused.rules_lead_values`)."""
         return fused.sparse_mass_rows(self.path_prob.contiguous().numpy(), SPARSE_MASS)
 
 

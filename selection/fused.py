@@ -155,54 +155,6 @@ def _sparse_mass(score, valid, has_valid, nonzero, n_nonzero, path_prob_row, k, 
     return not nan
 
 
-def lead_factor_values(
-    draft_logprob: np.ndarray,
-    parent: np.ndarray,
-    lead: np.ndarray,
-    path_prob: np.ndarray,
-    valid: np.ndarray,
-    has_valid: bool,
-    k: int,
-    at: np.ndarray,
-    curve: bool,
-    copy: np.ndarray,
-    nan_copies: bool,
-    src_values: np.ndarray,
-    src_curve: np.ndarray,
-    nonzero: np.ndarray,
-    n_nonzero: np.ndarray,
-    scan: np.ndarray,
-    draft: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Values of a rule whose leading factors are replaced, per round in one pass.
-
-    What `selection.values` computes from a rule's scores, fused: scores =
-    path sums of per-edge log factors, `lead[r, i]` for the first L pool columns
-    where not NaN and the draft factor elsewhere (the same float32 sums as
-    `path_reduce`); the best-first top k (`_rank_row`); the cumulative path
-    probability in that order, accumulated in float64 and rounded to float32 as
-    torch's CPU cumsum does, read at positions `at` (-1: the empty tree, 0).
-    `curve` keeps the whole cumulative curve ([R, k]; k must then be the pool).
-    Rounds whose mass sits on few candidates (`n_nonzero[r]` >= 0 of them, listed in
-    `nonzero`: `sparse_mass_rows`) rank only those (`_sparse_mass`); `scan` ([R, P], the
-    draft order, or [1, 0]: pool order) is the order the others' top-k heap scans in, and
-    with `draft` ([R, P], the draft scores that order ranks, from `draft_logprob` by
-    `draft_scores`, which refuses NaN and +inf; [1, 0]: none) the heap stops where no later
-    candidate can enter (`_bounded_top_k`).
-    Rounds known to rank like a source rule are copied from its outputs
-    (`src_values`, `src_curve`): those with `copy[r]`, and with `nan_copies`
-    those whose leading factors are all NaN (the source is then draft selection).
-    Returns (values [R, len(at)] float32, curve [R, k or 0] float32, status):
-    status 0 ok, 1 a parent after its child (not pool order), 2 a NaN/+inf score.
-    The one-rule case of `rules_lead_values`.
-    """
-    values, curves, status = rules_lead_values(
-        draft_logprob, parent, lead[None], path_prob, valid, has_valid, k, at, curve,
-        copy, nan_copies, src_values, src_curve, nonzero, n_nonzero, scan, draft,
-    )  # fmt: skip
-    return values[0], curves[0], status
-
-
 @njit(parallel=True, nogil=True)
 def rules_lead_values(
     draft_logprob: np.ndarray,
@@ -223,15 +175,33 @@ def rules_lead_values(
     scan: np.ndarray,
     draft: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """`lead_factor_values` of J rules at once, round by round: `lead` [J, R, L] holds each
-    rule's leading factors; `copy`, `src_values` and `src_curve` are the same for all.
-    Returns (values [J, R, len(at)], curves [J, R, k or 0], the worst status).
+    """Values of J rules whose leading factors are replaced, per round in one pass.
 
-    Each rule gets the bits its own pass gives (`tests/test_select_kernels.py`). One
+    What `selection.values` computes from a rule's scores, fused: scores =
+    path sums of per-edge log factors, `lead[j, r, i]` for the first L pool columns
+    where not NaN and the draft factor elsewhere (the same float32 sums as
+    `path_reduce`); the best-first top k (`_rank_row`); the cumulative path
+    probability in that order, accumulated in float64 and rounded to float32 as
+    torch's CPU cumsum does, read at positions `at` (-1: the empty tree, 0).
+    `curve` keeps the whole cumulative curve ([J, R, k]; k must then be the pool).
+    Rounds whose mass sits on few candidates (`n_nonzero[r]` >= 0 of them, listed in
+    `nonzero`: `sparse_mass_rows`) rank only those (`_sparse_mass`); `scan` ([R, P], the
+    draft order, or [1, 0]: pool order) is the order the others' top-k heap scans in, and
+    with `draft` ([R, P], the draft scores that order ranks, from `draft_logprob` by
+    `draft_scores`, which refuses NaN and +inf; [1, 0]: none) the heap stops where no later
+    candidate can enter (`_bounded_top_k`).
+    Rounds known to rank like a source rule are copied from its outputs
+    (`src_values`, `src_curve`, the same for every rule): those with `copy[r]`, and with
+    `nan_copies` those whose leading factors are all NaN (the source is then draft
+    selection).
+    Returns (values [J, R, len(at)] float32, curves [J, R, k or 0] float32, status):
+    status 0 ok, 1 a parent after its child (not pool order), 2 a NaN/+inf score (the
+    worst over the rules).
+
+    Each rule gets the bits a pass of its own gives (`tests/test_select_kernels.py`). One
     round's pool stays in cache while every rule ranks it, where a pass per rule reads the
-    batch's pools again for each: the default job's 14 first-factor rules without curves
-    took 0.72x the kernel time of a pass each (four 2,048-round batches of the paper-scale
-    bench store, one thread), and the job 167-168 CPU s against 173-178 (README, issue 31).
+    batch's pools again for each: the default job took 167-168 CPU s against 173-178 with
+    a pass per rule (README, issue 31).
     """
     n_rules = lead.shape[0]
     n_rounds, width = draft_logprob.shape

@@ -112,7 +112,7 @@ def _fused_values(
     nan_copies: bool = False,
     scan: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """`lead_factor_values` (one compiled pass: scores, top k, values) for a pool with levels.
+    """`rules_lead_values` (one compiled pass: scores, top k, values) for a pool with levels.
 
     `src` (values [R, n_budgets], whole curve [R, P] or None) of a rule that ranks like
     this one in the rounds `copy` (and, with `nan_copies`, where `lead` is all NaN).
@@ -207,7 +207,7 @@ def evaluate_pools(
     (n <= P; entries at depth-1 candidates are read, NaN keeps the draft factor,
     values <= 0). On CPU pools with a shared depth layout a first-factor rule
     (and root, root_softmax, depth_two) is scored, ranked and valued in one
-    compiled pass (`fused.lead_factor_values`), which gives what its scores
+    compiled pass (`fused.rules_lead_values`), which gives what its scores
     would (`tests/test_select_kernels.py`). `edge_factors` adds rules given by every
     edge's log factor ([R, P], -inf outside the pool; per-depth calibrated), valued as their
     path sums (`path_sum`) would be, in that pass too. `ctx` and `draft_order` (the whole

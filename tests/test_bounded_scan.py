@@ -29,12 +29,14 @@ def _pools(top_m: int):
 def _values(pool, ctx, lead, k, draft):
     valid, has_valid = kernel_valid(ctx.restrict, ctx.draft)
     n = pool.shape[0]
-    return fused.lead_factor_values(
-        pool.draft_logprob.numpy(), pool.parent.numpy(), lead.numpy(), ctx.path_prob.numpy(), valid, has_valid, k,
+    values, curve, status = fused.rules_lead_values(
+        pool.draft_logprob.numpy(), pool.parent.numpy(), lead.numpy()[None], ctx.path_prob.numpy(),
+        valid, has_valid, k,
         AT, False, np.zeros(n, np.bool_), False,
         np.zeros((n, 3), np.float32), np.zeros((0, 0), np.float32), *ctx.sparse_mass,
         rank_order(ctx.draft, ctx.restrict).numpy(), draft,
     )  # fmt: skip
+    return values[0], curve[0], status  # the one rule's
 
 
 @pytest.mark.parametrize("top_m", [0, 90])

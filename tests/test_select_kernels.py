@@ -325,13 +325,14 @@ def test_every_route_of_the_fused_kernel_gives_the_torch_rankings_values(top_m):
     width = pool.shape[1]
 
     def run(lead, k, curve, sparse, scan, bounded):
-        return fused.lead_factor_values(
-            pool.draft_logprob.numpy(), pool.parent.numpy(), lead.numpy(),
+        values, cum, status = fused.rules_lead_values(
+            pool.draft_logprob.numpy(), pool.parent.numpy(), lead.numpy()[None],
             ctx.path_prob.numpy(), valid, has_valid, k, np.int64([0, 2, 3, k - 1]), curve,
             np.zeros(120, np.bool_), False, np.zeros((120, 4), np.float32),
             np.zeros((0, 0), np.float32), nonzero, count if sparse else np.full(120, -1),
             scan, ctx.draft.numpy() if bounded else np.zeros((1, 0), np.float32),
         )  # fmt: skip
+        return values[0], cum[0], status  # the one rule's
 
     for n_lead in (n1, 18):
         score = lead_factor_scores(ctx, lead[:, :n_lead], upto=1 if n_lead == n1 else 2)

@@ -29,7 +29,7 @@ from torch import Tensor
 from tree.attention import cache_length, forward_chain, forward_tree, tree_visibility
 from tree.config import PoolConfig
 
-if TYPE_CHECKING:  # annotations only (tree.attention: the offline commands never load it)
+if TYPE_CHECKING:  # annotations only: the offline commands never load transformers
     from transformers import DynamicCache, PreTrainedModel
 
 
