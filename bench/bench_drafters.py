@@ -119,6 +119,8 @@ def halves_text(groups: pd.DataFrame, halves: pd.DataFrame) -> str:
 def elasticity_text(table: pd.DataFrame) -> str:
     lines = ["\n== budget elasticity (100 x d ln, paired prompt bootstrap): "
              "d ln TPS = d ln tau + d ln eta"]  # fmt: skip
+    if table.empty:  # one budget per arm (e.g. --budgets 8): there is no change to show
+        lines.append("  none: each drafter ran at one budget (--budgets names two or more)")
     for _, r in table.iterrows():
         cells = [
             f"{q} {ci_text(r[f'd_ln_{q}'], r[f'd_ln_{q}_lo'], r[f'd_ln_{q}_hi'], unit='')}"

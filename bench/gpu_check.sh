@@ -26,6 +26,8 @@
 # more than twice that: DRAFTERS_ARGS="" with DRAFTERS_S=300 finished only T_t=0, 14
 # decoders in 126 s, on the third lease; the whole grid needs about 450 s in a call of its own);
 # round cost 2 x ~50 s (limit 2 x 90 s; it reuses the reranker the benchmark fitted).
+# On the 2026-12-05 H100 lease, with the warm-up: tests 46 s, benchmark 111 s, scored 58 s,
+# drafters 122 s (a 110 s limit was too short), round cost 92 s: 429 s for all five steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check_out}

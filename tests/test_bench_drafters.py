@@ -5,10 +5,11 @@ never asserted; greedy losslessness is checked by the bench itself (it stops oth
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import bench.drafters as drafters
-from bench.bench_drafters import load_kind, main
+from bench.bench_drafters import elasticity_text, load_kind, main
 from bench.common import suite_prompts
 from bench.drafters import Variant, decode_law, variants
 from tests.tiny_models import one_thread
@@ -96,3 +97,8 @@ def test_the_offline_half_fits_rerankers_on_a_kinds_own_traces(tmp_path, monkeyp
     assert {r["pair"] for r in rows} == {"0|0", "1|0"}
     assert all(r["gain_lo"] - 1e-9 <= r["gain"] <= r["gain_hi"] + 1e-9 for r in rows)
     assert (tmp_path / "cache" / "block-8x12" / "features" / "manifest.json").exists()
+
+
+def test_one_budget_says_why_there_is_no_elasticity():
+    # the 2026-12-05 GPU lease ran --budgets 8 and printed the section's header alone
+    assert "each drafter ran at one budget" in elasticity_text(pd.DataFrame())
