@@ -13,6 +13,7 @@ from rerank.fit.boosting import Capacity, fit_estimator
 from rerank.fit.crossfit import check_grouped, inner_validation, prompt_halves
 from rerank.fit.design import design_matrix
 from rerank.fit.halves import crossfit_predict
+from rerank.fit.law_memo import LawMemo
 from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.token_prior import token_prior_features
 from rerank.settings import model_capacity
@@ -212,3 +213,29 @@ def test_default_is_early_stopped_and_paper_is_fixed_400(hydra_conf) -> None:
     assert Capacity() == Capacity(n_iter=400, learning_rate=0.05, max_leaves=63)
     fixed = compose("train", overrides=["rerank.model.early_stopping=false"])
     assert not OmegaConf.to_object(fixed.rerank).model.early_stopping
+
+
+# -- what a law's feature sets share -----------------------------------------------------------
+
+
+def test_feature_sets_sharing_a_law_memo_fit_what_each_fits_alone(greedy_frame) -> None:
+    """One `LawMemo` across a law's feature sets (as `predict_first_factors` shares it) gives
+    each set the predictions and models of a cross-fit of its own; its parts (the split, the
+    token priors, the inner splits) come from the first set, and a setting they depend on
+    (the seed, the training share) keys parts of its own."""
+    frame = greedy_frame
+    folds = prompt_halves(frame["prompt_id"].to_numpy())
+    memo = LawMemo()
+    runs = [("base", 0, 1.0), ("rows", 0, 1.0), ("rows", 1, 1.0), ("base", 0, 0.5)]
+    sizes = []
+    for feature_set, seed, share in runs:
+        kw = dict(n_threads=1, capacity=STOP, seed=seed, train_share=share)
+        shared = crossfit_predict(frame, feature_set, "lgbm", "greedy", folds, memo=memo, **kw)
+        alone = crossfit_predict(frame, feature_set, "lgbm", "greedy", folds, **kw)
+        np.testing.assert_array_equal(shared.phat, alone.phat)
+        for a, b in zip(shared.models, alone.models, strict=True):
+            assert a.n_iter == b.n_iter and a.train_prompts == b.train_prompts
+        sizes.append(len(memo))
+    # the split, 2 inner splits and 2 training prompt lists; the second set adds nothing
+    assert sizes[0] == 5 and sizes[1] == 5
+    assert sizes[2] > sizes[1] and sizes[3] > sizes[2]

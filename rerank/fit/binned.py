@@ -26,7 +26,6 @@ for a law, freed with its frame.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import warnings
@@ -36,6 +35,7 @@ import lightgbm as lgb
 import numpy as np
 
 from rerank.fit.design import CATEGORICAL, TOKEN_PRIOR, BlockDataset, DesignRows
+from rerank.fit.law_memo import rows_key
 
 # What LightGBM's `add_features_from` says on every join of Datasets built from row blocks:
 # the raw rows were never kept (free_raw_data), and the Python-side category list is reset
@@ -63,7 +63,7 @@ class BinnedRuns:
     def training(self, rows: DesignRows, y: np.ndarray, params: dict) -> list[lgb.Dataset]:
         """The binned runs of ``rows`` in column order (`joined` makes their Dataset)."""
         names, fresh = rows.design.features, _fresh(rows)
-        where = (_digest(rows.index), json.dumps(params, sort_keys=True))
+        where = (rows_key(np.asarray(rows.index, np.int64)), json.dumps(params, sort_keys=True))
         known = {key[2] for key in tuple(self._runs) if key[:2] == where}  # other threads add
         return [self._run(rows, span, fresh, y, params, where)
                 for span in column_runs(names, fresh, known)]  # fmt: skip
@@ -143,7 +143,3 @@ def _bin(rows: DesignRows, lo: int, hi: int, y: np.ndarray, params: dict) -> lgb
     data = BlockDataset([run], label=y, feature_name=names, categorical_feature=cats,
                         params=params)  # fmt: skip
     return data.construct()
-
-
-def _digest(index: np.ndarray) -> str:
-    return hashlib.blake2b(np.ascontiguousarray(index, dtype=np.int64).tobytes()).hexdigest()

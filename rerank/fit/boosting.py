@@ -43,6 +43,7 @@ from threadpoolctl import threadpool_limits
 from rerank.fit.binned import BinnedRuns
 from rerank.fit.crossfit import inner_validation
 from rerank.fit.design import CATEGORICAL, DesignColumns, DesignRows
+from rerank.fit.law_memo import LawMemo, rows_key
 from rerank.fit.token_prior import PriorColumn, split_priors
 
 SMALL_FIT_ROWS = 100_000  # fits on fewer rows run on one thread (module doc)
@@ -97,6 +98,7 @@ def fit_estimator(
     rows: np.ndarray | None = None,
     prior: PriorColumn | None = None,
     runs: BinnedRuns | None = None,
+    memo: LawMemo | None = None,
 ) -> Any:
     """One library's estimator fitted on a design (a matrix or `DesignColumns`; columns =
     ``features``).
@@ -112,7 +114,8 @@ def fit_estimator(
     ``prior``: the token prior's column; with early stopping it is recomputed inside the
     inner split (`rerank.fit.token_prior.split_priors`), so no prior reads a label of the
     held-out prompts. ``runs``: LightGBM's binned columns, shared with the fits of other
-    feature sets on the same frame (`rerank.fit.binned`; None: this fit's own).
+    feature sets on the same frame (`rerank.fit.binned`; None: this fit's own). ``memo``:
+    early stopping's inner split and its priors, shared likewise (`rerank.fit.law_memo`).
     """
     design = X if isinstance(X, DesignColumns) else DesignColumns.of_matrix(X, features)
     w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
@@ -136,12 +139,14 @@ def fit_estimator(
             "early stopping needs the prompt of every training row (groups=) for its "
             "prompt-grouped inner split"
         )
-    held = inner_validation(groups, capacity.validation_share, seed, tasks)
+    held, p_in, p_held = (LawMemo() if memo is None else memo).get(
+        ("inner", law, rows_key(every), capacity.validation_share, seed,
+         None if prior is None else (prior.pseudo_count, prior.by_prompt)),
+        lambda: _inner_split(y, every, groups, tasks, prior, capacity.validation_share, seed),
+    )  # fmt: skip
     inner = ~held
     w_in, w_held = (None, None) if w is None else (w[inner], w[held])
     _check_fit_inputs(y[inner], law, w_in)
-    # each with its own prior column where the prior is given
-    p_in, p_held = (None, None) if prior is None else split_priors(prior, y, every, held, groups)
     column = None if prior is None else prior.column
     est, loss = _fit(
         DesignRows(design, every[inner], p_in, column), y[inner], w_in, features, kind, law,
@@ -153,6 +158,15 @@ def fit_estimator(
         return _fit(fit, y, w, features, kind, law, capacity, chosen, seed, n_threads,
                     runs=runs)[0]  # fmt: skip
     return _cut(est, kind, chosen)
+
+
+def _inner_split(y: np.ndarray, every: np.ndarray, groups: np.ndarray, tasks: np.ndarray | None,
+                 prior: PriorColumn | None, share: float, seed: int) -> tuple:  # fmt: skip
+    """(held-out rows of the training half, the inner rows' and the held-out rows' priors)."""
+    held = inner_validation(groups, share, seed, tasks)
+    # each with its own prior column where the prior is given
+    p_in, p_held = (None, None) if prior is None else split_priors(prior, y, every, held, groups)
+    return held, p_in, p_held
 
 
 def _cut(est: Any, kind: str, n_iter: int) -> Any:

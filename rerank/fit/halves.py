@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,7 @@ from rerank.fit.design import (
     shared_strings,
     task_categories,
 )
+from rerank.fit.law_memo import LawMemo, rows_key
 from rerank.fit.models import (
     BATCH_ROUTE,
     FittedReranker,
@@ -85,6 +86,7 @@ def crossfit_predict(
     fits: FitStore | None = None,
     train_share: float = 1.0,
     runs: BinnedRuns | None = None,
+    memo: LawMemo | None = None,
 ) -> CrossfitResult:
     """Out-of-fold phat (float64 in [PROB_FLOOR, 1]) for every row of one law's frame.
 
@@ -98,19 +100,20 @@ def crossfit_predict(
     fit found there is taken instead of refitted (`rerank.fit.resume`). ``train_share``: each
     half's model is fitted on that share of its training prompts (`prompt_subsample`) and
     still predicts the whole other half. ``runs``: LightGBM's binned columns of ``frame``,
-    shared with the cross-fits of its other feature sets (`rerank.fit.binned`).
+    shared with the cross-fits of its other feature sets (`rerank.fit.binned`). ``memo``: what
+    those cross-fits compute alike (`rerank.fit.law_memo`; None: this cross-fit's own).
     """
     _check_args(frame, kind, law)
     folds = _checked_folds(folds, len(frame))
-    # Object arrays whose rows share one string per distinct id (8 bytes a row): a string
-    # per row, Python's or numpy's, would cost 50-100 bytes a row at every fit.
-    prompt_ids, tasks = (shared_strings(frame[c]) for c in ("prompt_id", "task"))
-    check_grouped(prompt_ids, folds)
+    memo = LawMemo() if memo is None else memo
+    split = memo.get(("split", law, rows_key(folds), train_share, seed, pseudo_count, prior_split),
+                     lambda: _law_split(frame, law, folds, train_share, seed, pseudo_count,
+                                        prior_split))  # fmt: skip
+    prompt_ids, tasks, masks, y, priors = split
     features = feature_list(feature_set)
     cats = task_categories(frame, categories)
-    masks = _training_masks(folds, prompt_ids, tasks, train_share, seed)
-    design, y, priors, column = _design(frame, features, cats, law, masks, pseudo_count,
-                                        _prior_groups(prior_split, prompt_ids))  # fmt: skip
+    design, column = _design(frame, features, cats, masks, priors, pseudo_count,
+                             prior_split == "prompt")  # fmt: skip
     fp_cols = _fingerprint_columns(frame, features, law)
     sample_weight = _checked_weights(sample_weight, len(frame))
     phat = np.full(len(frame), np.nan, dtype=np.float64)
@@ -121,6 +124,7 @@ def crossfit_predict(
         return fit_estimator(
             design, y, features, kind, law, capacity, seed, fit_threads, sample_weight=sample_weight,
             groups=prompt_ids, tasks=tasks, rows=np.flatnonzero(train), prior=column, runs=runs,
+            memo=memo,
         )  # fmt: skip
 
     keys, prints = _fit_keys(fp_cols, hash_rows(frame, fp_cols), masks, sample_weight, kind=kind, law=law,
@@ -136,8 +140,11 @@ def crossfit_predict(
     for i, ((_, train, predict), (prior, full)) in enumerate(zip(masks, priors, strict=True)):
         if saved[i] is None:
             est, secs = fitted[i]
+            trained = memo.get(
+                ("prompts", rows_key(train)), lambda t=train: _prompts(prompt_ids[t])
+            )
             model = FittedReranker(kind, law, feature_set, features, cats, est, full,
-                                   prints[i][0], seed, capacity, _prompts(prompt_ids[train]))  # fmt: skip
+                                   prints[i][0], seed, capacity, trained)  # fmt: skip
             # the other fold's rows, with this fold's prior
             rows = DesignRows(design, np.flatnonzero(predict), prior[predict], column.column)
             saved[i] = SavedFit(model, predict_blocks(model, rows, n_threads, route), secs)
@@ -179,14 +186,15 @@ class LawFits:
     train_share: float
 
     def crossfit(self, frame: pd.DataFrame, temperature: float, feature_set: str,
-                 folds: dict[str, int], runs: BinnedRuns | None = None) -> CrossfitResult:  # fmt: skip
+                 folds: dict[str, int], runs: BinnedRuns | None = None,
+                 memo: LawMemo | None = None) -> CrossfitResult:  # fmt: skip
         """`crossfit_predict` of one law's rows `frame` with these settings (``runs``: the binned
-        columns of ``frame``'s other feature sets' fits)."""
+        columns of ``frame``'s other feature sets' fits; ``memo``: what they compute alike)."""
         return crossfit_predict(
             frame, feature_set, self.kind, law_kind(temperature), frame_folds(frame, folds),
             seed=self.seed, n_threads=self.n_threads, categories=self.categories,
             capacity=self.capacity, prior_split=self.prior_split, fits=self.fits,
-            train_share=self.train_share, runs=runs,
+            train_share=self.train_share, runs=runs, memo=memo,
         )  # fmt: skip
 
 
@@ -221,21 +229,41 @@ def _fit_keys(fp_cols: list[str], row_hashes: np.ndarray, masks: list,
     return keys, prints
 
 
-def _design(frame: pd.DataFrame, features: list[str], cats: list[str], law: str, masks: list,
-            pseudo_count: float, by_prompt: np.ndarray | None) -> tuple:  # fmt: skip
-    """(the design's columns, y, each fold's (prior, table), the prior column) for both
-    folds' fits."""
+class LawSplit(NamedTuple):
+    """What a law's cross-fits share whatever the feature set (`_law_split`)."""
+
+    prompt_ids: np.ndarray  # object arrays whose rows share one string per distinct id
+    tasks: np.ndarray
+    masks: list  # (fold, training rows, predicted rows) of each half
+    y: np.ndarray
+    priors: list  # each fold's (token prior of every row, the prior fitted on its half)
+
+
+def _law_split(frame: pd.DataFrame, law: str, folds: np.ndarray, train_share: float, seed: int,
+               pseudo_count: float, prior_split: str) -> LawSplit:  # fmt: skip
+    """The folds' rows (checked grouped by prompt), the labels and each fold's token prior."""
+    # Object arrays whose rows share one string per distinct id (8 bytes a row): a string
+    # per row, Python's or numpy's, would cost 50-100 bytes a row at every fit.
+    prompt_ids, tasks = (shared_strings(frame[c]) for c in ("prompt_id", "task"))
+    check_grouped(prompt_ids, folds)
+    masks = _training_masks(folds, prompt_ids, tasks, train_share, seed)
     y = _labels(frame, law)
-    tokens = frame["token"].to_numpy()
+    tokens, by_prompt = frame["token"].to_numpy(), _prior_groups(prior_split, prompt_ids)
+    priors = [token_prior_features(tokens, y, train, pseudo_count, by_prompt)
+              for _, train, _ in masks]  # fmt: skip
+    return LawSplit(prompt_ids, tasks, masks, y, priors)
+
+
+def _design(frame: pd.DataFrame, features: list[str], cats: list[str], masks: list,
+            priors: list, pseudo_count: float, by_prompt: bool) -> tuple:  # fmt: skip
+    """(the design's columns, the prior column) for both folds' fits."""
     # One design for both folds, its rows read in blocks by each fit. The folds' training
     # halves are disjoint, so each sets its own training rows' prior column in place.
     design = DesignColumns(frame, features, cats, np.zeros(len(frame), np.float32))
-    priors = [token_prior_features(tokens, y, train, pseudo_count, by_prompt)
-              for _, train, _ in masks]  # fmt: skip
     for (_, train, _), (prior, _) in zip(masks, priors, strict=True):
         design.prior[train] = prior[train]
-    j_prior = features.index(TOKEN_PRIOR)
-    return design, y, priors, PriorColumn(j_prior, tokens, pseudo_count, by_prompt is not None)
+    tokens = frame["token"].to_numpy()
+    return design, PriorColumn(features.index(TOKEN_PRIOR), tokens, pseudo_count, by_prompt)
 
 
 _PREDICT_BLOCK = 1 << 19  # held-out rows predicted at once (about 120 MB of 57 floats)

@@ -29,6 +29,7 @@ from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
 from rerank.fit.design import same_values
 from rerank.fit.halves import CrossfitResult, FitStore, LawFits, frame_folds, prompt_folds
+from rerank.fit.law_memo import LawMemo
 from rerank.fit.models import LABEL_OF_LAW, FittedReranker
 from selection.pool_batch import PoolBatch
 from selection.ranking import pool_levels
@@ -177,11 +178,11 @@ def predict_first_factors(
         # 3 bytes a row where two strings take 33), the rows checked equal to the frame's
         out = candidates[[*ROUND_KEYS, "cand_index"]].take(rows).reset_index(drop=True)
         out["fold"] = fold
-        runs = BinnedRuns()  # the law's binned columns, shared by its feature sets' fits
+        runs, memo = BinnedRuns(), LawMemo()  # what the law's feature sets' fits share
         for feature_set in feature_sets:
             name, key = learned(feature_set, kind).name, (float(temperature), feature_set)
             runs.keep = feature_set != feature_sets[-1]  # the last set takes the kept runs
-            res = done[key] if key in done else settings.crossfit(frame, *key, folds, runs)
+            res = done[key] if key in done else settings.crossfit(frame, *key, folds, runs, memo)
             out[name] = res.phat
             if simulated is not None:
                 simulated.add_to(out, name, feature_set, res.models, fold, key[0])
@@ -196,7 +197,7 @@ def predict_first_factors(
             if name not in rules:
                 rules.append(name)
         parts.append(out)
-        del frame, runs  # the next law's rows take their place
+        del frame, runs, memo  # the next law's rows take their place
         release_freed_heap()
     return FirstFactorPredictions(
         pd.concat(parts, ignore_index=True), rules, models, seconds, np.concatenate(positions)
