@@ -236,6 +236,6 @@ def test_feature_sets_sharing_a_law_memo_fit_what_each_fits_alone(greedy_frame) 
         for a, b in zip(shared.models, alone.models, strict=True):
             assert a.n_iter == b.n_iter and a.train_prompts == b.train_prompts
         sizes.append(len(memo))
-    # the split, 2 inner splits and 2 training prompt lists; the second set adds nothing
-    assert sizes[0] == 5 and sizes[1] == 5
+    # the split and the 2 inner splits; the second set adds nothing
+    assert sizes[0] == 3 and sizes[1] == 3
     assert sizes[2] > sizes[1] and sizes[3] > sizes[2]

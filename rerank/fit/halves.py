@@ -105,11 +105,8 @@ def crossfit_predict(
     """
     _check_args(frame, kind, law)
     folds = _checked_folds(folds, len(frame))
-    memo = LawMemo() if memo is None else memo
-    split = memo.get(("split", law, rows_key(folds), train_share, seed, pseudo_count, prior_split),
-                     lambda: _law_split(frame, law, folds, train_share, seed, pseudo_count,
-                                        prior_split))  # fmt: skip
-    prompt_ids, tasks, masks, y, priors = split
+    prompt_ids, tasks, masks, y, priors, trained = _shared_split(
+        memo, frame, law, folds, train_share, seed, pseudo_count, prior_split)  # fmt: skip
     features = feature_list(feature_set)
     cats = task_categories(frame, categories)
     design, column = _design(frame, features, cats, masks, priors, pseudo_count,
@@ -137,14 +134,11 @@ def crossfit_predict(
     fitted = dict(zip(todo, _fit_folds(fit_fold, [masks[i][1] for i in todo], workers),
                       strict=True))  # fmt: skip
     release_freed_heap()  # the fits' bins, before the held-out halves' blocks
-    for i, ((_, train, predict), (prior, full)) in enumerate(zip(masks, priors, strict=True)):
+    for i, ((_, _, predict), (prior, full)) in enumerate(zip(masks, priors, strict=True)):
         if saved[i] is None:
             est, secs = fitted[i]
-            trained = memo.get(
-                ("prompts", rows_key(train)), lambda t=train: _prompts(prompt_ids[t])
-            )
             model = FittedReranker(kind, law, feature_set, features, cats, est, full,
-                                   prints[i][0], seed, capacity, trained)  # fmt: skip
+                                   prints[i][0], seed, capacity, trained[i])  # fmt: skip
             # the other fold's rows, with this fold's prior
             rows = DesignRows(design, np.flatnonzero(predict), prior[predict], column.column)
             saved[i] = SavedFit(model, predict_blocks(model, rows, n_threads, route), secs)
@@ -237,11 +231,23 @@ class LawSplit(NamedTuple):
     masks: list  # (fold, training rows, predicted rows) of each half
     y: np.ndarray
     priors: list  # each fold's (token prior of every row, the prior fitted on its half)
+    trained: list  # each fold's training prompts (`FittedReranker.train_prompts`)
+
+
+def _shared_split(memo: LawMemo | None, frame: pd.DataFrame, law: str, folds: np.ndarray,
+                  *settings: Any) -> LawSplit:  # fmt: skip
+    """`_law_split` of these settings (train_share, seed, pseudo_count, prior_split), from
+    ``memo`` when an earlier feature set computed it."""
+    key = ("split", law, rows_key(folds), *settings)
+    return (LawMemo() if memo is None else memo).get(
+        key, lambda: _law_split(frame, law, folds, *settings)
+    )
 
 
 def _law_split(frame: pd.DataFrame, law: str, folds: np.ndarray, train_share: float, seed: int,
                pseudo_count: float, prior_split: str) -> LawSplit:  # fmt: skip
-    """The folds' rows (checked grouped by prompt), the labels and each fold's token prior."""
+    """The folds' rows (checked grouped by prompt), the labels, each fold's token prior and
+    training prompts."""
     # Object arrays whose rows share one string per distinct id (8 bytes a row): a string
     # per row, Python's or numpy's, would cost 50-100 bytes a row at every fit.
     prompt_ids, tasks = (shared_strings(frame[c]) for c in ("prompt_id", "task"))
@@ -251,7 +257,8 @@ def _law_split(frame: pd.DataFrame, law: str, folds: np.ndarray, train_share: fl
     tokens, by_prompt = frame["token"].to_numpy(), _prior_groups(prior_split, prompt_ids)
     priors = [token_prior_features(tokens, y, train, pseudo_count, by_prompt)
               for _, train, _ in masks]  # fmt: skip
-    return LawSplit(prompt_ids, tasks, masks, y, priors)
+    trained = [_prompts(prompt_ids[train]) for _, train, _ in masks]
+    return LawSplit(prompt_ids, tasks, masks, y, priors, trained)
 
 
 def _design(frame: pd.DataFrame, features: list[str], cats: list[str], masks: list,

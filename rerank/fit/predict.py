@@ -1,11 +1,10 @@
 """Out-of-fold first-factor predictions of every learned rule (SPEC §7-8).
 
-For each decoding law separately (greedy rows are never mixed with sampled rows):
-cross-fitted rerankers (one per feature set: Base, Rows and those beyond the paper),
-the isotonic control of the first draft factor and the draft-rank control give phat
-for every first-level candidate; per-depth isotonic maps of every draft factor are
-fitted on pool edges of the training half. Every prediction of a prompt comes from a
-model fitted on the other half (`rerank.fit.crossfit` conventions).
+For each decoding law separately (greedy rows are never mixed with sampled rows), cross-fitted
+rerankers (one per feature set: Base, Rows and those beyond the paper), the isotonic control of
+the first draft factor and the draft-rank control give phat for every first-level candidate;
+per-depth isotonic maps of every draft factor are fitted on pool edges of the training half.
+Every prediction of a prompt comes from a model fitted on the other half (`rerank.fit.crossfit`).
 """
 
 from __future__ import annotations
