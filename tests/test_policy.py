@@ -4,11 +4,14 @@ root_if_covered and draft_scored through the evaluation pass."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+import torch
 
 from decode.loop import decode_prompt
 from decode.recording import record_traces
@@ -16,12 +19,19 @@ from features.registry import FEATURES
 from features.schema import candidate_store
 from pairs.prompts import encode_prompt
 from rerank.config import RerankConfig
-from rerank.evaluate.policy import PolicyRounds, _held, for_policy, own_tree_coverage
+from rerank.evaluate.policy import (
+    PolicyRounds,
+    _held,
+    for_policy,
+    own_tree_coverage,
+    simulable_rounds,
+)
 from rerank.evaluate.pool_chunks import chunk_of
+from rerank.evaluate.tree_coverage import compiled_coverage
 from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.serving import OnlinePredictor, load_online_reranker
 from rerank.settings import check_settings
-from selection.ranking import rank_order, ranks_of_order
+from selection.ranking import rank_order, ranks_of_order, torch_route
 from selection.values import rule_scores
 from specrank.trace_schema import TRACE_SCHEMA, trace_store
 from tests.fake_traces import random_trace
@@ -274,3 +284,48 @@ def test_under_tree_coverage_is_zero_and_the_tree_is_the_first_b_valid_candidate
                                          table["round_index"].to_pylist(), strict=True))}  # fmt: skip
     rows = [at[k] for k in zip(out["prompt_id"], out["round_index"], strict=True)]
     np.testing.assert_array_equal(out["scored/draft@B5"], ((rank < 5) & valid).sum(-1)[rows])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_compiled_coverage_is_the_torch_routes_bit_for_bit(seed):
+    """The CPU kernel (rerank.evaluate.tree_coverage) against the torch route, every policy,
+    on pools of varied shapes (padded, partly invalid) and orders that need not rank the
+    valid candidates first."""
+    table = random_trace(seed, n_prompts=5, n_rounds=8)
+    greedy_rows = np.arange(len(table)) % 2 == 0  # half the rounds greedy: one term at most
+    temperature = np.where(greedy_rows, 0.0, table["temperature"].to_numpy())
+    table = table.set_column(table.schema.get_field_index("temperature"), "temperature",
+                             pa.array(temperature, pa.float32()))  # fmt: skip
+    chunk = chunk_of(table)
+    gen = torch.Generator().manual_seed(seed)
+    scored = torch.rand(chunk.ctx.path_prob.shape, generator=gen) < 0.5
+    shuffled = torch.argsort(torch.rand(chunk.ctx.path_prob.shape, generator=gen), dim=-1)
+    orders = [chunk.order, rank_order(rule_scores(chunk.ctx, "root")), shuffled]
+    for policy, order, budget, top_m in itertools.product(
+        ["top_m", "frontier", "record", "pool"], orders, [0, 1, 3, 7, 40], [0, 1, 5, 100]
+    ):
+        with torch_route():
+            reference = own_tree_coverage(chunk.ctx, order, budget, policy, top_m, scored)
+        pool = chunk.ctx.pool
+        for few_terms in (True, False):  # sums tried directly first, or the terms at once
+            compiled = compiled_coverage(order, pool.valid, pool.parent, chunk.ctx.path_prob,
+                                         budget, policy, top_m, scored, few_terms)  # fmt: skip
+            for got, want in zip(compiled, reference, strict=True):
+                assert got.dtype == want.dtype and torch.equal(got, want), (policy, budget)
+    for greedy in (True, False):  # the whole route, on rounds of each law
+        part = chunk_of(table.filter(pa.array(greedy_rows if greedy else ~greedy_rows)))
+        assert (part.ctx.pool.temperature == 0).all() == greedy
+        for policy in ["top_m", "pool"]:
+            got = own_tree_coverage(part.ctx, part.order, 5, policy, 3, part.scored)
+            with torch_route():
+                want = own_tree_coverage(part.ctx, part.order, 5, policy, 3, part.scored)
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    terms = compiled_coverage(chunk.order, pool.valid, pool.parent, chunk.ctx.path_prob, 3,
+                              "pool", 0, None, True)[0]  # fmt: skip
+    assert (terms > 0).any()  # some rounds are covered at all
+    # the rounds whose every parent was scored, for a recording that scored most prefixes
+    chunk.__dict__["scored"] = torch.rand(scored.shape, generator=gen) < 0.97
+    with torch_route():
+        simulable = simulable_rounds(chunk, "top_m")
+    assert 0 < simulable.mean() < 1
+    np.testing.assert_array_equal(simulable_rounds(chunk, "top_m"), simulable)

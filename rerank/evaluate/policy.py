@@ -41,9 +41,10 @@ from torch import Tensor
 
 from features.registry import FEATURES
 from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, series_order
+from rerank.evaluate.tree_coverage import compiled_coverage, parents_scored
 from selection.context import PoolContext
 from selection.policies import SCORE_MODES, SIMULATED
-from selection.ranking import rank_order, ranks_of_order
+from selection.ranking import compiled_route, rank_order, ranks_of_order
 from selection.rules import BASELINE, parse_value_key, value_key
 from selection.values import lead_factor_scores, rule_scores, values_at_budgets
 from specrank.jit import njit
@@ -64,6 +65,16 @@ def own_tree_coverage(ctx: PoolContext, order: Tensor, budget: int, policy: str,
         # `order` ranks the valid candidates first; nothing to rank or gather
         n_tree = valid.sum(-1).clamp(max=budget)
         return torch.zeros(len(n_tree), dtype=torch.float64), n_tree, torch.zeros_like(n_tree)
+    if policy == "record" and scored is None:
+        raise ValueError("rerank.score=record needs the recording's cand_scored column")
+    if (
+        policy in SCORE_MODES
+        and order.dim() == 2
+        and all(map(compiled_route, (order, ctx.path_prob)))
+    ):
+        greedy = bool((pool.temperature == 0).all())  # one path: one term a round at most
+        return compiled_coverage(order, valid, pool.parent, ctx.path_prob, budget, policy,
+                                 top_m, scored, few_terms=greedy)  # fmt: skip
     rank = ranks_of_order(order)
     in_tree = (rank < budget) & valid
     outside = valid & ~in_tree
@@ -74,8 +85,6 @@ def own_tree_coverage(ctx: PoolContext, order: Tensor, budget: int, policy: str,
     elif policy == "frontier":
         q = frontier
     elif policy == "record":
-        if scored is None:
-            raise ValueError("rerank.score=record needs the recording's cand_scored column")
         q = outside & scored
     elif policy == "pool":
         q = outside
@@ -230,6 +239,8 @@ def simulable_rounds(chunk: PoolChunk, policy: str) -> np.ndarray:
     if policy == "tree":
         return np.ones(len(chunk.table), dtype=bool)
     pool = chunk.ctx.pool
+    if compiled_route(pool.parent):
+        return parents_scored(chunk.scored, pool.parent, pool.valid)
     parent_scored = torch.gather(chunk.scored, -1, pool.parent.clamp(min=0)) | (pool.parent < 0)
     return (parent_scored | ~pool.valid).all(-1).numpy()
 

@@ -109,8 +109,8 @@ def fit_estimator(
     split; early stopping needs ``groups``. ``n_threads``: see the module doc.
     ``rows`` (indices into X and into every per-row argument; None: all rows) are
     the training rows. LightGBM reads them from X in row blocks (`DesignRows`), with
-    early stopping the inner and held-out rows too; HGB fits a float32 copy of them (its
-    own float64 conversion then costs less than one of ours would).
+    early stopping the inner and held-out rows too; HGB fits a column-major float64 copy of
+    them (`DesignColumns.column_major`: the one layout it bins without copying again).
     ``prior``: the token prior's column; with early stopping it is recomputed inside the
     inner split (`rerank.fit.token_prior.split_priors`), so no prior reads a label of the
     held-out prompts. ``runs``: LightGBM's binned columns, shared with the fits of other
@@ -211,7 +211,7 @@ def lgbm_params(law: str, capacity: Capacity, seed: int, n_threads: int | None) 
 
 def _data_random_seed(seed: int) -> int:
     """LightGBM's `data_random_seed` for `seed` (its Config::Set: one step of its LCG
-    `Random(seed).NextShort(0, 32767)`; `tests/test_crossfit.py` checks it is the one the
+    `Random(seed).NextShort(0, 32767)`; `tests/test_design_layouts.py` checks it is the one the
     library derives)."""
     x = (214013 * seed + 2531011) & 0xFFFFFFFF
     return ((x >> 16) & 0x7FFF) % 32767
@@ -235,7 +235,7 @@ def _fit(
     if kind == "hgb":  # scikit-learn fits in-memory matrices only
         cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
         valid = None if valid is None else (valid[0].matrix(), *valid[1:])
-        return _fit_hgb(X.matrix(), y, w, features, law, capacity, n_iter, seed, n_threads,
+        return _fit_hgb(X.column_major(), y, w, features, law, capacity, n_iter, seed, n_threads,
                         cat_idx, valid)  # fmt: skip
     params = lgbm_params(law, capacity, seed, n_threads)
     # LightGBM sizes its per-thread buffers by `num_threads`, but some of its parallel
@@ -298,7 +298,7 @@ def _fit_hgb(X, y, w, features, law, capacity, n_iter, seed, n_threads, cat_idx,
     # prediction (where the column may hold values) is unaffected.
     empty = np.isnan(X).all(axis=0)
     if empty.any():
-        X = X.copy()
+        X = X.copy(order="K")
         X[:, empty] = 0.0
     target = y.astype(np.int64) if law == "greedy" else y
     fit_args: dict[str, Any] = {"sample_weight": w}

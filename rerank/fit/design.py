@@ -135,9 +135,7 @@ class DesignColumns:
         `TOKEN_PRIOR` feature's)."""
         n = self.n_rows if index is None else len(index)
         X = np.empty((n, len(self.columns)), dtype=np.float32)
-        j_prior = -1 if prior is None else column
-        if prior is not None and column is None:
-            j_prior = self.features.index(TOKEN_PRIOR)
+        j_prior = self._prior_at(prior, column)
         # Filled in blocks of rows that stay in cache: a whole column at a time writes one
         # float of every 57-float row, 7x slower at paper scale (1.84M rows: 2.6 s vs 0.35 s).
         for lo in range(0, n, _DESIGN_BLOCK):
@@ -148,6 +146,29 @@ class DesignColumns:
                 block[:, j] = prior[lo : lo + _DESIGN_BLOCK] if j == j_prior else values[at]
         return X
 
+    def column_major(self, index: np.ndarray, prior: np.ndarray | None = None,
+                     column: int | None = None) -> np.ndarray:  # fmt: skip
+        """`rows`' float32 values as a column-major float64 matrix (each value the same).
+
+        What scikit-learn's HistGradientBoosting fits on without copying: given float32
+        rows with a categorical column, it copies the rows three times before binning
+        (its column split, float64 conversion and restacking), 1.65 CPU s at 1.8M x 35
+        against 0.24 s for this layout; the same values give the same bins and trees.
+        """
+        X = np.empty((len(index), len(self.columns)), dtype=np.float64, order="F")
+        j_prior = self._prior_at(prior, column)
+        for j, values in enumerate(self.columns):
+            # through float32, as `rows` rounds a column of another dtype
+            taken = prior if j == j_prior else values[index]
+            X[:, j] = taken.astype(np.float32, copy=False)
+        return X
+
+    def _prior_at(self, prior: np.ndarray | None, column: int | None) -> int:
+        """The column `prior` replaces (-1: none; `column`, or the TOKEN_PRIOR feature's)."""
+        if prior is None:
+            return -1
+        return self.features.index(TOKEN_PRIOR) if column is None else column
+
 
 _SAMPLE_BLOCK = 4_096  # rows copied at once to serve LightGBM's row-by-row bin sample
 
@@ -157,7 +178,7 @@ class DesignRows(lgb.Sequence):
     LightGBM's `Sequence`: a Dataset built from it reads the rows in blocks of `batch_size`,
     so a fit holds its binned rows and one block, never a float copy of its rows. The bins
     and the fitted model are the same bits as from the rows' matrix
-    (`tests/test_crossfit.py::test_a_fit_from_row_blocks_is_the_fit_from_the_matrix`)."""
+    (`tests/test_design_layouts.py::test_a_fit_from_row_blocks_is_the_fit_from_the_matrix`)."""
 
     batch_size = 65_536  # rows per block pushed into the Dataset (about 15 MB of 57 floats)
 
@@ -184,6 +205,10 @@ class DesignRows(lgb.Sequence):
         """The float32 matrix of these rows (``part`` of them: a slice or positions)."""
         prior = None if self.prior is None else self.prior[part]
         return self.design.rows(self.index[part], prior, self.column)
+
+    def column_major(self) -> np.ndarray:
+        """All these rows as `DesignColumns.column_major` (float64, column-major)."""
+        return self.design.column_major(self.index, self.prior, self.column)
 
 
 def _numeric_view(col: pd.Series) -> np.ndarray:
