@@ -320,9 +320,9 @@ def test_the_compiled_coverage_is_the_torch_routes_bit_for_bit(seed):
             with torch_route():
                 want = own_tree_coverage(part.ctx, part.order, 5, policy, 3, part.scored)
             assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-    terms = compiled_coverage(chunk.order, pool.valid, pool.parent, chunk.ctx.path_prob, 3,
-                              "pool", 0, None, True)[0]  # fmt: skip
-    assert (terms > 0).any()  # some rounds are covered at all
+    cov = compiled_coverage(chunk.order, pool.valid, pool.parent, chunk.ctx.path_prob, 3,
+                            "pool", 0, None, True)[0]  # fmt: skip
+    assert (cov > 0).any()  # some rounds are covered at all
     # the rounds whose every parent was scored, for a recording that scored most prefixes
     chunk.__dict__["scored"] = torch.rand(scored.shape, generator=gen) < 0.97
     with torch_route():

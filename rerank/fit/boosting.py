@@ -234,7 +234,7 @@ def _fit(
     """(estimator, held-out loss after each iteration, or None without `valid`)."""
     if kind == "hgb":  # scikit-learn fits in-memory matrices only
         cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
-        valid = None if valid is None else (valid[0].matrix(), *valid[1:])
+        valid = None if valid is None else (valid[0].column_major(), *valid[1:])
         return _fit_hgb(X.column_major(), y, w, features, law, capacity, n_iter, seed, n_threads,
                         cat_idx, valid)  # fmt: skip
     params = lgbm_params(law, capacity, seed, n_threads)
