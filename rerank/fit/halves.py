@@ -43,7 +43,6 @@ from rerank.fit.models import (
 )
 from rerank.fit.token_prior import DEFAULT_PSEUDO_COUNT, PriorColumn, token_prior_features
 from specrank.laws import law_kind
-from specrank.memory import heap_retained
 
 log = logging.getLogger(__name__)
 
@@ -131,25 +130,24 @@ def crossfit_predict(
     saved = _taken(fits, keys, [int(p.sum()) for _, _, p in masks], features, prints,
                    f"{feature_set} {law}")  # fmt: skip
     todo = [i for i, s in enumerate(saved) if s is None]
-    # the fits' large transients (scikit-learn's copies of the rows, its bins) and the held-out
-    # blocks reused from fit to prediction, not mapped and zeroed afresh (`heap_retained`; it
-    # returns them after): experiment=paper's fits took 17.0 system s against 19.4-19.9 with
-    # the heap returned between the fits and the predictions, at a peak of 2.91 GiB against
-    # 3.11-3.15 (one job each; README, issue 31)
-    with heap_retained():
-        fitted = dict(zip(todo, _fit_folds(fit_fold, [masks[i][1] for i in todo], workers),
-                          strict=True))  # fmt: skip
-        for i, ((_, _, predict), (prior, full)) in enumerate(zip(masks, priors, strict=True)):
-            if saved[i] is None:
-                est, secs = fitted[i]
-                model = FittedReranker(kind, law, feature_set, features, cats, est, full,
-                                       prints[i][0], seed, capacity, trained[i])  # fmt: skip
-                # the other fold's rows, with this fold's prior
-                rows = DesignRows(design, np.flatnonzero(predict), prior[predict], column.column)
-                saved[i] = SavedFit(model, predict_blocks(model, rows, n_threads, route), secs)
-                if fits is not None:
-                    fits.save(keys[i], saved[i])
-            phat[predict] = saved[i].phat
+    fitted = dict(zip(todo, _fit_folds(fit_fold, [masks[i][1] for i in todo], workers),
+                      strict=True))  # fmt: skip
+    # No return of the heap here: the job keeps it (`retain_freed_heap` at the entry point),
+    # so the held-out blocks reuse the fits' freed copies rather than mapping and zeroing
+    # fresh pages; the caller returns it after each cross-fit. experiment=paper's job took
+    # 14.1 system s through its first three pairs of fits against 19.6 with a return here (one
+    # job each; README, issue 31).
+    for i, ((_, _, predict), (prior, full)) in enumerate(zip(masks, priors, strict=True)):
+        if saved[i] is None:
+            est, secs = fitted[i]
+            model = FittedReranker(kind, law, feature_set, features, cats, est, full,
+                                   prints[i][0], seed, capacity, trained[i])  # fmt: skip
+            # the other fold's rows, with this fold's prior
+            rows = DesignRows(design, np.flatnonzero(predict), prior[predict], column.column)
+            saved[i] = SavedFit(model, predict_blocks(model, rows, n_threads, route), secs)
+            if fits is not None:
+                fits.save(keys[i], saved[i])
+        phat[predict] = saved[i].phat
     models, seconds = zip(*((f.model, f.seconds) for f in saved), strict=True)
     return CrossfitResult(phat, folds.astype(np.int8), models, seconds)
 
