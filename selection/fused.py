@@ -201,7 +201,7 @@ def rules_lead_values(
     Each rule gets the bits a pass of its own gives (`tests/test_select_kernels.py`). One
     round's pool stays in cache while every rule ranks it, where a pass per rule reads the
     batch's pools again for each: the default job took 167-168 CPU s against 173-178 with
-    a pass per rule (README, issue 31).
+    a pass per rule (bench/SCALING.md).
     """
     n_rules = lead.shape[0]
     n_rounds, width = draft_logprob.shape

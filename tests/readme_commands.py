@@ -32,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# the README and the measurement logs it links to, whose command lines are checked alike
+DOCS = (README, ROOT / "bench" / "SCALING.md")
 EXEMPT = re.compile(r"<!--\s*commands:\s*exempt\s*\((?P<why>[^)]+)\)\s*-->")
 HYDRA_MODULES = ("decode.", "features.", "rerank.")
 
@@ -53,8 +55,8 @@ def _lines(block: str) -> list[str]:
 
 
 def readme_commands(text: str | None = None) -> list[Command]:
-    """The README's command lines, in order, each once."""
-    text = README.read_text() if text is None else text
+    """The command lines of the README and of the logs it links to (`DOCS`), in order, each once."""
+    text = "\n".join(d.read_text() for d in DOCS) if text is None else text
     out: list[Command] = []
     exempt = ""
     for m in re.finditer(r"^```(\w*)\n(.*?)^```|<!--.*?-->|`([^`\n][^`]*)`", text, re.S | re.M):

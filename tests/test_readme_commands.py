@@ -1,4 +1,5 @@
-"""Every command line the README shows is run (issue 30): composed, parsed or dry-run.
+"""Every command line the README (and the logs it links to, `DOCS`) shows is run (issue 30):
+composed, parsed or dry-run.
 
 See `tests/readme_commands.py` for what each kind of line becomes. The Python ones run in
 one subprocess (one import of torch and Hydra for all of them); `make` lines run as

@@ -136,7 +136,7 @@ def crossfit_predict(
     # so the held-out blocks reuse the fits' freed copies rather than mapping and zeroing
     # fresh pages; the caller returns it after each cross-fit. experiment=paper's job took
     # 14.1 system s through its first three pairs of fits against 19.6 with a return here (one
-    # job each; README, issue 31).
+    # job each; bench/SCALING.md).
     for i, ((_, _, predict), (prior, full)) in enumerate(zip(masks, priors, strict=True)):
         if saved[i] is None:
             est, secs = fitted[i]
