@@ -16,7 +16,8 @@ of those times is printed, with the full-fit times and final losses.
 Full job (`--full-job`): wall and CPU seconds and peak memory of the default
 `python -m rerank.train` on the same stores, for this code and, with
 `--baseline DIR`, for another code tree (ratios baseline / current from the same
-run). Then the baseline's own fitted models (its out-of-fold predictions) are
+run; `--pairs N`: N interleaved pairs, each pair's ratio and their median and range).
+Then the baseline's own fitted models (its out-of-fold predictions) are
 evaluated by this code and every rule value compared with the baseline's, and
 one of its saved rerankers predicts its held-out half through the library and
 through the compiled forest (`rerank.forest.walk`).
@@ -25,6 +26,8 @@ through the compiled forest (`rerank.forest.walk`).
     python -m bench.bench_rerankers --prompts 64     # a quick look
     python -m bench.bench_rerankers --full-job --skip-fits --baseline /tmp/base
         # the default job, this code vs `git archive HEAD~1 | tar -x -C /tmp/base`
+    python -m bench.bench_rerankers --full-job --skip-fits --baseline /tmp/base --pairs 3
+        # three interleaved pairs: each pair's ratio, their median and range
 """
 
 from __future__ import annotations
@@ -243,39 +246,70 @@ def forest_vs_library(run: Path, features: Path) -> dict:
 
 
 def full_job(
-    traces: Path, features: Path, baseline: Path | None, extra: list[str] | None = None
+    traces: Path,
+    features: Path,
+    baseline: Path | None,
+    extra: list[str] | None = None,
+    pairs: int = 1,
 ) -> dict:
     """The default `python -m rerank.train` on these stores: this code, and a baseline tree.
 
-    `extra` overrides both runs take (e.g. the paper's two feature sets).
+    `extra` overrides both runs take (e.g. the paper's two feature sets). `pairs` > 1 runs
+    the two trees that many times, interleaved (the baseline first in odd pairs, this code
+    first in even ones), and prints each pair's CPU ratio and their median and range
+    (`pair_ratios`): one job's CPU moved by up to 19% between runs on one host
+    (bench/SCALING.md), so one pair's ratio is not a figure.
     """
     overrides = [f"rerank.traces={traces}", f"rerank.features={features}", *(extra or [])]
-    out = {}
+    trees = [("baseline", baseline), ("current", ROOT)] if baseline is not None else []
+    out: dict = {"pairs": []}
     with tempfile.TemporaryDirectory(prefix="rerank-", dir=CACHE) as tmp:
-        for name, root in (("baseline", baseline), ("current", ROOT)):
-            if root is None:
-                continue
-            print(f"  {name} ({root}): uptime {os.getloadavg()[0]:.2f} load", flush=True)
-            out[name] = run_job(root, overrides, Path(tmp) / name)
-            r = out[name]
-            print(f"  {name}: {r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU, "
-                  f"peak {r['peak_gib']:.2f} GiB", flush=True)  # fmt: skip
-        if baseline is not None:
-            b, c = out["baseline"], out["current"]
-            print(f"  baseline / current: wall {b['wall_s'] / c['wall_s']:.2f}x, "
-                  f"CPU {b['cpu_s'] / c['cpu_s']:.2f}x (current / baseline "
-                  f"{c['cpu_s'] / b['cpu_s']:.2f}x), peak memory {b['peak_gib'] / c['peak_gib']:.2f}x")  # fmt: skip
-            same = same_model_values(b["run"], traces, features, job_rerank_config(overrides))
-            out["same_model"] = same
-            print(f"  the baseline's fitted models evaluated by this code: {same['identical']} of "
-                  f"{same['columns']} rule-value columns identical (max |diff| "
-                  f"{same['max_abs_diff']:.3g}); evaluation {same['evaluate_s']:.0f} s")  # fmt: skip
-            fl = forest_vs_library(b["run"], features)
-            out["forest"] = fl
-            print(f"  {fl['model']} ({fl['trees']} trees) on {fl['rows']:,} held-out rows: library "
-                  f"{fl['library_s']:.1f} s, forest {fl['forest_s']:.1f} s "
-                  f"({fl['library_s'] / fl['forest_s']:.1f}x), max |diff| {fl['max_abs_diff']:.3g}")  # fmt: skip
+        for i in range(pairs if trees else 1):
+            pair = {}
+            for name, root in trees[:: 1 if i % 2 == 0 else -1] or [("current", ROOT)]:
+                print(f"  {name} ({root}): uptime {os.getloadavg()[0]:.2f} load", flush=True)
+                pair[name] = r = run_job(root, overrides, Path(tmp) / f"{name}{i}")
+                r["load_end"] = os.getloadavg()[0]
+                print(f"  {name}: {r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU, "
+                      f"peak {r['peak_gib']:.2f} GiB (load {r['load_end']:.2f} at its end)",
+                      flush=True)  # fmt: skip
+            out["pairs"].append(pair)
+            if trees:
+                b, c = pair["baseline"], pair["current"]
+                print(f"  pair {i + 1}, baseline / current: wall {b['wall_s'] / c['wall_s']:.2f}x, "
+                      f"CPU {b['cpu_s'] / c['cpu_s']:.2f}x (current / baseline "
+                      f"{c['cpu_s'] / b['cpu_s']:.3f}x), peak memory "
+                      f"{b['peak_gib'] / c['peak_gib']:.2f}x", flush=True)  # fmt: skip
+        out.update(out["pairs"][0])
+        if trees:
+            out["ratios"] = pair_ratios(out["pairs"])
+            q = out["ratios"]
+            print(f"  current / baseline CPU over {q['n']} interleaved pair(s): median "
+                  f"{q['median']:.3f}x, range {q['low']:.3f}-{q['high']:.3f}x")  # fmt: skip
+            _same_model_checks(out, traces, features, overrides)
     return out
+
+
+def pair_ratios(pairs: list[dict]) -> dict:
+    """Current / baseline CPU seconds of each interleaved pair; their median and range."""
+    r = np.array([p["current"]["cpu_s"] / p["baseline"]["cpu_s"] for p in pairs])
+    return {"n": len(r), "each": r.tolist(), "median": float(np.median(r)),
+            "low": float(r.min()), "high": float(r.max())}  # fmt: skip
+
+
+def _same_model_checks(out: dict, traces: Path, features: Path, overrides: list[str]) -> None:
+    """The first pair's baseline models evaluated by this code, and its forest vs the library."""
+    b = out["baseline"]
+    same = same_model_values(b["run"], traces, features, job_rerank_config(overrides))
+    out["same_model"] = same
+    print(f"  the baseline's fitted models evaluated by this code: {same['identical']} of "
+          f"{same['columns']} rule-value columns identical (max |diff| "
+          f"{same['max_abs_diff']:.3g}); evaluation {same['evaluate_s']:.0f} s")  # fmt: skip
+    fl = forest_vs_library(b["run"], features)
+    out["forest"] = fl
+    print(f"  {fl['model']} ({fl['trees']} trees) on {fl['rows']:,} held-out rows: library "
+          f"{fl['library_s']:.1f} s, forest {fl['forest_s']:.1f} s "
+          f"({fl['library_s'] / fl['forest_s']:.1f}x), max |diff| {fl['max_abs_diff']:.3g}")  # fmt: skip
 
 
 def main() -> None:
@@ -290,11 +324,16 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, default=None,
                         help="with --full-job: a code tree to time beside this one (ratios)")  # fmt: skip
     parser.add_argument("--skip-fits", action="store_true", help="only the full job")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="with --baseline: interleaved pairs of runs (ratios' median, range)")  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="with --full-job: Hydra overrides for both")
     args = parser.parse_args()
+    if args.pairs < 1 or (args.pairs > 1 and args.baseline is None):
+        parser.error(f"--pairs takes an int >= 1, above 1 only with --baseline; got {args.pairs}")
     features = paper_features(args.prompts, args.rounds)
+    traces = paper_traces(args.prompts, args.rounds)
     if args.skip_fits:
-        full_job(paper_traces(args.prompts, args.rounds), features, args.baseline, args.overrides)
+        full_job(traces, features, args.baseline, args.overrides, args.pairs)
         return
     table = candidate_store(features).read().to_pandas()
     print(f"{len(table):,} first-level candidates, {table.prompt_id.nunique():,} prompts")
@@ -321,7 +360,7 @@ def main() -> None:
         )
     if args.full_job:
         print("\nfull default job (cross-fitting, calibration, evaluation, bootstrap, MLflow):")
-        full_job(paper_traces(args.prompts, args.rounds), features, args.baseline, args.overrides)
+        full_job(traces, features, args.baseline, args.overrides, args.pairs)
 
 
 if __name__ == "__main__":

@@ -34,3 +34,26 @@ def test_equal_loss_times_lie_within_the_full_fits(temperature):
         assert 1 <= r["iters"] <= 30
         # interpolated between the two measured fits (timings only, no order assumed)
         assert min(r["t1"], r["t"]) - 1e-9 <= r["t_equal"] <= max(r["t1"], r["t"]) + 1e-9
+
+
+def test_full_job_interleaves_pairs_and_reports_their_ratios(monkeypatch, tmp_path):
+    """`--pairs`: the trees alternate which runs first, and each pair's ratio is its own."""
+    import bench.bench_rerankers as br
+
+    runs, cpu = [], {"baseline": [100.0, 110.0, 90.0], "current": [60.0, 70.0, 63.0]}
+
+    def fake_run(root, overrides, tmp):
+        name = "baseline" if root == tmp_path else "current"
+        runs.append(name)
+        return {"wall_s": 1.0, "cpu_s": cpu[name].pop(0), "peak_gib": 1.0, "run": tmp}
+
+    monkeypatch.setattr(br, "run_job", fake_run)
+    monkeypatch.setattr(br, "CACHE", tmp_path)
+    monkeypatch.setattr(br, "_same_model_checks", lambda *a: None)
+    out = br.full_job(tmp_path / "t", tmp_path / "f", tmp_path, pairs=3)
+    assert runs == ["baseline", "current", "current", "baseline", "baseline", "current"]
+    q = out["ratios"]
+    assert q["each"] == pytest.approx([0.6, 70 / 110, 0.7])
+    assert (q["n"], q["low"], q["high"]) == (3, pytest.approx(0.6), pytest.approx(0.7))
+    assert q["median"] == pytest.approx(70 / 110)
+    assert out["baseline"]["cpu_s"] == 100.0  # the first pair's runs stand for the job
