@@ -261,12 +261,12 @@ def full_job(
     (bench/SCALING.md), so one pair's ratio is not a figure.
     """
     overrides = [f"rerank.traces={traces}", f"rerank.features={features}", *(extra or [])]
-    trees = [("baseline", baseline), ("current", ROOT)] if baseline is not None else []
+    trees = [("current", ROOT)] if baseline is None else [("baseline", baseline), ("current", ROOT)]
     out: dict = {"pairs": []}
     with tempfile.TemporaryDirectory(prefix="rerank-", dir=CACHE) as tmp:
-        for i in range(pairs if trees else 1):
+        for i in range(pairs):
             pair = {}
-            for name, root in trees[:: 1 if i % 2 == 0 else -1] or [("current", ROOT)]:
+            for name, root in trees if i % 2 == 0 else trees[::-1]:
                 print(f"  {name} ({root}): uptime {os.getloadavg()[0]:.2f} load", flush=True)
                 pair[name] = r = run_job(root, overrides, Path(tmp) / f"{name}{i}")
                 r["load_end"] = os.getloadavg()[0]
@@ -274,19 +274,18 @@ def full_job(
                       f"peak {r['peak_gib']:.2f} GiB (load {r['load_end']:.2f} at its end)",
                       flush=True)  # fmt: skip
             out["pairs"].append(pair)
-            if trees:
+            if baseline is not None:
                 b, c = pair["baseline"], pair["current"]
                 print(f"  pair {i + 1}, baseline / current: wall {b['wall_s'] / c['wall_s']:.2f}x, "
                       f"CPU {b['cpu_s'] / c['cpu_s']:.2f}x (current / baseline "
                       f"{c['cpu_s'] / b['cpu_s']:.3f}x), peak memory "
                       f"{b['peak_gib'] / c['peak_gib']:.2f}x", flush=True)  # fmt: skip
-        out.update(out["pairs"][0])
-        if trees:
-            out["ratios"] = pair_ratios(out["pairs"])
-            q = out["ratios"]
+        if baseline is not None:
+            out["ratios"] = q = pair_ratios(out["pairs"])
             print(f"  current / baseline CPU over {q['n']} interleaved pair(s): median "
                   f"{q['median']:.3f}x, range {q['low']:.3f}-{q['high']:.3f}x")  # fmt: skip
-            _same_model_checks(out, traces, features, overrides)
+            out |= _same_model_checks(out["pairs"][0]["baseline"]["run"], traces, features,
+                                      overrides)  # fmt: skip
     return out
 
 
@@ -297,19 +296,17 @@ def pair_ratios(pairs: list[dict]) -> dict:
             "low": float(r.min()), "high": float(r.max())}  # fmt: skip
 
 
-def _same_model_checks(out: dict, traces: Path, features: Path, overrides: list[str]) -> None:
-    """The first pair's baseline models evaluated by this code, and its forest vs the library."""
-    b = out["baseline"]
-    same = same_model_values(b["run"], traces, features, job_rerank_config(overrides))
-    out["same_model"] = same
+def _same_model_checks(run: Path, traces: Path, features: Path, overrides: list[str]) -> dict:
+    """A baseline run's models evaluated by this code, and its forest vs the library."""
+    same = same_model_values(run, traces, features, job_rerank_config(overrides))
     print(f"  the baseline's fitted models evaluated by this code: {same['identical']} of "
           f"{same['columns']} rule-value columns identical (max |diff| "
           f"{same['max_abs_diff']:.3g}); evaluation {same['evaluate_s']:.0f} s")  # fmt: skip
-    fl = forest_vs_library(b["run"], features)
-    out["forest"] = fl
+    fl = forest_vs_library(run, features)
     print(f"  {fl['model']} ({fl['trees']} trees) on {fl['rows']:,} held-out rows: library "
           f"{fl['library_s']:.1f} s, forest {fl['forest_s']:.1f} s "
           f"({fl['library_s'] / fl['forest_s']:.1f}x), max |diff| {fl['max_abs_diff']:.3g}")  # fmt: skip
+    return {"same_model": same, "forest": fl}
 
 
 def main() -> None:

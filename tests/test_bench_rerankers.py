@@ -49,11 +49,13 @@ def test_full_job_interleaves_pairs_and_reports_their_ratios(monkeypatch, tmp_pa
 
     monkeypatch.setattr(br, "run_job", fake_run)
     monkeypatch.setattr(br, "CACHE", tmp_path)
-    monkeypatch.setattr(br, "_same_model_checks", lambda *a: None)
+    checked = []
+    monkeypatch.setattr(br, "_same_model_checks", lambda run, *a: checked.append(run) or {})
     out = br.full_job(tmp_path / "t", tmp_path / "f", tmp_path, pairs=3)
     assert runs == ["baseline", "current", "current", "baseline", "baseline", "current"]
     q = out["ratios"]
     assert q["each"] == pytest.approx([0.6, 70 / 110, 0.7])
     assert (q["n"], q["low"], q["high"]) == (3, pytest.approx(0.6), pytest.approx(0.7))
     assert q["median"] == pytest.approx(70 / 110)
-    assert out["baseline"]["cpu_s"] == 100.0  # the first pair's runs stand for the job
+    assert [p["baseline"]["cpu_s"] for p in out["pairs"]] == [100.0, 110.0, 90.0]
+    assert checked == [out["pairs"][0]["baseline"]["run"]]  # the first pair's baseline models
