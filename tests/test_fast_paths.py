@@ -90,6 +90,23 @@ def test_crossfit_predictions_do_not_depend_on_the_route(kind):
     np.testing.assert_array_equal(library.phat, forest.phat)
 
 
+def test_a_model_builds_its_forest_once_for_all_its_blocks(monkeypatch):
+    from rerank.fit import halves as halves_module
+    from rerank.fit import models as models_module
+
+    frame = make_candidate_frame(n_prompts=24, rounds=5, temperature=1.0, seed=11)
+    folds = np.asarray(frame["prompt_id"].str[-1].astype(int) % 2, dtype=np.int8)
+    kw = dict(n_threads=1, capacity=Capacity(n_iter=40, learning_rate=0.1, max_leaves=15))
+    library = crossfit_predict(frame, "rows", "hgb", "sampling", folds, route="library", **kw)
+    built, forest_of = [], models_module.forest_of
+    monkeypatch.setattr(models_module, "forest_of", lambda *a: built.append(a) or forest_of(*a))
+    monkeypatch.setattr(halves_module, "_PREDICT_BLOCK", 16)  # dozens of blocks a half
+    blocks = crossfit_predict(frame, "rows", "hgb", "sampling", folds, route="forest", **kw)
+    assert min(np.bincount(folds)) > 2 * 16
+    assert len(built) == 2  # one per half's model, not one per block
+    np.testing.assert_array_equal(blocks.phat, library.phat)
+
+
 # -- per-depth maps: flat sampling and per-level application ------------------------------------
 
 
