@@ -11,6 +11,8 @@ first-factor kernel is checked in tests/test_select_kernels.py.
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -105,6 +107,12 @@ def test_a_model_builds_its_forest_once_for_all_its_blocks(monkeypatch):
     assert min(np.bincount(folds)) > 2 * 16
     assert len(built) == 2  # one per half's model, not one per block
     np.testing.assert_array_equal(blocks.phat, library.phat)
+    model = blocks.models[0]
+    shipped = pickle.loads(pickle.dumps(model))  # as a Ray task returns it
+    assert "_batch_forest" in vars(model) and "_batch_forest" not in vars(shipped)
+    X = np.nan_to_num(np.random.default_rng(2).normal(size=(40, len(model.features))))
+    np.testing.assert_array_equal(shipped.predict_matrix(X, 1, route="forest"),
+                                  model.predict_matrix(X, 1, route="library"))  # fmt: skip
 
 
 # -- per-depth maps: flat sampling and per-level application ------------------------------------

@@ -153,6 +153,11 @@ class FittedReranker:
             log.warning("%s %s: the library predicts (%s)", self.feature_set, self.kind, err)
             return None
 
+    def __getstate__(self) -> dict:
+        # a pickled model (a Ray fit task's result) travels without its compiled forest,
+        # a few MB for 400 trees; the receiver builds it again if it predicts by the walk
+        return {k: v for k, v in self.__dict__.items() if k != "_batch_forest"}
+
     def predict_phat(self, frame: pd.DataFrame, n_threads: int | None = None) -> np.ndarray:
         """phat for new rows: features from ``frame``, prior from the whole training half."""
         prior = self.token_prior.transform(frame["token"].to_numpy())
