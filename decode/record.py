@@ -37,7 +37,7 @@ from pairs.models import load_model_pair
 from pairs.positions import check_prompt_lengths
 from specrank import faults
 from specrank.checks import check_int
-from specrank.cli import run_entry_point
+from specrank.cli import exits_on_refusal, run_entry_point
 from specrank.files import check_free_space
 from specrank.parallel import ParallelConfig, check_parallel
 from specrank.paths import CONF_DIR, project_path
@@ -107,6 +107,7 @@ def manifest_sections(cfg: DictConfig) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="record")
+@exits_on_refusal
 def main(cfg: DictConfig) -> None:
     check_job_launcher()
     if cfg.model.device == "cpu":

@@ -87,7 +87,7 @@ from rerank.serving import (
     unseen_prompts,
 )
 from specrank.checks import check_choice, check_int
-from specrank.cli import expand_short_overrides, run_entry_point
+from specrank.cli import exits_on_refusal, expand_short_overrides, run_entry_point
 from specrank.config import MlflowConfig
 from specrank.laws import pair_key, pair_label
 from specrank.parallel import ParallelConfig, check_parallel
@@ -324,6 +324,7 @@ def expand_run_overrides(argv: list[str]) -> list[str]:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="run")
+@exits_on_refusal
 def main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 

@@ -10,6 +10,7 @@ from decode.stream import DecodeSettings
 from selection.policies import EDGE_MODES, SCORE_MODES
 from selection.ranking import Levels
 from selection.rules import RULES, Rule, online_rules, rule
+from specrank.errors import Refusal
 from tree.pool import level_sizes
 
 
@@ -31,24 +32,22 @@ class OnlineSettings:
     def check(self) -> None:
         self.base.check()
         if self.rule not in online_rules():
-            raise ValueError(
+            raise Refusal(
                 f"The 'run.rule' must be one of {list(online_rules())}. Got {self.rule!r} instead."
             )
         if self.score not in SCORE_MODES:
-            raise ValueError(
+            raise Refusal(
                 f"The 'run.score' must be one of {list(SCORE_MODES)}. Got {self.score!r} instead."
             )
         if self.score == "top_m" and self.top_m < 1:
-            raise ValueError(
-                f"The 'run.top_m' must be >= 1 under run.score=top_m. Got {self.top_m}."
-            )
+            raise Refusal(f"The 'run.top_m' must be >= 1 under run.score=top_m. Got {self.top_m}.")
         if self.record and self.score not in EDGE_MODES:
-            raise ValueError(
+            raise Refusal(
                 "run.record_traces=true needs run.score=record or pool: a trace row holds the target "
                 "probability of every pool edge, which only a pass over the expanded nodes gives"
             )
         if self.record and not self.entry.traces:
-            raise ValueError(
+            raise Refusal(
                 f"run.record_traces=true is not supported for run.rule={self.rule} (its rounds "
                 "emit a tree leaf as the continuation, which the trace schema cannot express)"
             )
@@ -60,12 +59,12 @@ class OnlineSettings:
         if self.base.decode.verifier != "coupling":
             return
         if self.entry.online not in ("draft", "first_factor"):
-            raise ValueError(
+            raise Refusal(
                 f"decode.verifier=coupling with run.rule={self.rule}: its rounds draw or hold "
                 "target rows outside the drafted chain; use rule=draft or reranker"
             )
         if self.record:
-            raise ValueError(
+            raise Refusal(
                 "decode.verifier=coupling while recording traces: the traces' offline values "
                 "assume a verifier that accepts a node with its target probability; record "
                 "with exhaustive or eagle3"

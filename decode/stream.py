@@ -21,6 +21,7 @@ from pairs.eagle3.pool import Eagle3State
 from pairs.models import STATE_DRAFTERS, Drafter
 from pairs.positions import limits_of, needed_positions
 from specrank.checks import check_choice, check_int, check_real
+from specrank.errors import Refusal
 from tree import retained as R
 from tree.attention import forward_chain, new_cache
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
@@ -47,7 +48,7 @@ class DecodeSettings:
         check_draft_temperature(self.decode)
         check_choice("decode.verifier", self.decode.verifier, VERIFIERS)
         if self.decode.verifier == "coupling" and self.pool.top_k != 1:
-            raise ValueError(
+            raise Refusal(
                 f"decode.verifier=coupling verifies a chain (one child a node: pool.top_k=1); "
                 f"got pool.top_k={self.pool.top_k}. Use exhaustive or eagle3 for trees"
             )
@@ -64,7 +65,7 @@ def check_draft_temperature(dec: DecodeConfig) -> None:
         return
     check_real("decode.draft_temperature", t_d, 0.0)
     if t_d > 0 and dec.temperature == 0:
-        raise ValueError(
+        raise Refusal(
             f"decode.draft_temperature={t_d:g} with decode.temperature=0: sampled drafting is "
             "the pair 1|1 of a sampled law; under greedy verification use 0 or null (0|0)"
         )

@@ -28,8 +28,9 @@ from features.config import FeaturesConfig
 from features.from_trace import TRACE_COLUMNS, candidate_table
 from features.schema import candidate_store
 from specrank.claims import ShardRun
-from specrank.cli import expand_short_overrides, run_entry_point
+from specrank.cli import exits_on_refusal, expand_short_overrides, run_entry_point
 from specrank.config import register_configs
+from specrank.errors import Refusal
 from specrank.files import check_free_space
 from specrank.paths import CONF_DIR, project_path
 from specrank.shard_store import ShardStore
@@ -86,7 +87,7 @@ def _finished_trace_shards(traces: Path) -> tuple[ShardStore, list[str]]:
     except SchemaError as err:
         raise SchemaError(f"features.extract: the trace store cannot be read: {err}") from err
     if not files:
-        raise ValueError(
+        raise Refusal(
             f"features.extract: the trace store {traces} holds no finished shards; "
             f"record traces first (python -m decode.record)"
         )
@@ -179,6 +180,7 @@ register_configs()  # the root schema `config_schema` that conf/extract.yaml bui
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="extract")
+@exits_on_refusal
 def main(cfg: DictConfig) -> None:
     conf: FeaturesConfig = OmegaConf.to_object(cfg.features)
     extract(project_path(conf.traces), project_path(conf.out))

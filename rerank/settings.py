@@ -28,6 +28,7 @@ from rerank.report.comparisons import DEFAULT_COMPARISONS, check_comparisons, pa
 from selection.policies import SCORE_MODES
 from selection.rules import MODEL_KINDS, RULES, learned, mixture, substitution
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
+from specrank.errors import Refusal
 from specrank.parallel import ParallelConfig, check_parallel
 from specrank.paths import project_path
 from specrank.tables import SchemaError
@@ -53,13 +54,13 @@ def check_train_parallel(p: ParallelConfig, model: RerankModelConfig | None = No
     check_parallel(p, "cpu")
     nodes = 1 if model is None else model.fit_nodes
     if nodes > 1 and (p.backend != "ray" or model.kind != "lgbm"):
-        raise ValueError(
+        raise Refusal(
             f"rerank.model.fit_nodes={nodes} trains each LightGBM fit on Ray Train workers: it "
             f"needs launcher=ray (parallel.backend is {p.backend!r}) and rerank.model.kind=lgbm "
             f"(it is {model.kind!r})"
         )
     if p.parts != 1:
-        raise ValueError(
+        raise Refusal(
             f"parallel.parts={p.parts}: rerank.train is one job, not split into ranges of "
             f"shards; spread it with launcher=ray parallel.workers=N"
         )
@@ -78,7 +79,7 @@ def check_settings(rerank: RerankConfig) -> None:
     share = rerank.model.validation_share
     check_real("rerank.model.validation_share", share, 0.0, 1.0, low_open=True)
     if share == 1.0:  # every training prompt held out: nothing left to fit
-        raise ValueError(
+        raise Refusal(
             f"The 'rerank.model.validation_share' must be in (0, 1). Got {share!r} instead."
         )
     check_subset("rerank.feature_sets", rerank.feature_sets, list(FEATURE_SETS))
@@ -86,7 +87,7 @@ def check_settings(rerank: RerankConfig) -> None:
     check_int("rerank.rank_q_bins", rerank.rank_q_bins, 1)
     check_subset("rerank.substitutions", rerank.substitutions, list(RETAINED_ROWS))
     if rerank.substitutions and not rerank.mixture_weights:
-        raise ValueError(
+        raise Refusal(
             "The 'rerank.mixture_weights' must be a non-empty list when rerank.substitutions "
             f"is not empty. Got {list(rerank.mixture_weights)!r} instead."
         )
@@ -100,7 +101,7 @@ def check_settings(rerank: RerankConfig) -> None:
     check_choice("rerank.score", rerank.score, SCORE_MODES)
     check_int("rerank.score_top_m", rerank.score_top_m, 1)
     if rerank.top_m and rerank.score != "tree":
-        raise ValueError(
+        raise Refusal(
             f"rerank.score={rerank.score} prices a decoder's own trees over the whole pool, but "
             f"rerank.top_m={rerank.top_m} restricts every rule to the draft top {rerank.top_m}: "
             f"set one of them (rerank.score=tree or rerank.top_m=0)"
@@ -140,7 +141,7 @@ def evaluated_budgets(rerank: RerankConfig, n_pool: int, store: object) -> list[
         limit, why = rerank.top_m, f"rerank.top_m={rerank.top_m} (the pool holds {n_pool})"
     beyond = [b for b in rerank.budgets if b > limit]
     if beyond:
-        raise ValueError(
+        raise Refusal(
             f"The 'rerank.budgets' must be at most {limit}, {why}. Got {list(rerank.budgets)!r} "
             f"instead ({beyond} beyond it: every rule would keep the same tree as draft)."
         )

@@ -44,7 +44,7 @@ from rerank.report.plots_reliability import reliability_table
 from rerank.settings import check_settings, check_train_parallel, store_budgets
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank import faults
-from specrank.cli import run_entry_point
+from specrank.cli import exits_on_refusal, run_entry_point
 from specrank.config import MlflowConfig
 from specrank.files import atomic_write
 from specrank.laws import law_kind, law_name
@@ -159,6 +159,7 @@ def train_and_evaluate(
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
+@exits_on_refusal
 def main(cfg: DictConfig) -> None:
     retain_freed_heap()  # chunked evaluation reuses the same large blocks (specrank.memory)
     rerank: RerankConfig = OmegaConf.to_object(cfg.rerank)

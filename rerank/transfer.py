@@ -58,7 +58,7 @@ from rerank.train import write_tables
 from selection.rules import learned
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank.checks import check_choice, check_int
-from specrank.cli import run_entry_point
+from specrank.cli import exits_on_refusal, run_entry_point
 from specrank.config import MlflowConfig
 from specrank.files import atomic_write
 from specrank.laws import law_kind
@@ -278,6 +278,7 @@ def transfer(rerank: RerankConfig, settings: TransferConfig, tracking: MlflowCon
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="transfer")
+@exits_on_refusal
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:

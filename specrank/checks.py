@@ -1,7 +1,8 @@
 """Setting checks with scikit-learn style messages: the setting, what is allowed, what was found.
 
 Every stage validates all of its settings with these before it loads a model or
-fits anything, so a bad value costs seconds, not the minutes an 8B load takes.
+fits anything, so a bad value costs seconds, not the minutes an 8B load takes. A bad
+value raises `Refusal`: the entry points print its message, with no stack trace.
 """
 
 from __future__ import annotations
@@ -10,17 +11,19 @@ import math
 from collections.abc import Iterable, Sequence
 from numbers import Integral, Real
 
+from specrank.errors import Refusal
+
 
 def check_choice(setting: str, value: object, allowed: Sequence[object]) -> None:
     if value not in allowed:
-        raise ValueError(f"The '{setting}' must be one of {list(allowed)}. Got {value!r} instead.")
+        raise Refusal(f"The '{setting}' must be one of {list(allowed)}. Got {value!r} instead.")
 
 
 def check_subset(setting: str, values: Iterable[object], allowed: Sequence[object]) -> None:
     values = list(values)
     unknown = [v for v in values if v not in allowed]
     if unknown:
-        raise ValueError(
+        raise Refusal(
             f"The '{setting}' must be a list of values from {list(allowed)}. "
             f"Got {values!r} instead (unknown: {unknown})."
         )
@@ -37,7 +40,7 @@ def check_int(setting: str, value: object, low: int | None = None, high: int | N
     ok = isinstance(value, Integral) and not isinstance(value, bool)
     ok = ok and (low is None or value >= low) and (high is None or value <= high)
     if not ok:
-        raise ValueError(
+        raise Refusal(
             f"The '{setting}' must be an int in the range {_bounds(low, high)}. Got {value!r} instead."
         )
 
@@ -52,7 +55,7 @@ def check_ints(setting: str, values: Sequence[object], low: int | None = None,
         or (low is not None and v < low) or (high is not None and v > high)
     ]  # fmt: skip
     if not values or bad:
-        raise ValueError(
+        raise Refusal(
             f"The '{setting}' must be a non-empty list of ints in the range {_bounds(low, high)}. "
             f"Got {values!r} instead."
         )
@@ -68,6 +71,6 @@ def check_real(setting: str, value: object, low: float | None = None, high: floa
         bounds = _bounds(low, high)
         if low_open:
             bounds = "(" + bounds[1:]
-        raise ValueError(
+        raise Refusal(
             f"The '{setting}' must be a number in the range {bounds}. Got {value!r} instead."
         )

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from specrank.checks import check_choice, check_int, check_real
+from specrank.errors import Refusal
 
 log = logging.getLogger(__name__)
 BACKENDS = ("local", "ray")
@@ -63,18 +64,18 @@ def check_parallel(p: ParallelConfig, device: str) -> None:
     check_int("parallel.max_attempts", p.max_attempts, 1)
     check_real("parallel.claim_stale_s", p.claim_stale_s, 0.0, low_open=True)
     if p.address is not None and (not isinstance(p.address, str) or not p.address):
-        raise ValueError(
+        raise Refusal(
             f"The 'parallel.address' must be null or a Ray address ('auto', 'host:port', "
             f"'ray://host:port'). Got {p.address!r} instead."
         )
     if p.backend == "ray":
         if p.parts > 1:
-            raise ValueError(
+            raise Refusal(
                 f"parallel.parts={p.parts} with parallel.backend=ray: Ray deals every shard "
                 f"itself; use parallel.parts for separate jobs (launcher=slurm), not both"
             )
         if device.startswith("cuda:"):
-            raise ValueError(
+            raise Refusal(
                 f"model.device={device} with parallel.backend=ray: Ray gives each worker its "
                 f"own GPU; use model.device=cuda"
             )
@@ -92,7 +93,7 @@ JOB_LAUNCHERS = ("slurm", "submitit_local")  # conf/launcher options that submit
 def check_launcher(launcher: str | None, multirun: bool) -> None:
     """A job launcher only submits under -m: without it one range would run here, silently."""
     if launcher in JOB_LAUNCHERS and not multirun:
-        raise ValueError(
+        raise Refusal(
             f"launcher={launcher} submits one job per range of shards (and law): run with -m, "
             f"e.g. python -m decode.record -m launcher={launcher} parallel.parts=8"
         )
@@ -151,7 +152,7 @@ def connect(p: ParallelConfig, gpu: bool, cpus_per_worker: int = 1) -> None:
     if have.get(kind, 0) < need:
         where = p.address or "started here"
         each = "model.device=cuda: one GPU" if gpu else f"{cpus_per_worker} CPU"
-        raise ValueError(
+        raise Refusal(
             f"parallel.workers={p.workers} needs {need} {kind}s in the Ray cluster "
             f"({each} per worker); the cluster ({where}) has {have.get(kind, 0):g}"
         )

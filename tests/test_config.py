@@ -128,5 +128,6 @@ def test_entry_points_refuse_a_typo_before_hydra_runs():
         [sys.executable, "-m", "rerank.train", "rerank.budgest=[8]"],
         capture_output=True, text=True, timeout=120, cwd=CONF.parent,
     )  # fmt: skip
-    assert res.returncode == 1
-    assert "Did you mean 'rerank.budgets'" in res.stderr
+    assert res.returncode == 2  # a refusal (specrank.errors): a message, no trace
+    assert "error: Key 'budgest' is not in 'rerank'" in res.stderr
+    assert "Did you mean 'rerank.budgets'" in res.stderr and "Traceback" not in res.stderr

@@ -104,17 +104,3 @@ def test_make_run_at_debug_size(tmp_path):
                        text=True, timeout=1800)  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     assert "gain vs draft" in r.stdout
-
-
-def test_decode_synth_runs_from_the_command_line(tmp_path):
-    """`python -m decode.synth` from any folder (its @hydra.main lives in recipes.synth.job)."""
-    out = tmp_path / "synth"
-    r = subprocess.run(
-        [sys.executable, "-m", "decode.synth", "debug=default", f"paths.synthetic={out}",
-         f"hydra.run.dir={tmp_path / 'h'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-2000:]
-    from specrank.trace_schema import trace_store
-
-    assert trace_store(out).read(columns=["prompt_id"]).num_rows == 6 * 5  # debug: 6 x 5 rounds

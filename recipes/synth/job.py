@@ -28,6 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.retained import Retained, retained_features
 from recipes.synth.rounds import SynthRounds, synth_rounds
+from specrank.cli import exits_on_refusal
+from specrank.errors import Refusal
 from specrank.paths import CONF_DIR, project_path
 from specrank.trace_schema import TRACE_SCHEMA, trace_store
 from tree.config import PoolConfig, SelectConfig
@@ -44,19 +46,17 @@ def check_job(job: SynthJobConfig, seed: int) -> None:
     for name in ("prompts", "rounds_per_prompt", "prompts_per_shard"):
         value = getattr(job, name)
         if not isinstance(value, int) or value < 1:
-            raise ValueError(
+            raise Refusal(
                 f"The 'synth_job.{name}' parameter must be an int >= 1. Got {value!r} instead."
             )
     if not job.temperatures:
-        raise ValueError(
+        raise Refusal(
             f"'synth_job.temperatures' must list at least one temperature. Got {job.temperatures!r} instead."
         )
     if not job.tasks:
-        raise ValueError(
-            f"'synth_job.tasks' must list at least one task. Got {job.tasks!r} instead."
-        )
+        raise Refusal(f"'synth_job.tasks' must list at least one task. Got {job.tasks!r} instead.")
     if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"The 'seed' parameter must be an int >= 0. Got {seed!r} instead.")
+        raise Refusal(f"The 'seed' parameter must be an int >= 0. Got {seed!r} instead.")
 
 
 def synth_chunk(
@@ -271,6 +271,7 @@ def write_synthetic_traces(
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="synth")
+@exits_on_refusal
 def main(cfg: DictConfig) -> None:
     out = project_path(cfg.paths.synthetic)
     report = write_synthetic_traces(

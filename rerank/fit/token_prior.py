@@ -31,6 +31,8 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from specrank.errors import Refusal
+
 DEFAULT_PSEUDO_COUNT = 20.0
 log = logging.getLogger(__name__)
 
@@ -193,9 +195,14 @@ def token_prior_features(
     out[~train_mask] = full.transform(tokens[~train_mask])
     parts = alternation_parts(train_idx.size, None if groups is None else groups[train_idx])
     if parts.min() == parts.max():
-        raise ValueError(
-            "the training half has one prompt; the prompt alternation of the token prior "
-            "needs >= 2 (rerank.prior_split=row splits by row)"
+        # the input at fault is the table's prompt count, not the code: a message, no trace
+        raise Refusal(
+            "The training half has one prompt; the prompt alternation of the token prior "
+            "(rerank.prior_split=prompt) needs >= 2. The candidate table (rerank.features) "
+            "holds too few prompts at one temperature: use traces of >= 4 prompts at each "
+            "temperature (2 to train on in each half; more under rerank.train_share < 1), or "
+            "rerank.prior_split=row with rerank.model.early_stopping=false (early stopping "
+            "holds a training prompt out too)."
         )
     for part in (0, 1):
         mine, other = train_idx[parts == part], train_idx[parts != part]

@@ -1,0 +1,78 @@
+"""A refused setting or input (`specrank.errors.Refusal`) ends a command with `error:
+<message>` and status 2, no stack trace; any other exception keeps its trace."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specrank.checks import check_choice
+from specrank.cli import REFUSED, exits_on_refusal, run_entry_point
+from specrank.errors import Refusal
+from specrank.faults import FAULTS_ENV
+
+
+def _run(tmp_path, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *argv, f"hydra.run.dir={tmp_path}/h"],
+                          cwd=tmp_path, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def test_a_refusal_is_a_value_error_with_its_message():
+    with pytest.raises(Refusal, match=r"The 'rerank.halves' must be one of \['a'\]"):
+        check_choice("rerank.halves", "bogus", ["a"])
+    assert issubclass(Refusal, ValueError)  # callers that catch a bad value keep working
+
+
+def test_the_task_wrapper_exits_2_on_a_refusal_and_lets_a_fault_through(capsys):
+    @exits_on_refusal
+    def refuses(cfg: object) -> None:
+        raise Refusal(f"The 'x' must be 1. Got {cfg!r} instead.")
+
+    @exits_on_refusal
+    def faults(cfg: object) -> None:
+        raise RuntimeError("a fault in the code")
+
+    with pytest.raises(SystemExit) as exited:
+        refuses(2)
+    assert exited.value.code == REFUSED == 2
+    assert capsys.readouterr().err == "error: The 'x' must be 1. Got 2 instead.\n"
+    with pytest.raises(RuntimeError, match="a fault in the code"):
+        faults(2)
+    assert refuses.__name__ == "refuses"  # Hydra names the job after the task function
+
+
+def test_run_entry_point_exits_2_on_its_own_refusals_and_mains(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["rerank.train", "rerank.budgest=[8]"])
+    with pytest.raises(SystemExit) as exited:
+        run_entry_point(lambda: None, stage="rerank.train")
+    assert exited.value.code == 2
+    assert "error: Key 'budgest' is not in 'rerank'" in capsys.readouterr().err
+
+    def main() -> None:
+        raise Refusal("refused")
+
+    monkeypatch.setattr(sys, "argv", ["rerank.train"])
+    with pytest.raises(SystemExit) as exited:
+        run_entry_point(main, stage="rerank.train")
+    assert (exited.value.code, capsys.readouterr().err) == (2, "error: refused\n")
+
+
+def test_a_bad_setting_exits_2_with_its_message_and_no_trace(tmp_path):
+    done = _run(tmp_path, "rerank.train", "rerank.halves=bogus", f"paths.traces={tmp_path}/t",
+                f"paths.features={tmp_path}/f", f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db")  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "error: The 'rerank.halves' must be one of ['even_odd', 'seeded']" in done.stderr
+    assert "Traceback" not in done.stderr and "HYDRA_FULL_ERROR" not in done.stderr
+
+
+def test_a_fault_keeps_its_trace_and_hydras_status(tmp_path):
+    """A full disk while a shard is written (injected): not the user's setting, so a trace."""
+    done = _run(tmp_path, "decode.synth", "debug=default", f"paths.synthetic={tmp_path}/s",
+                env={FAULTS_ENV: "shard_write@1=enospc"})  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" in done.stderr and "No space left on device (injected)" in done.stderr
+    assert "error: " not in done.stderr
