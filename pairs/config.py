@@ -13,7 +13,11 @@ class ModelConfig:
     """A target/drafter pair from local Hugging Face checkpoint folders."""
 
     name: str = MISSING  # short label stored in trace manifests
-    target: str = MISSING  # local path of the target checkpoint (config.json, weights, tokenizer)
+    # local path of the target checkpoint: a Hugging Face folder (config.json, weights,
+    # tokenizer), or a GGUF file (or a folder holding one), converted once (pairs.gguf)
+    target: str = MISSING
+    # the command that fetches a target not yet on disk, named when it is missing
+    fetch: str | None = None
     drafter: str = MISSING  # local path of the drafter; must share the target's tokenizer
     # standalone: `drafter` is a causal LM sharing the target's tokenizer (App. D.13).
     # eagle3: `drafter` is an EAGLE-3 head folder (config.json + model.safetensors or

@@ -8,6 +8,7 @@ forward helper rather than letting a batch of 2 silently mix two caches.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,9 @@ from pairs.config import ModelConfig
 from pairs.eagle3.capture import CONVENTIONS
 from pairs.eagle3.drafter import Eagle3Drafter, attach_head, head_ids, read_head
 from pairs.eagle3.layout import read_head_config
+from pairs.gguf import converted_folder, gguf_file
 from specrank.checks import check_choice
+from specrank.errors import Refusal
 from tree.config import PoolConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -57,15 +60,29 @@ class ModelPair:
         return self.target.device
 
 
-def checkpoint_dir(path: str, setting: str) -> Path:
+def checkpoint_dir(path: str, setting: str, fetch: str | None = None) -> Path:
+    """The Hugging Face folder `path` names: the folder itself, or for a GGUF file (or a
+    folder holding one) its converted copy (`pairs.gguf`). `fetch`: the command that
+    provides a missing checkpoint, named in the refusal."""
     p = Path(path)
+    gguf = gguf_file(p, setting)
+    if gguf is not None:
+        return _converted(gguf.resolve(), gguf.stat().st_size, gguf.stat().st_mtime_ns, setting)
     if not p.is_dir() or not (p / "config.json").is_file():
         what = "no such folder" if not p.exists() else "no config.json in"
+        hint = f"; run `{fetch}` to fetch it" if fetch and not p.exists() else ""
         raise FileNotFoundError(
             f"{setting}: {what} '{path}' (expected a local Hugging Face checkpoint folder "
-            f"with config.json, weights and tokenizer files)"
+            f"with config.json, weights and tokenizer files, or a GGUF file){hint}"
         )
     return p
+
+
+@functools.lru_cache(maxsize=8)
+def _converted(gguf: Path, size: int, mtime_ns: int, setting: str) -> Path:
+    """One sha256 of a file per process (an 8B file takes seconds to hash); the size and
+    modification time in the key make a changed file hash again."""
+    return converted_folder(gguf, setting)
 
 
 def _config_sha(folder: Path) -> str:
@@ -74,7 +91,7 @@ def _config_sha(folder: Path) -> str:
 
 def _torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
-        raise ValueError(
+        raise Refusal(
             f"The 'model.dtype' must be one of {sorted(DTYPES)}. Got {name!r} instead."
         )
     return DTYPES[name]
@@ -84,7 +101,7 @@ def load_causal_lm(path: str, cfg: ModelConfig, setting: str) -> PreTrainedModel
     """One model from a local folder, in eval mode, on `cfg.device` in `cfg.dtype`."""
     folder = checkpoint_dir(path, setting)
     if cfg.attn_implementation not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(
+        raise Refusal(
             f"The 'model.attn_implementation' must be one of {list(ATTN_IMPLEMENTATIONS)}. "
             f"Got {cfg.attn_implementation!r} instead."
         )
@@ -127,7 +144,7 @@ def eos_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) ->
 
 def load_eagle3_pair(cfg: ModelConfig) -> ModelPair:
     """Target and EAGLE-3 head (pairs.eagle3); the head is checked before the target loads."""
-    target_dir = checkpoint_dir(cfg.target, "model.target")
+    target_dir = checkpoint_dir(cfg.target, "model.target", cfg.fetch)
     head_dir = checkpoint_dir(cfg.drafter, "model.drafter")
     tok = AutoTokenizer.from_pretrained(
         target_dir, local_files_only=True, trust_remote_code=cfg.trust_remote_code
@@ -145,7 +162,7 @@ def load_eagle3_pair(cfg: ModelConfig) -> ModelPair:
 
 def load_block_pair(cfg: ModelConfig) -> ModelPair:
     """Target and block drafter (pairs.block); the drafter is checked before the target loads."""
-    target_dir = checkpoint_dir(cfg.target, "model.target")
+    target_dir = checkpoint_dir(cfg.target, "model.target", cfg.fetch)
     drafter_dir = checkpoint_dir(cfg.drafter, "model.drafter")
     local = {"local_files_only": True, "trust_remote_code": cfg.trust_remote_code}
     tok = AutoTokenizer.from_pretrained(target_dir, **local)
@@ -171,7 +188,7 @@ def _check_embeddings(name: str, model, n_tokens: int) -> None:
     """Every token id the tokenizer can produce must be a row of the model's embedding table."""
     rows = model.get_input_embeddings().num_embeddings
     if rows < n_tokens:
-        raise ValueError(
+        raise Refusal(
             f"model.{name}: embedding table has {rows} rows but the tokenizer has {n_tokens} tokens"
         )
 
@@ -185,7 +202,7 @@ def load_model_pair(cfg: ModelConfig) -> ModelPair:
 
 def load_standalone_pair(cfg: ModelConfig) -> ModelPair:
     """Target and a standalone drafter LM; refuses a drafter with another tokenizer."""
-    target_dir = checkpoint_dir(cfg.target, "model.target")
+    target_dir = checkpoint_dir(cfg.target, "model.target", cfg.fetch)
     drafter_dir = checkpoint_dir(cfg.drafter, "model.drafter")
     tok_t = AutoTokenizer.from_pretrained(
         target_dir, local_files_only=True, trust_remote_code=cfg.trust_remote_code
@@ -198,7 +215,7 @@ def load_standalone_pair(cfg: ModelConfig) -> ModelPair:
         shown = "; ".join(diff[:5]) + (
             f"; ... ({len(diff)} differences in all)" if len(diff) > 5 else ""
         )
-        raise ValueError(
+        raise Refusal(
             f"model.drafter: the tokenizer at '{cfg.drafter}' differs from the target's at "
             f"'{cfg.target}' ({shown}); a drafter must share the target's tokenizer"
         )
@@ -283,7 +300,7 @@ def drafter_kind(cfg: ModelConfig) -> DrafterKind:
             value = getattr(cfg, setting)
             if name != kind.name and setting not in kind.settings and value is not None:
                 shown = list(value) if isinstance(value, (list, tuple)) else repr(value)
-                raise ValueError(
+                raise Refusal(
                     f"The 'model.{setting}' applies to model.drafter_kind={name} only. Got "
                     f"{shown} with model.drafter_kind={cfg.drafter_kind!r}."
                 )

@@ -90,7 +90,7 @@ def read_limits(model: ModelConfig) -> PositionLimits:
     """The pair's limits from its config.json files alone (no weights are read)."""
     kind = drafter_kind(model)
     local = {"local_files_only": True, "trust_remote_code": model.trust_remote_code}
-    target = AutoConfig.from_pretrained(checkpoint_dir(model.target, "model.target"), **local)
+    target = AutoConfig.from_pretrained(checkpoint_dir(model.target, "model.target", model.fetch), **local)
     drafter = kind.read_config(checkpoint_dir(model.drafter, "model.drafter"), model)
     return limits_of(target, drafter, kind.head, model.strict_head_positions)
 

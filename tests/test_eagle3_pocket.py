@@ -44,7 +44,9 @@ def test_training_time_test_equals_drafting_along_the_path(tmp_path):
     steps = 2
     with one_thread(), torch.no_grad():
         feats, _ = target_view(target, x, (2, 3, 4))
-        trained = dict(ttt_steps(head, feats, x, steps))  # k -> [1, T, V_d]
+        trained = {
+            k: head.logits(h).float().log_softmax(-1) for k, h in ttt_steps(head, feats, x, steps)
+        }
         for j in (0, 4, 9):
             for k in range(steps + 1):
                 cache, out = DynamicCache(config=head.config), None

@@ -76,3 +76,20 @@ def test_a_fault_keeps_its_trace_and_hydras_status(tmp_path):
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" in done.stderr and "No space left on device (injected)" in done.stderr
     assert "error: " not in done.stderr
+
+
+def test_every_hydra_entry_point_turns_refusals_into_messages() -> None:
+    """Each `@hydra.main` task function is wrapped by `exits_on_refusal` (Hydra would print a
+    refusal's stack otherwise)."""
+    import re
+
+    from specrank.paths import PROJECT_ROOT
+
+    bare = []
+    for path in PROJECT_ROOT.glob("*/**/*.py"):
+        if ".venv" in path.parts or "tests" in path.parts:
+            continue
+        text = path.read_text()
+        for m in re.finditer(r"@hydra\.main\([^\n]*\)\n(?!@exits_on_refusal\n)", text):
+            bare.append(f"{path.relative_to(PROJECT_ROOT)}:{text[: m.start()].count(chr(10)) + 1}")
+    assert not bare, f"@hydra.main without @exits_on_refusal: {bare}"

@@ -38,6 +38,7 @@ MAINS = {
     "decode.pocket": "decode/pocket/__main__.py",
     "decode.pocket.eagle3": "recipes/pocket/eagle3.py",
     "decode.pocket.block": "recipes/pocket/block.py",
+    "decode.train_head": "decode/train_head.py",
 }
 
 

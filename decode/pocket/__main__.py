@@ -14,13 +14,14 @@ from omegaconf import DictConfig, OmegaConf
 import specrank.config  # noqa: F401  (registers the root schema)
 from recipes.pocket.config import PocketConfig
 from recipes.pocket.recipe import run
-from specrank.cli import run_entry_point
+from specrank.cli import exits_on_refusal, run_entry_point
 from specrank.paths import CONF_DIR
 
 log = logging.getLogger("recipes.pocket")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pocket")
+@exits_on_refusal
 def main(cfg: DictConfig) -> None:
     pc = OmegaConf.to_object(cfg.pocket)
     assert isinstance(pc, PocketConfig)

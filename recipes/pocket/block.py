@@ -52,6 +52,7 @@ from recipes.pocket.block_card import write_card
 from recipes.pocket.config import PocketBlockConfig
 from recipes.pocket.eagle3 import TrainingData, load_target, target_view, training_data
 from recipes.pocket.train import Log
+from specrank.cli import exits_on_refusal
 from specrank.paths import CONF_DIR
 
 log = logging.getLogger("recipes.pocket.block")
@@ -222,5 +223,6 @@ def run(pc: PocketBlockConfig, log: Log = print) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pocket")
+@exits_on_refusal
 def main(cfg: DictConfig) -> None:
     run(OmegaConf.to_object(cfg.pocket_block), log.info)

@@ -43,10 +43,12 @@ from pairs.eagle3.head import Eagle3Head
 from pairs.eagle3.layout import HeadSpec
 from pairs.eagle3.save import save_head
 from pairs.prompts import encode_prompt
+from recipes.eagle3.data import frequent_tokens
 from recipes.pocket import corpus, tokenizer, train
 from recipes.pocket.config import CorpusConfig, PocketBlockConfig, PocketEagle3Config
 from recipes.pocket.eagle3_card import write_card
 from recipes.pocket.train import Log
+from specrank.cli import exits_on_refusal
 from specrank.paths import CONF_DIR
 from tree.attention import to_attention_mask
 
@@ -142,32 +144,32 @@ def continuations(
 
 def draft_vocabulary(streams: train.Streams, n: int) -> torch.Tensor:
     """The `n` most frequent trained-on tokens of both streams, ascending ids (EAGLE-3's rule)."""
-    trained = np.concatenate(
-        [streams.code_ids[streams.code_mask], streams.chat_ids[streams.chat_mask]]
-    )
-    counts = np.bincount(trained.astype(np.int64))
-    order = np.argsort(-counts, kind="stable")[:n]  # ties: lower id first
-    return torch.from_numpy(np.sort(order)).long()
+    ids = np.concatenate([streams.code_ids, streams.chat_ids])
+    mask = np.concatenate([streams.code_mask, streams.chat_mask])
+    return torch.from_numpy(frequent_tokens(ids, mask, n)).long()
 
 
 # -- the head and its loss ------------------------------------------------------------------------
 
 
-def make_spec(pc: PocketEagle3Config, target) -> HeadSpec:
+def make_spec(
+    target, aux: tuple[int, ...], draft_vocab: int, intermediate: int, heads: int, kv_heads: int
+) -> HeadSpec:
+    """One decoder layer at the target's width, with its norm and rotary settings."""
     t = target.config
     layer = LlamaConfig(
         hidden_size=t.hidden_size,
-        intermediate_size=pc.intermediate,
-        num_attention_heads=pc.heads,
-        num_key_value_heads=pc.kv_heads,
-        head_dim=t.hidden_size // pc.heads,
+        intermediate_size=intermediate,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=t.hidden_size // heads,
         num_hidden_layers=1,
         vocab_size=t.vocab_size,
         max_position_embeddings=t.max_position_embeddings,
         rms_norm_eps=t.rms_norm_eps,
         rope_parameters=dict(t.rope_parameters),
     )
-    return HeadSpec(layer, pc.draft_vocab, t.hidden_size, tuple(pc.aux_layers), False, "eagle3")
+    return HeadSpec(layer, draft_vocab, t.hidden_size, tuple(aux), False, "eagle3")
 
 
 def make_head(spec: HeadSpec, target, draft_ids: torch.Tensor, seed: int) -> Eagle3Head:
@@ -195,7 +197,8 @@ def target_view(target, x: torch.Tensor, aux: tuple[int, ...]) -> tuple[torch.Te
 
 
 def ttt_steps(head: Eagle3Head, feats, x, steps: int):
-    """Yield (step k, draft log-probs [b, T, V_d]) of each training-time-test step.
+    """Yield (step k, pre-norm outputs [b, T, hidden]) of each training-time-test step
+    (`head.logits` of them: the step's draft logits).
 
     x: [b, L] windows; T = L - steps - 2 positions, so that step k's row at j (predicting
     token j + k + 2) has a target row and a loss-mask entry inside the window.
@@ -211,7 +214,7 @@ def ttt_steps(head: Eagle3Head, feats, x, steps: int):
         vis = torch.cat([causal] + [eye] * k, dim=1)  # step 0 causal, own earlier steps at j
         mask = to_attention_mask(vis, hidden.dtype, head.config._attn_implementation)
         hidden = head(hidden, x[:, k + 1 : k + 1 + n], pos + k, mask, cache)
-        yield k, head.logits(hidden).float().log_softmax(-1)
+        yield k, hidden
 
 
 def draft_ids(head: Eagle3Head) -> torch.Tensor:
@@ -224,7 +227,8 @@ def ttt_loss(head, target, x, m, aux, steps: int, decay: float) -> torch.Tensor:
     ids = draft_ids(head)
     n = x.shape[1] - steps - 2
     loss = torch.zeros(())
-    for k, logq in ttt_steps(head, feats, x, steps):
+    for k, hidden in ttt_steps(head, feats, x, steps):
+        logq = head.logits(hidden).float().log_softmax(-1)
         rows = logp[:, k + 1 : k + 1 + n]  # the target's row predicting token j + k + 2
         held = torch.isin(rows.argmax(-1), ids) & m[:, k + 1 : k + 1 + n]
         p = rows[..., ids].log_softmax(-1)  # restricted to the draft vocabulary, renormalised
@@ -243,7 +247,8 @@ def ttt_agreement(
     for x, m in train.val_windows(ids_np, mask_np, seq_len + steps + 1, max_tokens):
         feats, logp = target_view(target, x, aux)
         n = x.shape[1] - steps - 2
-        for k, logq in ttt_steps(head, feats, x, steps):
+        for k, hidden in ttt_steps(head, feats, x, steps):
+            logq = head.logits(hidden)
             want = logp[:, k + 1 : k + 1 + n].argmax(-1)
             got = draft_ids(head)[logq.argmax(-1)]
             sel = m[:, k + 1 : k + 1 + n]
@@ -303,7 +308,7 @@ def _train(
     pc: PocketEagle3Config, target, aux: tuple[int, ...], data: TrainingData, log: Log
 ) -> tuple[Eagle3Head, HeadSpec, dict]:
     """A fresh head trained by training-time test; (head in eval mode, its spec, the run)."""
-    spec = make_spec(pc, target)
+    spec = make_spec(target, aux, pc.draft_vocab, pc.intermediate, pc.heads, pc.kv_heads)
     head = make_head(spec, target, draft_vocabulary(data.streams, pc.draft_vocab), pc.seed)
     tcfg = replace(pc.train, seq_len=pc.train.seq_len + pc.ttt_steps + 1)  # see ttt_steps
 
@@ -383,5 +388,6 @@ def run(pc: PocketEagle3Config, log: Log = print) -> dict:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pocket")
+@exits_on_refusal
 def main(cfg: DictConfig) -> None:
     run(OmegaConf.to_object(cfg.pocket_eagle3), log.info)

@@ -1,0 +1,74 @@
+"""MODEL_CARD.md and recipe.json of a head trained by `python -m decode.train_head`.
+
+Decoding figures (tau and speed on held-out prompts) are measured separately and added under
+"suite" in recipe.json (`bench.bench_head --card`); the card shows them when present.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _suite(s: dict | None) -> str:
+    if not s:
+        return "Not measured for these weights yet: run `python -m bench.bench_head --card`.\n"
+    rows = "\n".join(
+        f"| {r['law']} | {r['rule']} | {r['budget']} | {r['tau']:.3f} | {r['tokens_per_s']:.1f} |"
+        for r in s["rows"]
+    )
+    return (
+        f"`{s['command']}` ({s['date']}, load {s['load']}): {s['prompts']} held-out prompts, "
+        f"up to {s['max_new_tokens']} new tokens, {s['dtype']} on {s['threads']} CPU "
+        "thread(s). tau = accepted draft tokens + 1 per round.\n\n"
+        "| law | rule | B | tau | tokens/s |\n|---|---|---|---|---|\n" + rows + "\n"
+    )
+
+
+def write_card(out: Path, facts: dict) -> None:
+    (out / "recipe.json").write_text(json.dumps(facts, indent=2) + "\n")
+    c, d, t, layer = facts["config"], facts["data"], facts["train"], facts["layer"]
+    agree = " / ".join(f"{v:.3f}" for _, v in sorted(t["val_agreement"].items()))
+    files = "\n".join(f"| `{name}` | {size:,} |" for name, size in facts["sizes"].items())
+    text = f"""# EAGLE-3 head for `{facts["target"]}`
+
+Trained on this project's CPU by `python -m decode.train_head` (`recipes/eagle3/`), with
+the settings recorded in `recipe.json`. {facts["params"]:,} parameters: one decoder layer at
+width {layer["hidden"]} (intermediate {layer["intermediate"]}, {layer["heads"]} heads,
+{layer["kv_heads"]} key/value heads) over the target's states ENTERING layers
+{facts["aux_layers"]}, a {c["draft_vocab"]}-token draft vocabulary (the most frequent
+trained-on tokens), the target's own embeddings; weights in {c["export_dtype"]}.
+
+## Data
+
+- Training-side ShareGPT conversations (the pocket corpus' split rule: held-out buckets,
+  the held-out prompt file and every prompt of `data/prompts/` never enter), rendered under
+  the target's chat template, and the target's own greedy replies to the first user turns
+  of other training-side conversations ({c["data"]["reply_prompts"]} prompts, at most
+  {c["data"]["reply_tokens"]} tokens each).
+- {d["tokens"]:,} tokens in {d["windows"]} windows of {c["data"]["chunk"]}; {d["val_windows"]}
+  windows held back for agreement; {d["loss_positions"]:,} assistant tokens trained on.
+- Captured once through the target in {c["capture_dtype"]}: {d["minutes"]:.1f} min
+  (replies and capture together).
+
+## Training
+
+EAGLE-3's training-time test over {c["ttt_steps"]} steps after the first (loss weight
+{c["ttt_decay"]} ** k), soft labels from the target's top-{c["data"]["top_k"]} row over the
+draft vocabulary. {t["steps"]} steps of {c["train"]["batch"]} windows, {t["tokens"]:,}
+window tokens, {t["minutes"]:.1f} min on {c["threads"]} CPU thread(s), torch
+{facts["torch"]}.
+
+Held-out agreement with the target's argmax, steps 0 / 1 / 2 (each step's own positions):
+{agree}.
+
+## Decoding
+
+{_suite(facts.get("suite"))}
+## Files
+
+| file | bytes |
+|---|---|
+{files}
+"""
+    (out / "MODEL_CARD.md").write_text(text)
