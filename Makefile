@@ -39,11 +39,16 @@ smollm2: $(STAMP)  ## fetch the real target (SmolLM2-135M-Instruct, 98 MB) for m
 
 # Extra Hydra overrides for every stage of `make run`, e.g. RUN_ARGS="debug=default".
 RUN_ARGS ?=
+# The pair of the main job: pocket (the embedded default), or smollm2 (the real target, its
+# own suite subset, store and pool: conf/experiment/smollm2.yaml; fetched first).
+MODEL ?= pocket
+MODEL_ARGS := $(if $(filter-out pocket,$(MODEL)),model=$(MODEL) data=$(MODEL) experiment=$(MODEL))
+MODEL_SETUP := $(filter smollm2,$(MODEL))
 
-run: $(STAMP)  ## the main job: record traces (pocket pair; skipped when done) -> extract -> train; RUN_ARGS go to the stages that read them
-	SPECRANK_ROUTED=1 $(PY) -m decode.record -m $(RUN_ARGS)
-	SPECRANK_ROUTED=1 $(PY) -m features.extract $(RUN_ARGS)
-	SPECRANK_ROUTED=1 $(PY) -m rerank.train $(RUN_ARGS)
+run: $(STAMP) $(MODEL_SETUP)  ## the main job: record traces (MODEL=pocket|smollm2; skipped when done) -> extract -> train; RUN_ARGS go to the stages that read them
+	SPECRANK_ROUTED=1 $(PY) -m decode.record -m $(MODEL_ARGS) $(RUN_ARGS)
+	SPECRANK_ROUTED=1 $(PY) -m features.extract $(MODEL_ARGS) $(RUN_ARGS)
+	SPECRANK_ROUTED=1 $(PY) -m rerank.train $(MODEL_ARGS) $(RUN_ARGS)
 
 # Test processes (pytest-xdist): most tests run on one core, so two processes on CI's two
 # cores took the suite from 14 to 10 minutes on a busy machine (load 3-4, 2026-12-03).

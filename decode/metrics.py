@@ -177,6 +177,9 @@ def group_metrics(rounds: pd.DataFrame, prompts: pd.DataFrame, n_resamples: int,
         out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"]
         draws = _speedup_draws(prompts, resample_weights(len(prompts), n_resamples, seed))
         out |= percentile_interval(out["speedup"], draws).columns("speedup")
+        # the tokens a round must yield for its mean cost to equal target-only's time for
+        # them: above it speculation pays (prefill aside, which both decoders pay alike)
+        out["break_even_tau"] = round_ms * out["baseline_tokens_per_s"] / 1000.0
     return out
 
 

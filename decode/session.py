@@ -335,7 +335,7 @@ def print_report(report: RunReport) -> None:
     """The groups table, then per-stage medians and means, the elasticity, the entropy split;
     with several rules each row names its rule and the paired ratios follow."""
     cols = ["rule", "budget", "group", "prompts", "rounds", "tau", "tokens_per_s",
-            "baseline_tokens_per_s", "speedup"]  # fmt: skip
+            "baseline_tokens_per_s", "speedup", "break_even_tau"]  # fmt: skip
     print(report.groups[[c for c in cols if c in report.groups]].to_string(index=False))
     every = report.groups[report.groups["group"] == "all"]
     stages = [*STAGES, "total"]

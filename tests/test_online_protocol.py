@@ -136,3 +136,16 @@ def test_run_reports_elasticity_medians_and_one_entropy_split(tmp_path):
     for h in ("low", "high"):  # every budget uses the run's one split
         n = groups[groups["group"] == f"entropy/{h}"].groupby("budget")["prompts"].first()
         assert n.nunique() == 1
+
+
+def test_break_even_tau_is_the_round_cost_in_target_only_tokens():
+    """Rounds of 30 ms in all against target-only at 100 tok/s (10 ms a token): a round
+    pays for itself when it yields 3 tokens."""
+    rounds = pd.DataFrame({"prompt_id": ["a"] * 2, "task": "t", "tau": [2, 4], "accepted": 0,
+                           "tree_size": 1, "scored": 1, "root_entropy": 1.0,
+                           **{f"ms_{s}": [30.0 / len(STAGES)] * 2 for s in STAGES}})  # fmt: skip
+    prompts = pd.DataFrame({"prompt_id": ["a"], "task": ["t"], "tokens": [6], "ms": [60.0],
+                            "passes": [2], "baseline_ms": [60.0], "baseline_tokens": [6]})  # fmt: skip
+    m = group_metrics(rounds, prompts, 10, 0)
+    assert m["break_even_tau"] == pytest.approx(3.0)
+    assert m["speedup"] == pytest.approx(1.0)
