@@ -14,14 +14,20 @@ def _suite(s: dict | None) -> str:
     if not s:
         return "Not measured for these weights yet: run `python -m bench.bench_head --card`.\n"
     rows = "\n".join(
-        f"| {r['law']} | {r['rule']} | {r['budget']} | {r['tau']:.3f} | {r['tokens_per_s']:.1f} |"
+        f"| {r['law']} | {r['budget']} | {r['tau']:.3f} | {r['tokens_per_s']:.1f} | "
+        f"{r['speedup']:.3f} [{r['speedup_lo']:.3f}, {r['speedup_hi']:.3f}] | "
+        f"{r['break_even_tau']:.2f} |"
         for r in s["rows"]
     )
     return (
-        f"`{s['command']}` ({s['date']}, load {s['load']}): {s['prompts']} held-out prompts, "
-        f"up to {s['max_new_tokens']} new tokens, {s['dtype']} on {s['threads']} CPU "
-        "thread(s). tau = accepted draft tokens + 1 per round.\n\n"
-        "| law | rule | B | tau | tokens/s |\n|---|---|---|---|---|\n" + rows + "\n"
+        f"`{s['command']}` ({s['date']}, load {s['load']}): the first {s['prompts']} prompts "
+        f"of `data=heldout` (Spec-Bench first turns), up to {s['max_new_tokens']} new tokens, "
+        f"rule=draft, {s['dtype']} on {s['threads']} CPU thread, one interleaved `decode.run` "
+        "per law with target-only. tau = accepted draft tokens + 1 per round; speed-up over "
+        "target-only with its paired prompt-bootstrap interval; break-even tau = the tau at "
+        "which a round costs what target-only takes for its tokens.\n\n"
+        "| law | B | tau | tokens/s | speed-up [95%] | break-even tau |\n"
+        "|---|---|---|---|---|---|\n" + rows + "\n"
     )
 
 
