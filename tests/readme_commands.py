@@ -32,8 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-# the README and the measurement logs it links to, whose command lines are checked alike
-DOCS = (README, ROOT / "bench" / "SCALING.md")
+# the README, the measurement logs it links to and the docs pages, whose command lines are
+# checked alike
+DOCS = (README, ROOT / "bench" / "SCALING.md", *sorted((ROOT / "docs").glob("*.md")))
 EXEMPT = re.compile(r"<!--\s*commands:\s*exempt\s*\((?P<why>[^)]+)\)\s*-->")
 HYDRA_MODULES = ("decode.", "features.", "rerank.")
 
@@ -105,6 +106,8 @@ def plan(cmd: Command, tmp: Path) -> list[dict]:
     if loop:
         line = loop[1]
     words = shlex.split(line)
+    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+        words = words[1:]  # environment assignments (OMP_WAIT_POLICY=PASSIVE ...)
     if words[0] == "make":
         target = words[1] if len(words) > 1 else "help"
         if target == "help":
