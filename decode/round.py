@@ -38,7 +38,8 @@ from selection.rules import Rule
 from tree import retained as R
 from tree import root_pass as RP
 from tree.attention import cache_length, compact_cache
-from tree.pool import DraftDraw, Pool, grow_pool
+from tree.growth import grow_pool
+from tree.pool import DraftDraw, Pool
 from tree.round_record import HostPool, RoundContext, retain_rows, round_rows, round_trace_fields
 from tree.verify import law_temperature
 

@@ -23,7 +23,7 @@ from pairs.positions import limits_of, needed_positions
 from specrank.checks import check_choice, check_int, check_real
 from specrank.errors import Refusal
 from tree import retained as R
-from tree.attention import forward_chain, new_cache
+from tree.attention import draft_cache, forward_chain, new_cache
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 from tree.pool import DraftDraw, level_sizes, pool_size
 from tree.verify import (
@@ -145,7 +145,7 @@ def prefill(
     ctx = torch.tensor(prompt[:-1], device=dev)
     tcache = new_cache(target)
     state = drafter.new_state(tcache) if isinstance(drafter, STATE_DRAFTERS) else None
-    dcache = new_cache(drafter) if state is None else state.cache
+    dcache = draft_cache(drafter) if state is None else state.cache
     row_cache = None
     if record:
         vocab = target.get_output_embeddings().out_features

@@ -46,19 +46,19 @@ def test_rows_without_a_child_draw_from_p():
 
 def test_kept_rows_are_the_rows_each_node_was_drawn_from():
     """A node's draft log-prob is its parent's kept row at its token."""
-    from tree.pool import grow_tree_pool
+    from tree.growth import grow_tree_pool
 
     class Draft:  # a TreeDraft whose rows are random
-        token_ids, n_context = None, 0
+        token_ids, n_context, shared_rows = None, 0, False
 
         def __init__(self):
             self.gen = torch.Generator().manual_seed(2)
 
-        def root_logits(self):
+        def root_logits(self, n_tree):
             return torch.randn(1, 9, generator=self.gen)
 
-        def level_logits(self, nodes, token, parent, depth, visible):
-            return torch.randn(len(nodes), 9, generator=self.gen)
+        def level_logits(self, level):
+            return torch.randn(len(level.token), 9, generator=self.gen)
 
     draw = DraftDraw(0.7, torch.Generator().manual_seed(3), keep_rows=True)
     pool = grow_tree_pool(Draft(), PoolConfig(top_k=1, steps=4, expand=1), draw)

@@ -25,7 +25,7 @@ from tests.test_decode_sampling import ALPHA, PROMPT, TINY_V, _chi_square_p, _ex
 from tests.tiny_models import one_thread, tiny_pair
 from tree.attention import forward_chain, new_cache
 from tree.config import PoolConfig
-from tree.pool import grow_pool
+from tree.growth import grow_pool
 from tree.root_pass import cached_root_tree_pass, root_pass
 
 CHAIN = PoolConfig(top_k=1, steps=3, expand=1)  # 4 candidates, one per depth

@@ -8,7 +8,8 @@ import torch
 from tests.tiny_models import one_thread, tiny_pair
 from tree.attention import cache_length, forward_chain, new_cache
 from tree.config import PoolConfig
-from tree.pool import grow_pool, level_sizes, pool_size, stable_topk
+from tree.growth import grow_pool
+from tree.pool import level_sizes, pool_size, stable_topk
 
 CONTEXT = [40, 41, 72, 79, 79, 82, 3, 90]  # committed tokens; the last one is the root
 

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from tree.lean import StaticKV
+from tree.lean_model import lean_model, supports
+
 if TYPE_CHECKING:  # imported where a cache is built: the offline commands never load it
     from transformers import DynamicCache, PreTrainedModel
 
@@ -128,6 +131,8 @@ def forward_tree(
             f"forward_tree: visibility must be [n, cache_length + n] = [{n}, {past + n}]; "
             f"got {tuple(visible.shape)}"
         )
+    if isinstance(cache, StaticKV):
+        return lean_model(model).tree(input_ids, position_ids, visible, cache, logits_to_keep)
     impl = model.config._attn_implementation
     mask = to_attention_mask(visible, model.dtype, impl)
     out = model(
@@ -171,6 +176,12 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     return cache
 
 
+def draft_cache(model: PreTrainedModel) -> DynamicCache | StaticKV:
+    """A standalone drafter's cache: static (`tree.lean_model`) for a plain Llama, else a
+    DynamicCache (`new_cache`)."""
+    return lean_model(model).new_cache() if supports(model) else new_cache(model)
+
+
 @torch.inference_mode()
 def compact_cache(cache: DynamicCache, keep_prefix: int, keep: list[int]) -> None:
     """Keep cache positions [0, keep_prefix) followed by positions `keep` (ascending), drop the rest.
@@ -185,6 +196,9 @@ def compact_cache(cache: DynamicCache, keep_prefix: int, keep: list[int]) -> Non
         raise ValueError(
             f"compact_cache: kept positions must ascend within [{keep_prefix}, {total}); got {keep}"
         )
+    if isinstance(cache, StaticKV):
+        cache.compact(keep_prefix, keep)
+        return
     n_keep = keep_prefix + len(keep)
     if keep:
         index = torch.tensor(keep, device=cache.layers[0].keys.device)

@@ -15,7 +15,7 @@ One round, the root (the bonus token) at position r:
     context   the committed positions the drafter has not seen, [n_fed, r): their target
               states (from the passes that verified them) become each layer's context K/V
     block     one forward over [root, mask x (block_size - 1)] at positions r .. r+bs-1
-    pool      `tree.pool.grow_tree_pool` over the block's marginals: a node at depth d takes
+    pool      `tree.growth.grow_tree_pool` over the block's marginals: a node at depth d takes
               row d - 1 as its children's draft distribution, whatever its ancestors. So the
               pool is ancestor-closed, its paths ranked by the product of per-position
               marginals, top-k children per expanded node, depth at most block_size - 1. With
@@ -38,7 +38,8 @@ from pairs.config import ModelConfig
 from pairs.eagle3.capture import AuxCapture, FeatureRows
 from pairs.eagle3.layout import refuse
 from tree.config import PoolConfig
-from tree.pool import DraftDraw, Pool, grow_tree_pool, level_sizes
+from tree.growth import Level, grow_tree_pool
+from tree.pool import DraftDraw, Pool, level_sizes
 
 # The README and the trace manifest say this of every block drafter's pool.
 MARGINALS_NOTE = "block marginals: not conditioned on earlier draft tokens"
@@ -155,17 +156,19 @@ class BlockDrafter:
 
 @dataclass
 class _MarginalDraft:
-    """A `tree.pool.TreeDraft` whose rows are the block's marginals, one per depth."""
+    """A `tree.growth.TreeDraft` whose rows are the block's marginals, one per depth."""
 
     rows: Tensor  # [block_size - 1, V]
     n_context: int
     token_ids: Tensor | None = None
+    shared_rows: bool = True  # a level's nodes share one row
 
-    def root_logits(self) -> Tensor:
+    def root_logits(self, n_tree: int) -> Tensor:
         return self.rows[:1]
 
-    def level_logits(self, nodes, token, parent, depth, visible) -> Tensor:
-        return self.rows[depth]  # a node at depth d: its children's marginal is row d
+    def level_logits(self, level: Level) -> Tensor:
+        d = level.depth  # a node at depth d: its children's marginal is row d
+        return self.rows[d : d + 1]
 
 
 def check_pool_depth(spec: BlockSpec, pool: PoolConfig, setting: str) -> None:

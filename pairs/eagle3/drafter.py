@@ -21,6 +21,7 @@ from pairs.config import ModelConfig
 from pairs.eagle3 import layout as L
 from pairs.eagle3.capture import AuxCapture, resolve_aux_layers
 from pairs.eagle3.head import Eagle3Head
+from pairs.eagle3.lean import lean_head, supports_head
 from pairs.eagle3.pool import Eagle3State, feed_pairs, grow_pool_eagle3
 from tree.config import PoolConfig
 from tree.pool import DraftDraw, Pool
@@ -122,7 +123,9 @@ class Eagle3Drafter:
 
     def new_state(self, target_cache: DynamicCache) -> Eagle3State:
         """A prompt's state: every target forward on `target_cache` now adds feature rows."""
-        return Eagle3State(DynamicCache(config=self.head.config), self.capture.track(target_cache))
+        cache = (lean_head(self.head).new_cache() if supports_head(self.head)
+                 else DynamicCache(config=self.head.config))  # fmt: skip
+        return Eagle3State(cache, self.capture.track(target_cache))
 
     def prefill(self, state: Eagle3State, prompt: list[int]) -> None:
         """After the target cached prompt[:-1]: feed every pair but (feature n - 2, root)."""

@@ -18,7 +18,7 @@ With the root at position r (emitted, not yet verified), one round is
               pass's features.
 
 Draft ids are mapped to target ids through the head's `token_ids` (d2t) by the shared
-growth loop (`tree.pool.grow_tree_pool`).
+growth loop (`tree.growth.grow_tree_pool`).
 """
 
 from __future__ import annotations
@@ -31,16 +31,21 @@ from transformers import DynamicCache
 
 from pairs.eagle3.capture import FeatureRows
 from pairs.eagle3.head import Eagle3Head
+from pairs.eagle3.lean import lean_head
 from tree.attention import cache_length, compact_cache, to_attention_mask, tree_visibility
 from tree.config import PoolConfig
-from tree.pool import DraftDraw, Pool, grow_tree_pool, pool_size
+from tree.growth import Level, grow_tree_pool
+from tree.lean import StaticKV, additive_mask, narrow_keys
+from tree.pool import DraftDraw, Pool
 
 
 @dataclass
 class Eagle3State:
     """One prompt's drafting state beside the target's cache."""
 
-    cache: DynamicCache  # head KV: pairs 0 .. n_fed - 1, then this round's expanded nodes
+    # head KV: pairs 0 .. n_fed - 1, then this round's expanded nodes (a StaticKV: the lean
+    # forward, `pairs.eagle3.lean`)
+    cache: DynamicCache | StaticKV
     features: FeatureRows  # aux states of the target cache's positions from n_fed on
     n_fed: int = 0  # committed pairs in `cache`
 
@@ -93,23 +98,30 @@ def feed_pairs(head: Eagle3Head, state: Eagle3State, tokens: list[int], hi: int)
     ids = torch.tensor(tokens[lo + 1 : hi + 1], device=dev)
     causal = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=dev).tril()
     vis = tree_visibility(lo, causal[:, :0], causal)
-    out = run_head(head, head.fuse(feats), ids, torch.arange(lo, hi, device=dev), vis, state.cache)
+    if isinstance(state.cache, StaticKV):
+        lean, cache = lean_head(head), state.cache
+        g = torch.mm(feats, lean.fuse_w)  # the head's fc, as F.linear computes it
+        cache.reserve(hi)
+        rope = lean.rope.at(hi)[lo:hi]
+        mask = additive_mask(vis, g.dtype)
+        out = lean.forward(g, lean.hidden_norm(g), ids, rope, cache, lo, cache.keys(hi), mask)
+        cache.length = hi
+    else:
+        out = run_head(head, head.fuse(feats), ids, torch.arange(lo, hi, device=dev), vis,
+                       state.cache)  # fmt: skip
     state.n_fed = hi
     state.features.drop_before(hi)  # fed: the head never reads these rows again
     return out
 
 
 class HeadDraft:
-    """A `tree.pool.TreeDraft` over an EAGLE-3 head (see the module doc)."""
+    """A `tree.growth.TreeDraft` over an EAGLE-3 head (see the module doc)."""
 
-    def __init__(
-        self,
-        head: Eagle3Head,
-        state: Eagle3State,
-        tokens: list[int],
-        root_position: int,
-        n_pool: int,
-    ) -> None:
+    token_ids: Tensor | None
+    shared_rows = False
+
+    def __init__(self, head: Eagle3Head, state: Eagle3State, tokens: list[int],
+                 root_position: int) -> None:  # fmt: skip
         if root_position <= state.n_fed:
             raise ValueError(
                 f"EAGLE-3 drafting: the root sits at position {root_position} but the head has "
@@ -119,24 +131,51 @@ class HeadDraft:
         self.head, self.state, self.tokens, self.root_position = head, state, tokens, root_position
         self.n_context = root_position  # pairs 0 .. r - 1 (the root's pair is the last)
         self.token_ids = head.token_ids
-        self.n_pool = n_pool
-        self.root_out: Tensor | None = None
-        self.node_out: Tensor | None = None  # [P, H] pre-norm output of every fed node
+        self.lean = lean_head(head) if isinstance(state.cache, StaticKV) else None
+        # the previous level's pre-norm outputs and their hidden_norm (the root's at first)
+        self.out: Tensor | None = None
+        self.normed: Tensor | None = None
 
-    def root_logits(self) -> Tensor:
-        out = feed_pairs(self.head, self.state, self.tokens, self.root_position)
-        self.root_out = out[-1]
-        self.node_out = out.new_zeros(self.n_pool, out.shape[-1])
-        return self.head.logits(out[-1:])
+    def root_logits(self, n_tree: int) -> Tensor:
+        out = feed_pairs(self.head, self.state, self.tokens, self.root_position)[-1:]
+        if self.lean is None:
+            self.out = out
+            return self.head.logits(out)
+        n, cache = self.n_context, self.state.cache
+        cache.reserve(n + n_tree)
+        cache.length = n + n_tree  # the round's tree slots; a level's mask hides unfed ones
+        self.keys = cache.keys()
+        self.ctx = torch.zeros(0, n, dtype=out.dtype, device=out.device)
+        logits, self.normed = self.lean.outputs(out)
+        self.out = out
+        return logits
 
-    def level_logits(self, nodes, token, parent, depth, visible) -> Tensor:
-        from_root = (parent < 0)[:, None]
-        hidden = torch.where(from_root, self.root_out, self.node_out[parent.clamp(min=0)])
-        out = run_head(
-            self.head, hidden, token, self.root_position - 1 + depth, visible, self.state.cache
-        )
-        self.node_out[nodes] = out
-        return self.head.logits(out)
+    def level_logits(self, level: Level) -> Tensor:
+        n, pos = level.token.shape[0], self.root_position - 1 + level.depth
+        if level.prev_row is None:
+            hidden = self.out.expand(n, -1)
+            normed = None if self.normed is None else self.normed.expand(n, -1)
+        else:
+            hidden = self.out.index_select(0, level.prev_row)
+            normed = None if self.normed is None else self.normed.index_select(0, level.prev_row)
+        if self.lean is None:
+            m, at = level.tree_mask, level.slot
+            visible = tree_visibility(self.n_context, m[:, :at] == 0, m[:, at : at + n] == 0)
+            positions = torch.full((n,), pos, device=hidden.device)
+            self.out = run_head(self.head, hidden, level.token, positions, visible,
+                                self.state.cache)  # fmt: skip
+            return self.head.logits(self.out)
+        if self.ctx.shape[0] < n:
+            self.ctx = self.ctx.new_zeros(n, self.n_context)
+        at, fed = self.n_context + level.slot, level.slot + n
+        ctx = self.ctx if self.ctx.shape[0] == n else self.ctx[:n]
+        mask = torch.cat([ctx, level.tree_mask[:, :fed]], 1)
+        rope = self.lean.rope.at(pos + 1)[pos]
+        keys = narrow_keys(self.keys, at + n)
+        self.out = self.lean.forward(hidden, normed, level.token, rope, self.state.cache, at,
+                                     keys, mask)  # fmt: skip
+        logits, self.normed = self.lean.outputs(self.out)
+        return logits
 
 
 @torch.inference_mode()
@@ -149,5 +188,4 @@ def grow_pool_eagle3(
     draw: DraftDraw | None = None,
 ) -> Pool:
     """One round's pool (`tokens`: the committed tokens, the root at `root_position` last)."""
-    draft = HeadDraft(head, state, tokens, root_position, pool_size(cfg))
-    return grow_tree_pool(draft, cfg, draw)
+    return grow_tree_pool(HeadDraft(head, state, tokens, root_position), cfg, draw)

@@ -1,0 +1,241 @@
+"""The pool's growth loop (SPEC §2) over any `TreeDraft`, in batched tensor steps, and a
+standalone drafter's growth (`grow_pool`).
+
+Each depth level keeps its own small tensors ([n, top_k] children, their scores) and the
+pool is assembled once at the end, so a level costs a fixed handful of ops whatever its
+width: pick the expanded nodes (a stable sort of the level's scores), one draft forward,
+top_k children per row. What never depends on the drafts (depths, parents' places in the
+previous level, the tree slots each level feeds) is built once per pool setting (`_plan`).
+
+Tree slots: the nodes expanded in a round are fed in level order, ascending pool index
+within a level (the drafter's cache order, `Pool.drafter_pos`). A level's visibility over
+those slots is additive (0 seen, -inf not): a node sees its parent's slots and its own.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+from tree.attention import cache_length, forward_chain, forward_tree, tree_visibility
+from tree.config import PoolConfig
+from tree.lean import StaticKV, narrow_keys
+from tree.lean_model import lean_model
+from tree.pool import DraftDraw, Pool, _children, level_sizes
+
+if TYPE_CHECKING:  # annotations only: the offline commands never load transformers
+    from transformers import DynamicCache, PreTrainedModel
+
+
+@dataclass
+class Level:
+    """The nodes one draft forward feeds: those expanded at `depth`, in pool order."""
+
+    depth: int  # 1: children of the root
+    token: Tensor  # [n] their target token ids
+    prev_row: Tensor | None  # [n] each parent's row in the previous level's logits; None at depth 1
+    tree_mask: Tensor  # [n, F] additive visibility over the round's F tree slots
+    slot: int  # the first of their tree slots, [slot, slot + n)
+
+
+class TreeDraft(Protocol):
+    """A drafter as pool growth drives it: the standalone LM (`ModelDraft`), an
+    EAGLE-3 head (`pairs.eagle3.pool`), a block drafter's marginals (`pairs.block`).
+
+    `root_logits` runs first (it feeds what the drafter has not seen of the committed
+    context, and learns the round's F tree slots); each `level_logits` then feeds one
+    level's expanded nodes at their tree slots after the `n_context` committed positions.
+    """
+
+    n_context: int
+    token_ids: Tensor | None  # target id of each logit column (None: the columns are target ids)
+    # True: a level's rows are one row for every node (block marginals): [1, V'] suffices
+    shared_rows: bool
+
+    def root_logits(self, n_tree: int) -> Tensor: ...  # [1, V'] the drafter's row at the root
+
+    def level_logits(self, level: Level) -> Tensor: ...  # [n or 1, V'] rows of level's nodes
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a pool setting fixes, on one device."""
+
+    sizes: list[tuple[int, int]]
+    depth: Tensor  # [P]
+    own: list[Tensor]  # per expanding level: [n_exp, F] additive, 0 at each node's own slot
+    first: list[Tensor | None]  # per expanding level: arange(n_exp) when it expands all
+    offset: Tensor  # [F] the pool index where each fed node's level starts
+    parent_slot: Tensor  # [P - n1] the tree slot of each deeper node's parent
+    fed_pos: Tensor  # [F] 0 .. F - 1
+
+
+@functools.cache
+def _plan(top_k: int, steps: int, expand: int, device: torch.device) -> _Plan:
+    sizes = level_sizes(PoolConfig(top_k=top_k, steps=steps, expand=expand))
+    n_fed = sum(e for _, e in sizes)
+    depth = torch.cat([torch.full((n,), d, dtype=torch.long) for d, (n, _) in
+                       enumerate(sizes, start=1)])  # fmt: skip
+    own, first, offset, parent_slot = [], [], [], []
+    start = slot = 0
+    for n, e in sizes[:-1]:
+        o = torch.full((e, n_fed), float("-inf"))
+        o[torch.arange(e), slot + torch.arange(e)] = 0.0
+        own.append(o.to(device))
+        first.append(torch.arange(e, device=device) if e == n else None)
+        offset += [start] * e
+        parent_slot.append(slot + torch.arange(e).repeat_interleave(top_k))
+        start, slot = start + n, slot + e
+    slots = torch.cat(parent_slot) if parent_slot else torch.empty(0, dtype=torch.long)
+    return _Plan(sizes, depth.to(device), own, first, torch.tensor(offset, device=device),
+                 slots.to(device), torch.arange(n_fed, device=device))  # fmt: skip
+
+
+def _top(logits: Tensor, k: int, draw: DraftDraw | None, q_rows: list[Tensor]
+         ) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """[n, k] children and their float32 log-probs (`tree.pool._children`)."""
+    idx, vals, rows = _children(logits, k, draw, flat=False)
+    if draw is not None and draw.keep_rows:
+        q_rows.append(rows)
+    return idx, vals
+
+
+@torch.inference_mode()
+def grow_tree_pool(draft: TreeDraft, cfg: PoolConfig, draw: DraftDraw | None = None) -> Pool:
+    """The pool of SPEC §2 from any `TreeDraft`; expanded nodes sit at `Pool.drafter_pos`.
+
+    `draw`: children sampled (`tree.pool._children`), not the top-k."""
+    k = cfg.top_k
+    root = draft.root_logits(sum(e for _, e in level_sizes(cfg)))  # [1, V']
+    plan = _plan(k, cfg.steps, cfg.expand, root.device)
+    q_rows: list[Tensor] = []
+    idx, vals = _top(root, k, draw, q_rows)
+    tok = idx if draft.token_ids is None else draft.token_ids[idx]  # [1, k]
+    toks, logqs, scores, picks, masks = [tok], [vals], [vals], [], []
+    flat_score, flat_tok, prev_mask, slot = vals.view(-1), tok.view(-1), None, 0
+    for s, (_, e) in enumerate(plan.sizes[:-1], start=1):
+        loc = plan.first[s - 1]  # level-local indices of the expanded nodes, ascending
+        if loc is None:
+            order = torch.sort(flat_score, descending=True, stable=True).indices[:e]
+            loc = order.sort().values
+        prow = None if s == 1 else torch.div(loc, k, rounding_mode="floor")
+        own = plan.own[s - 1]
+        mask = own if prow is None else torch.maximum(prev_mask.index_select(0, prow), own)
+        logits = draft.level_logits(Level(s, flat_tok.index_select(0, loc), prow, mask, slot))
+        if draft.shared_rows and draw is None:  # one row's top-k serves every node
+            idx, vals = (t.expand(e, k) for t in _top(logits, k, None, q_rows))
+        else:
+            idx, vals = _top(logits.expand(e, -1) if draft.shared_rows else logits, k, draw,
+                             q_rows)  # fmt: skip
+        tok = idx if draft.token_ids is None else draft.token_ids[idx]
+        score = flat_score.index_select(0, loc).unsqueeze(1) + vals  # [e, k]
+        toks.append(tok)
+        logqs.append(vals)
+        scores.append(score)
+        picks.append(loc)
+        masks.append(mask)
+        flat_score, flat_tok, prev_mask, slot = score.view(-1), tok.reshape(-1), mask, slot + e
+    return _assemble(draft, plan, toks, logqs, scores, picks, masks, q_rows)
+
+
+def _assemble(draft: TreeDraft, plan: _Plan, toks: list[Tensor], logqs: list[Tensor],
+              scores: list[Tensor], picks: list[Tensor], masks: list[Tensor],
+              q_rows: list[Tensor]) -> Pool:  # fmt: skip
+    """The pool's tensors from the levels' (pool order: level by level, then by parent)."""
+    token, logq, score = (torch.cat(x).view(-1) for x in (toks, logqs, scores))
+    P, n1, dev = token.shape[0], plan.sizes[0][0], token.device
+    parent = torch.full((P,), -1, dtype=torch.long, device=dev)
+    expanded = torch.zeros(P, dtype=torch.bool, device=dev)
+    drafter_pos = torch.full((P,), -1, dtype=torch.long, device=dev)
+    anc = torch.zeros(P, P, dtype=torch.bool, device=dev)
+    if picks:
+        fed = torch.cat(picks) + plan.offset  # pool indices in feeding order
+        parent[n1:] = fed[plan.parent_slot]
+        expanded[fed] = True
+        drafter_pos[fed] = draft.n_context + plan.fed_pos
+        # a node sees its parent's slots (the parent's own among them): its fed ancestors
+        anc[n1:, fed] = torch.cat(masks)[plan.parent_slot] == 0
+    anc.fill_diagonal_(True)
+    pool = Pool(token, parent, plan.depth.clone(), logq, score, expanded, anc, drafter_pos, n1)
+    if q_rows:
+        # row 0 is the root's; expanded node e's is 1 + its place in feeding order
+        place = torch.zeros(P, dtype=torch.long, device=dev)
+        if picks:
+            place[fed] = 1 + plan.fed_pos
+        pool.q_rows, pool.q_ids = torch.cat(q_rows), draft.token_ids
+        pool.q_parent_row = torch.where(parent >= 0, place[parent.clamp(min=0)], 0)
+    return pool
+
+
+@dataclass
+class ModelDraft:
+    """A standalone drafter: a causal LM over the target's vocabulary with its own KV cache
+    (a `tree.lean.StaticKV` runs the lean forward, `tree.lean_model`)."""
+
+    model: PreTrainedModel
+    cache: DynamicCache | StaticKV
+    pending: Tensor  # committed tokens not yet in the cache, root last
+    root_position: int
+    token_ids: Tensor | None = None
+    shared_rows: bool = False
+
+    @property
+    def n_context(self) -> int:
+        return self.root_position + 1  # the context and the root
+
+    def root_logits(self, n_tree: int) -> Tensor:
+        # The pending chain ends with the root; its last row is q(. | c).
+        row = forward_chain(self.model, self.pending, self.cache, logits_to_keep=1)
+        if isinstance(self.cache, StaticKV):
+            # the round's tree slots follow the context; a level's mask hides unfed ones
+            n = self.n_context
+            self.cache.reserve(n + n_tree)
+            self.cache.length = n + n_tree
+            self.keys = self.cache.keys()
+            self.ctx = torch.zeros(0, n, dtype=self.model.dtype, device=row.device)
+        return row
+
+    def level_logits(self, level: Level) -> Tensor:
+        n, pos = level.token.shape[0], self.root_position + level.depth
+        if not isinstance(self.cache, StaticKV):
+            visible = tree_visibility(self.n_context, level.tree_mask[:, :level.slot] == 0,
+                                      level.tree_mask[:, level.slot : level.slot + n] == 0)  # fmt: skip
+            positions = torch.full((n,), pos, device=level.token.device)
+            return forward_tree(self.model, level.token, positions, visible, self.cache)
+        lean = lean_model(self.model)
+        if self.ctx.shape[0] < n:
+            self.ctx = self.ctx.new_zeros(n, self.n_context)
+        at, fed = self.n_context + level.slot, level.slot + n
+        ctx = self.ctx if self.ctx.shape[0] == n else self.ctx[:n]
+        mask = torch.cat([ctx, level.tree_mask[:, :fed]], 1)
+        rope = lean.rope.at(pos + 1)[pos]
+        keys = narrow_keys(self.keys, at + n)
+        return lean.forward(level.token, rope, self.cache, at, keys, mask)
+
+
+@torch.inference_mode()
+def grow_pool(
+    drafter: PreTrainedModel,
+    cache: DynamicCache,
+    pending: Tensor,
+    root_position: int,
+    cfg: PoolConfig,
+    draw: DraftDraw | None = None,
+) -> Pool:
+    """Grow one round's pool. `pending` = committed tokens not yet in the drafter cache, root last.
+
+    On entry the drafter cache holds the first `root_position + 1 - len(pending)`
+    tokens; on exit it holds the context, the root (at `root_position`) and every
+    expanded node, at `Pool.drafter_pos`.
+    """
+    n_cached = cache_length(cache)
+    if n_cached + pending.shape[0] != root_position + 1:
+        raise ValueError(
+            f"grow_pool: drafter cache holds {n_cached} tokens and {pending.shape[0]} are pending, "
+            f"but the root sits at position {root_position} (expected {root_position + 1} in all)"
+        )
+    return grow_tree_pool(ModelDraft(drafter, cache, pending, root_position), cfg, draw)
