@@ -90,7 +90,8 @@ def read_limits(model: ModelConfig) -> PositionLimits:
     """The pair's limits from its config.json files alone (no weights are read)."""
     kind = drafter_kind(model)
     local = {"local_files_only": True, "trust_remote_code": model.trust_remote_code}
-    target = AutoConfig.from_pretrained(checkpoint_dir(model.target, "model.target", model.fetch), **local)
+    target_dir = checkpoint_dir(model.target, "model.target", model.fetch)
+    target = AutoConfig.from_pretrained(target_dir, **local)
     drafter = kind.read_config(checkpoint_dir(model.drafter, "model.drafter"), model)
     return limits_of(target, drafter, kind.head, model.strict_head_positions)
 
@@ -113,7 +114,9 @@ def check_prompt_lengths(
         kind.check_pool(checkpoint_dir(model.drafter, "model.drafter"), model, pool)
     limits = read_limits(model)
     tokenizer = AutoTokenizer.from_pretrained(
-        model.target, local_files_only=True, trust_remote_code=model.trust_remote_code
+        checkpoint_dir(model.target, "model.target", model.fetch),
+        local_files_only=True,
+        trust_remote_code=model.trust_remote_code,
     )
     depth = len(level_sizes(pool))
     lengths = [len(encode_prompt(tokenizer, p.text)) for p in prompts]
