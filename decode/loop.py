@@ -66,13 +66,15 @@ def decode_prompt(
     levels = levels_of(s.base)
     _sync(dev)
     t0 = time.perf_counter()
-    st = OnlineStream(prefill(target, drafter, prompt, generator, rows_needed), task,
-                      draft_draw=draft_draw(dec, prompt_id, dev))  # fmt: skip
+    stream = prefill(target, drafter, prompt, generator, rows_needed, dec.temperature)
+    st = OnlineStream(stream, task, draft_draw=draft_draw(dec, prompt_id, dev))
     _sync(dev)
     prefill_ms = 1000.0 * (time.perf_counter() - t0)
-    output: list[int] = []
+    # a block kind's prefill emits the target's first token (`decode.stream.prefill`)
+    output: list[int] = stream.tokens[len(prompt) :]
     rounds: list[RoundRecord] = []
-    for round_index in itertools.count():
+    done = bool(output) and output_is_done(output, output, eos_ids, dec.max_new_tokens)
+    for round_index in itertools.count() if not done else ():
         ctx = RoundContext(root=st.stream.tokens[-1], prompt_length=len(prompt),
                            round_index=round_index, tokens_before=len(output),
                            prev_accepted=st.prev_accepted)  # fmt: skip

@@ -1,7 +1,10 @@
 """A prompt's decoding state and what every round shares: settings, prefill, clocks, stopping.
 
     prefill : both models cache the prompt minus its last token; that token is round 0's root;
-              with retained rows, the token-keyed cache is seeded from the prompt (SPEC §5)
+              with retained rows, the token-keyed cache is seeded from the prompt (SPEC §5).
+              A drafter that drafts from the target's first token (`first_from_target`: the
+              block kinds, as DFlash's reference does) instead has the target cache the whole
+              prompt and draw its first token from the last row; that token is round 0's root
 
 The round itself is `decode.round`; the loop over rounds is `decode.loop`.
 """
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from pairs.block.drafter import BlockDrafter, BlockState, check_pool_depth
+from pairs.block.drafter import BlockDrafter, BlockState
 from pairs.eagle3.pool import Eagle3State
 from pairs.models import STATE_DRAFTERS, Drafter
 from pairs.positions import limits_of, needed_positions
@@ -26,9 +29,8 @@ from tree import retained as R
 from tree.attention import draft_cache, forward_chain, new_cache
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 from tree.pool import DraftDraw, level_sizes, pool_size
-from tree.verify import (
-    VERIFIERS,
-)
+from tree.root_pass import draw_root
+from tree.verify import VERIFIERS
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +117,8 @@ class Stream:
     """Decoding state of one prompt (batch size 1)."""
 
     tokens: list[int]  # prompt + emitted; the last one is the root (not in either cache)
+    # the prompt's length: tokens[n_prompt:] is the output, which a first_from_target
+    # drafter's prefill starts with the target's first token
     n_prompt: int
     target_cache: DynamicCache
     drafter_cache: DynamicCache
@@ -131,18 +135,28 @@ class Stream:
 
 @torch.inference_mode()
 def prefill(
-    target: PreTrainedModel, drafter: Drafter, prompt: list[int], generator, record: bool
+    target: PreTrainedModel,
+    drafter: Drafter,
+    prompt: list[int],
+    generator,
+    record: bool,
+    temperature: float = 0.0,
 ) -> Stream:
     """Cache the prompt minus its last token in both models; seed the token-keyed cache.
 
     An EAGLE-3 head instead takes the target's aux states of prompt[:-1] from the target's
-    prefill and caches every pair but the last (`pairs.eagle3.drafter.Eagle3Drafter.prefill`);
-    a block drafter takes the prompt's states at its first round.
+    prefill and caches every pair but the last (`pairs.eagle3.drafter.Eagle3Drafter.prefill`).
+    A drafter with `first_from_target` (the block kinds) drafts its first block from the
+    target's first token with the whole prompt as context, as its reference does: the target
+    caches the whole prompt and that token, drawn from the last row at `temperature` with
+    `generator`, is appended (the stream's first output token, emitted before any round).
     """
     if not prompt:
         raise ValueError("prefill: the prompt has no tokens")
     dev = target.device
-    ctx = torch.tensor(prompt[:-1], device=dev)
+    whole = getattr(drafter, "first_from_target", False)
+    cached = prompt if whole else prompt[:-1]
+    ctx = torch.tensor(cached, device=dev)
     tcache = new_cache(target)
     state = drafter.new_state(tcache) if isinstance(drafter, STATE_DRAFTERS) else None
     dcache = draft_cache(drafter) if state is None else state.cache
@@ -150,23 +164,29 @@ def prefill(
     if record:
         vocab = target.get_output_embeddings().out_features
         row_cache = R.TokenKeyedCache(vocab, dev, target.dtype)
-    if len(prompt) > 1:
+    last = None  # the target's row after the whole prompt (first_from_target only)
+    if cached:
         if record:
             # Rows only at each distinct token's latest occurrence (logits_to_keep as
             # an index tensor): a full prompt's logits would be prompt x vocab.
-            toks, pos = R.prompt_cache_rows(prompt[:-1])
+            toks, pos = R.prompt_cache_rows(cached)
             rows = forward_chain(
                 target, ctx, tcache, logits_to_keep=torch.as_tensor(pos, device=dev)
             )
             row_cache.store(toks, rows, round_index=-1)
+            if whole:  # the last token's latest occurrence is the last position
+                last = rows[int((pos == len(cached) - 1).nonzero()[0][0])][None]
         else:
-            forward_chain(target, ctx, tcache, logits_to_keep=1)
+            last = forward_chain(target, ctx, tcache, logits_to_keep=1)
         if state is None:
             forward_chain(drafter, ctx, dcache, logits_to_keep=1)
     if state is not None:
         drafter.prefill(state, prompt)
+    tokens = list(prompt)
+    if whole:
+        tokens.append(int(draw_root(last, temperature, generator)))
     return Stream(
-        list(prompt), len(prompt), tcache, dcache, [], generator, row_cache, drafter_state=state
+        tokens, len(prompt), tcache, dcache, [], generator, row_cache, drafter_state=state
     )
 
 
@@ -183,8 +203,8 @@ def check_positions(
     """Refuse a prompt whose run would pass a hard position limit (`pairs.positions`), or a
     pool deeper than a block drafter's block; past an EAGLE-3 head's configured length,
     warn once per drafter and decode on. Once per prompt, before its first round."""
-    if isinstance(drafter, BlockDrafter):  # its marginals cover depths 1 .. block_size - 1
-        check_pool_depth(drafter.spec, s.pool, "model.drafter")
+    if isinstance(drafter, BlockDrafter):  # its rows cover depths 1 .. a block's reach
+        drafter.check_pool(s.pool, "model.drafter")
     head = isinstance(drafter, STATE_DRAFTERS)  # its own position table: a soft limit
     limits = limits_of(target.config, drafter.config, head, head and drafter.strict_positions)
     depth = len(level_sizes(s.pool))

@@ -284,7 +284,7 @@ DRAFTERS = {
                     settings=(),
                     manifest_fields=(*_PAIR_FIELDS, "drafter_kind", "block_size",
                                      "target_layer_ids", "layer_id_convention",
-                                     "pool_marginals"),
+                                     "pool_marginals", "first_round"),
                     check_pool=_block_pool),
     )
 }  # fmt: skip

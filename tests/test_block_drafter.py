@@ -21,10 +21,11 @@ from decode.settings import OnlineSettings
 from decode.stream import DecodeSettings
 from pairs import models
 from pairs.block.drafter import attach_block, read_block
-from pairs.block.layout import block_shapes
+from pairs.block.layout import block_shapes, build_target_layer_ids, read_block_config
 from pairs.models import load_causal_lm, load_model_pair
 from pairs.positions import check_prompt_lengths
 from pairs.prompts import Prompt, encode_prompt
+from specrank.errors import Refusal
 from tests.block_drafters import block_config, block_spec, write_block
 from tests.eagle3_heads import tiny_target
 from tests.recording import decode_recorded
@@ -74,22 +75,45 @@ def test_the_weights_are_named_and_shaped_as_the_reference_s(tmp_path):
     assert {"norm.weight", "layers.0.post_attention_layernorm.weight"} <= set(shapes)
 
 
+DROP = object()  # _edit_config: remove the key
+
+
 def _edit_config(folder, **changes):
     path = folder / "config.json"
     raw = json.loads(path.read_text())
     for key, value in changes.items():
-        if key.startswith("dflash_config."):
-            raw["dflash_config"][key.split(".", 1)[1]] = value
-        elif value is None:
-            raw.pop(key, None)
+        place, key = (raw["dflash_config"], key.split(".", 1)[1]) if key.startswith(
+            "dflash_config.") else (raw, key)  # fmt: skip
+        if value is DROP or (value is None and place is raw):
+            place.pop(key, None)
         else:
-            raw[key] = value
+            place[key] = value
     path.write_text(json.dumps(raw))
 
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"architectures": ["DFlash2DraftModel"]}, r"the DFlash2 variant is not supported"),
-    ({"dflash_config.selector_rank": 256}, r"the DFlash2 variant is not supported"),
+    # a DFlash2 file renamed DFlashDraftModel: refused by its cause, its keys named
+    ({"dflash_config.selector_rank": 256, "conv_kernel_size": 4},
+     r"keys \['dflash_config.selector_rank', 'conv_kernel_size'\]: the DFlash2 variant is not "
+     r"supported .*whatever the architectures say \(\['DFlashDraftModel'\]\)"),
+    # each setting where the reference reads it; the other place must agree
+    ({"block_size": DROP, "dflash_config.block_size": 8},
+     r"top-level block_size: absent \(only dflash_config.block_size is set\); DFlash's reference "
+     r"reads it there only, with no default"),
+    ({"block_size": DROP}, r"top-level block_size: absent \(neither place sets it\)"),
+    ({"dflash_config.block_size": 16},
+     r"top-level block_size is 8 \(where the reference reads it\) but dflash_config.block_size is "
+     r"16: the two places must agree"),
+    ({"mask_token_id": 5}, r"dflash_config.mask_token_id is 102 .* but top-level mask_token_id is 5"),
+    ({"dflash_config.mask_token_id": DROP, "mask_token_id": 102},
+     r"dflash_config.mask_token_id: absent \(only top-level mask_token_id is set\)"),
+    ({"target_layer_ids": [1, 3]},
+     r"dflash_config.target_layer_ids is \[1, 3, 4\] .* but top-level target_layer_ids is \[1, 3\]"),
+    ({"dflash_config.target_layer_ids": DROP, "num_target_layers": None},
+     r"target_layer_ids: absent, and no num_target_layers to derive them from"),
+    ({"dflash_config.context_mixing": "shared", "context_mixing": "per_layer"},
+     r"context_mixing: the top level holds 'per_layer' and dflash_config.context_mixing 'shared'"),
     ({"dflash_config.target_layer_ids": None}, r"target_layer_ids: expected a non-empty list"),
     ({"dflash_config.target_layer_ids": [4, 1]}, r"expected distinct ascending ids"),
     ({"dflash_config.target_layer_ids": [1, 7]}, r"expected ids in \[0, 6\]"),
@@ -107,8 +131,25 @@ def test_a_mismatched_config_is_refused_by_name_before_the_target_loads(
     drafter = write_block(tmp_path / "block", target)
     _edit_config(drafter, **changes)
     monkeypatch.setattr(models, "load_causal_lm", lambda *a: pytest.fail("the target loaded"))
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(Refusal, match=message):
         load_model_pair(block_config(target, drafter))
+
+
+@pytest.mark.parametrize(("changes", "layer_ids"), [
+    ({"dflash_config.target_layer_ids": DROP}, (3,)),  # one draft layer: num_target_layers // 2
+    ({"dflash_config.target_layer_ids": DROP, "num_hidden_layers": 3,
+      "layer_types": ["full_attention"] * 3}, (1, 2, 4)),  # round(1 + i * 3 / 2): 2.5 to even
+    ({"block_size": 8, "dflash_config.block_size": 8, "target_layer_ids": [1, 3, 4]}, (1, 3, 4)),
+])  # fmt: skip
+def test_absent_layer_ids_are_derived_and_agreeing_places_accepted(tmp_path, changes, layer_ids):
+    """As the reference's build_target_layer_ids (from num_target_layers and the drafter's
+    layers); a key in both places with one value reads as that value."""
+    target = tiny_target(tmp_path, "qwen3")
+    drafter = write_block(tmp_path / "block", target)
+    _edit_config(drafter, **changes)
+    spec = read_block_config(drafter)
+    assert (spec.target_layer_ids, spec.block_size, spec.mask_token_id) == (layer_ids, 8, 102)
+    assert build_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # z-lab's Qwen3-8B-DFlash-b16
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -146,6 +187,7 @@ def test_the_manifest_names_the_kind_block_size_layers_and_marginals(pair):
     assert pair.ids["drafter_kind"] == "block" and pair.ids["block_size"] == "8"
     assert (pair.ids["target_layer_ids"], pair.ids["layer_id_convention"]) == ("1,3,4", "output")
     assert "not conditioned on earlier draft tokens" in pair.ids["pool_marginals"]
+    assert pair.ids["first_round"] == "root: the target's first token, context: the whole prompt"
     assert set(models.DRAFTERS["block"].manifest_fields) <= set(pair.ids)
 
 
@@ -199,7 +241,11 @@ def test_greedy_output_equals_plain_greedy(pair, pool, budget, record):
                 # the prefill, then one verification pass a round: no extra pass for the states
                 assert len(passes) == 1 + len(res.accepted)
                 assert res.output == autoregressive_decode(pair.target, prompt, len(res.output))
-                assert sum(res.accepted) + len(res.accepted) == len(res.output)
+                # the prefill emits the first token, then each round its accepted drafts + 1
+                assert 1 + sum(res.accepted) + len(res.accepted) == len(res.output)
+                if record:  # round 0's root is the target's first token, at position n
+                    first = res.rounds[0]
+                    assert (first["root_token"], first["tokens_before"]) == (res.output[0], 1)
     finally:
         hook.remove()
 
@@ -250,6 +296,49 @@ def test_greedy_output_equals_plain_greedy_with_drafts_accepted(tiny_vocab, pool
         for prompt in ([1, 5, 3, 6], [2, 2, 7, 0, 4], [6, 1]):
             res = decode_recorded(target, drafter, prompt, _settings(4, pool), frozenset())
             assert res.output == autoregressive_decode(target, prompt, len(res.output))
+            accepted += sum(res.accepted)
+    assert accepted >= 10
+
+
+def _reference_rounds(target, drafter, prompt: list[int], max_new: int):
+    """z-lab/dflash's `dflash_generate` at T=0, transcribed on this drafter's module and
+    recomputed from scratch each round (no caches): the whole prompt prefilled, the first block
+    drafted from the target's first token at position n over the context [0, n). Returns the
+    output and each round's accepted drafts (its acceptance length - 1)."""
+    d, n = drafter, len(prompt)
+    bs, mask = d.spec.block_size, d.spec.mask_token_id
+    tokens = [*prompt, int(target(input_ids=torch.tensor([prompt])).logits[0, -1].argmax())]
+    accepted = []
+    while len(tokens) - n < max_new:
+        start = len(tokens) - 1
+        hs = target(input_ids=torch.tensor([tokens[:start]]), output_hidden_states=True)
+        feats = torch.cat([hs.hidden_states[i + 1][0] for i in d.spec.target_layer_ids], -1)
+        ctx = d.module.context(feats, torch.arange(start))
+        block = [tokens[start]] + [mask] * (bs - 1)
+        hidden = d.module(d.embed(torch.tensor(block)), torch.arange(start, start + bs), ctx)
+        block[1:] = d.lm_head(hidden[1:]).argmax(-1).tolist()
+        post = target(input_ids=torch.tensor([tokens[:start] + block])).logits[0, start:]
+        post = post.argmax(-1).tolist()
+        a = 0
+        while a < bs - 1 and block[a + 1] == post[a]:
+            a += 1
+        tokens += [*block[1 : a + 1], post[a]]
+        accepted.append(a)
+    return tokens[n:], accepted
+
+
+def test_rounds_follow_the_reference_s_from_its_first_block(tiny_vocab):
+    """The block's argmax chain, all of it verified (budget block_size - 1): each round accepts
+    what the reference's loop accepts, its first round included (one drafted from the prompt's
+    last token instead would add a round and shift every later one)."""
+    target, drafter = tiny_vocab
+    chain = PoolConfig(top_k=1, steps=drafter.spec.block_size - 2, expand=1)
+    accepted = 0
+    with one_thread(), torch.inference_mode():
+        for prompt in ([1, 5, 3, 6], [2, 2, 7, 0, 4], [6, 1]):
+            res = decode_recorded(target, drafter, prompt, _settings(7, chain), frozenset())
+            want, want_accepted = _reference_rounds(target, drafter, prompt, 24)
+            assert (res.output, res.accepted) == (want, want_accepted)
             accepted += sum(res.accepted)
     assert accepted >= 10
 

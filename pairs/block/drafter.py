@@ -10,6 +10,10 @@ Loading is two steps, so that a mismatch is refused before the target's weights 
                   (`pairs.eagle3.capture.AuxCapture`, which takes them from every target pass
                   decoding runs anyway: the verification pass gives the next round's context)
 
+Prefill (`decode.stream.prefill`, as the reference's `dflash_generate`): the target caches
+the whole prompt of n tokens and draws the first output token from its last row; that token
+is round 0's root, at position n, with the prompt's states [0, n) as its context.
+
 One round, the root (the bonus token) at position r:
 
     context   the committed positions the drafter has not seen, [n_fed, r): their target
@@ -32,17 +36,26 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
-from pairs.block.layout import DRAFTER_SETTING, BlockSpec, read_block_config, read_block_weights
+from pairs.block.layout import (
+    DRAFTER_SETTING,
+    BlockSpec,
+    read_block_config,
+    read_block_weights,
+    refusal,
+)
 from pairs.block.module import BlockDrafterModule, ContextKV
 from pairs.config import ModelConfig
 from pairs.eagle3.capture import AuxCapture, FeatureRows
-from pairs.eagle3.layout import refuse
+from specrank.errors import Refusal
 from tree.config import PoolConfig
 from tree.growth import Level, grow_tree_pool
 from tree.pool import DraftDraw, Pool, level_sizes
 
 # The README and the trace manifest say this of every block drafter's pool.
 MARGINALS_NOTE = "block marginals: not conditioned on earlier draft tokens"
+# ... and this of its first round: stores recorded when round 0's root was the prompt's last
+# token (context: the prompt minus that token) lack it, and are not resumed into
+FIRST_ROUND_NOTE = "root: the target's first token, context: the whole prompt"
 
 
 @dataclass
@@ -59,17 +72,17 @@ def read_block(folder: Path, target: PretrainedConfig) -> BlockCheckpoint:
     spec = read_block_config(folder)
     path, n, ids = folder / "config.json", target.num_hidden_layers, spec.target_layer_ids
     if spec.layer.hidden_size != target.hidden_size:
-        raise refuse(DRAFTER_SETTING, path, f"hidden_size: the drafter reads the target's embedding and "
+        raise refusal(DRAFTER_SETTING, path, f"hidden_size: the drafter reads the target's embedding and "
                      f"states of width {target.hidden_size}, found {spec.layer.hidden_size}")  # fmt: skip
     if spec.num_target_layers is not None and spec.num_target_layers != n:
-        raise refuse(DRAFTER_SETTING, path, f"num_target_layers: expected the target's {n}, found "
+        raise refusal(DRAFTER_SETTING, path, f"num_target_layers: expected the target's {n}, found "
                      f"{spec.num_target_layers}")  # fmt: skip
     if max(ids) > n - 1 or min(ids) < 0:
-        raise refuse(DRAFTER_SETTING, path, f"dflash_config.target_layer_ids {list(ids)}: expected ids "
+        raise refusal(DRAFTER_SETTING, path, f"dflash_config.target_layer_ids {list(ids)}: expected ids "
                      f"in [0, {n - 1}] (id i reads hidden_states[i + 1], the state leaving "
                      f"layer i of the target's {n})")  # fmt: skip
     if spec.mask_token_id >= target.vocab_size:
-        raise refuse(DRAFTER_SETTING, path, f"dflash_config.mask_token_id: {spec.mask_token_id} is not a "
+        raise refusal(DRAFTER_SETTING, path, f"dflash_config.mask_token_id: {spec.mask_token_id} is not a "
                      f"row of the target's embedding ({target.vocab_size} rows)")  # fmt: skip
     return BlockCheckpoint(folder, spec, read_block_weights(folder, spec))
 
@@ -104,6 +117,8 @@ class BlockDrafter:
     lm_head: torch.nn.Module  # the target's output head
     strict_positions: bool = False
     positions_warned: bool = False
+    # decode.stream.prefill caches the whole prompt and draws the first token from the target
+    first_from_target = True
 
     @property
     def config(self):  # the drafter's config: max_position_embeddings for position checks
@@ -113,11 +128,13 @@ class BlockDrafter:
         return BlockState(self.capture.track(target_cache))
 
     def prefill(self, state: BlockState, prompt: list[int]) -> None:
-        """Nothing to feed yet: the first round takes the prompt's states as its context."""
+        """Nothing to feed yet: the target's prefill of the whole prompt captured its states,
+        and the first round, whose root is the target's first token at position len(prompt),
+        takes them as its context (`decode.stream.prefill`)."""
 
     @torch.inference_mode()
-    def marginals(self, state: BlockState, root: int, root_position: int) -> Tensor:
-        """The block's logits [block_size - 1, V]: row j - 1 for the token at r + j."""
+    def block_hidden(self, state: BlockState, root: int, root_position: int) -> Tensor:
+        """The block's final hidden states [block_size, H]: row j at position r + j."""
         # The states of [n_fed, r) must be held; the root's own may be too (a covering
         # round cached it), and waits for the next round.
         if state.features.start != state.n_fed or state.features.end < root_position:
@@ -139,10 +156,17 @@ class BlockDrafter:
         bs, dev = self.spec.block_size, self.embed.weight.device
         ids = torch.full((bs,), self.spec.mask_token_id, dtype=torch.long, device=dev)
         ids[0] = root
-        embeds = self.embed(ids)
         positions = torch.arange(root_position, root_position + bs, device=dev)
-        hidden = self.module(embeds, positions, state.ctx)
-        return self.lm_head(hidden[1:])
+        return self.module(self.embed(ids), positions, state.ctx)
+
+    @torch.inference_mode()
+    def marginals(self, state: BlockState, root: int, root_position: int) -> Tensor:
+        """The block's logits [block_size - 1, V]: row j - 1 for the token at r + j."""
+        return self.lm_head(self.block_hidden(state, root, root_position)[1:])
+
+    def check_pool(self, pool: PoolConfig, setting: str) -> None:
+        """A pool deeper than the drafter's rows reach is refused (`check_pool_depth`)."""
+        check_pool_depth(self.spec, pool, setting)
 
     def grow(self, state: BlockState, tokens: list[int], root_position: int,
              cfg: PoolConfig, draw: DraftDraw | None = None) -> Pool:  # fmt: skip
@@ -175,7 +199,7 @@ def check_pool_depth(spec: BlockSpec, pool: PoolConfig, setting: str) -> None:
     """A pool deeper than the block has no marginal for its last levels: refused by name."""
     depth = len(level_sizes(pool))
     if depth > spec.block_size - 1:
-        raise ValueError(
+        raise Refusal(
             f"pool.steps={pool.steps}: a pool of depth {depth} needs block_size >= {depth + 1}, "
             f"but the block drafter at {setting} has block_size {spec.block_size} (its "
             f"marginals cover depths 1..{spec.block_size - 1}); set pool.steps <= "
@@ -206,4 +230,5 @@ def block_ids(d: BlockDrafter) -> dict[str, str]:
         "target_layer_ids": ",".join(map(str, d.spec.target_layer_ids)),
         "layer_id_convention": "output",
         "pool_marginals": MARGINALS_NOTE,
+        "first_round": FIRST_ROUND_NOTE,
     }

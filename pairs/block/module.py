@@ -1,5 +1,6 @@
 """A DFlash-style block drafter as a torch module (z-lab/dflash `DFlashDraftModel`, read at
-commit 10129599dffb338ff38cfd235a53ca6d3667b4dd; this is our own code of that layout).
+commit 44947fbf71114e241c96de194f4b382b5dd330d0, where `dflash/model.py` was last changed by
+7d2ea1e; this is our own code of that layout).
 
     context  : c = hidden_norm(fc([h_1 | ... | h_k]))   the target's hidden states of the
                committed positions, leaving target layers `target_layer_ids` (one shared
