@@ -31,6 +31,8 @@ from pairs.eagle3.capture import CONVENTIONS
 from pairs.eagle3.drafter import Eagle3Drafter, attach_head, head_ids, read_head
 from pairs.eagle3.layout import read_head_config
 from pairs.gguf import converted_folder, gguf_file
+from pairs.semiar.drafter import attach_semiar, check_semiar_depth, read_semiar, semiar_ids
+from pairs.semiar.layout import READERS as SEMIAR_READERS
 from specrank.checks import check_choice
 from specrank.errors import Refusal
 from tree.config import PoolConfig
@@ -174,6 +176,21 @@ def load_block_pair(cfg: ModelConfig) -> ModelPair:
     return ModelPair(target, drafter, tok, eos_token_ids(target, tok), ids)
 
 
+def load_semiar_pair(cfg: ModelConfig) -> ModelPair:
+    """Target and a DSpark or Domino drafter (pairs.semiar), checked before the target loads."""
+    target_dir = checkpoint_dir(cfg.target, "model.target", cfg.fetch)
+    drafter_dir = checkpoint_dir(cfg.drafter, "model.drafter")
+    local = {"local_files_only": True, "trust_remote_code": cfg.trust_remote_code}
+    tok = AutoTokenizer.from_pretrained(target_dir, **local)
+    target_cfg = AutoConfig.from_pretrained(target_dir, **local)
+    ckpt = read_semiar(cfg.drafter_kind, drafter_dir, target_cfg)
+    target = load_causal_lm(cfg.target, cfg, "model.target")
+    _check_embeddings("target", target, len(tok))
+    drafter = attach_semiar(ckpt, target, cfg)
+    ids = _pair_ids(cfg, target_dir, drafter_dir) | semiar_ids(drafter)
+    return ModelPair(target, drafter, tok, eos_token_ids(target, tok), ids)
+
+
 def _pair_ids(cfg: ModelConfig, target_dir: Path, drafter_dir: Path) -> dict[str, str]:
     """What identifies a pair in the traces' manifest: the paths and their configs' sha256."""
     return {
@@ -245,6 +262,14 @@ def _block_pool(folder: Path, cfg: ModelConfig, pool: PoolConfig) -> None:
     check_pool_depth(read_block_config(folder), pool, cfg.drafter)
 
 
+def _semiar_config(folder: Path, cfg: ModelConfig) -> PretrainedConfig:
+    return SEMIAR_READERS[cfg.drafter_kind](folder).block.layer
+
+
+def _semiar_pool(folder: Path, cfg: ModelConfig, pool: PoolConfig) -> None:
+    check_semiar_depth(SEMIAR_READERS[cfg.drafter_kind](folder), pool, cfg.drafter)
+
+
 @dataclass(frozen=True)
 class DrafterKind:
     """A kind of drafter (`model.drafter_kind`): how its pair loads, what it drafts from,
@@ -286,6 +311,15 @@ DRAFTERS = {
                                      "target_layer_ids", "layer_id_convention",
                                      "pool_marginals", "first_round"),
                     check_pool=_block_pool),
+        *(DrafterKind(name, load_semiar_pair, _semiar_config, head=True,
+                      pool="pairs.semiar.drafter: one block forward, each node's children row "
+                           "corrected from its own path",
+                      target_states=("hidden states leaving target_layer_ids",),
+                      settings=(),
+                      manifest_fields=(*_PAIR_FIELDS, "drafter_kind", "block_size",
+                                       "target_layer_ids", "layer_id_convention", "variant",
+                                       "pool_conditionals", "first_round"),
+                      check_pool=_semiar_pool) for name in ("dspark", "domino")),
     )
 }  # fmt: skip
 
