@@ -209,7 +209,7 @@ def test_bad_model_settings_are_refused_before_loading(target_dir, tmp_path):
     _refused(
         target_dir,
         head,
-        r"'model.drafter_kind' must be one of \['standalone', 'eagle3', 'block'\]",
+        r"'model.drafter_kind' must be one of \['standalone', 'eagle3', 'block', ",
         drafter_kind="eagle",
     )
     cfg = dataclasses.replace(

@@ -35,7 +35,7 @@ class HeadTrainConfig:
     lr: float = 1e-3  # peak; linear warm-up then cosine to lr * min_lr_ratio
     warmup: int = 40
     min_lr_ratio: float = 0.1
-    max_minutes: float = 35.0  # wall-time cap; the cosine follows time when it binds
+    max_minutes: float = 25.0  # wall-time cap; the cosine follows time when it binds
     eval_every: int = 100
     checkpoint_minutes: float = 2.0  # a resumable checkpoint at most this often
 
