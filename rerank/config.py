@@ -97,6 +97,10 @@ class RerankConfig:
     # Report tables beside the rule values (rerank.evaluate.reports): retained-row agreement, coverage of
     # scored sets, draw-rule tree sizes, from the evaluation's own pass over the traces.
     reports: bool = True
+    # The acceptance-estimator report (rerank.job.acceptance, docs/acceptance.md): the run's
+    # rerankers, q, the controls and vLLM's logistic estimator judged as estimators of X1 = c
+    # at depth 1 (AUROC, Brier, ECE, log-loss with paired intervals), and its calibration dump.
+    acceptance: bool = True
     n_resamples: int = DEFAULT_RESAMPLES  # paired prompt-bootstrap resamples
     calibration_edges: int = 2_000_000  # pool edges sampled per half to fit per-depth maps
     # rounds per evaluation batch: bounds memory (two batches in flight at 2048 rounds hold

@@ -2,7 +2,8 @@
 
 Cross-fits the rerankers and calibration controls on the candidate table,
 evaluates every selection rule on the recorded pools, bootstraps gains over
-draft selection, logs everything to MLflow and prints the results table.
+draft selection, logs everything to MLflow and prints the results table, then the
+acceptance-estimator report (`rerank.job.acceptance`, docs/acceptance.md).
 
     python -m rerank.train                                   # embedded default traces
     python -m rerank.train rerank_model=hgb                  # HistGradientBoosting, not LightGBM
@@ -36,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from rerank.config import RerankConfig
 from rerank.fit.models import LABEL_OF_LAW
 from rerank.fit.persist import save_reranker
+from rerank.job.acceptance import AcceptanceReport, acceptance_report, write_acceptance
 from rerank.job.evaluation import Evaluation, evaluate
 from rerank.job.fitting import Fitted, check_same_traces, fit
 from rerank.job.tracked import pair_tags, run_record
@@ -52,6 +54,7 @@ from specrank.memory import release_freed_heap, retain_freed_heap
 from specrank.parallel import ParallelConfig
 from specrank.paths import CONF_DIR, project_path
 from specrank.run_record import TrackingError, log_or_explain, write_record
+from specrank.trace_schema import trace_store
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class TrainResult:
     table: str
     run_id: str
     comparisons: pd.DataFrame  # paired gains between two rules
+    acceptance: AcceptanceReport | None = None  # rerank.acceptance's report
 
 
 def _csv(frame: pd.DataFrame) -> Callable[[Path], object]:
@@ -88,9 +92,10 @@ def _parquet(frame: pd.DataFrame) -> Callable[[Path], object]:
     return write
 
 
-def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> tuple[list[str], list[Path]]:
-    """Tables, plots and saved rerankers of the run under `out_dir`; returns the table files
-    and the plots.
+def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation,
+                 acceptance: AcceptanceReport | None = None) -> tuple[list[str], list[Path]]:  # fmt: skip
+    """Tables, plots and saved rerankers of the run under `out_dir` (with the acceptance
+    report's, when given); returns the table files and the plots.
 
     Every table is written whole or not at all (`atomic_write`); a full disk names the file.
     """
@@ -103,7 +108,8 @@ def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> tuple[list[st
         atomic_write(out_dir / f"{name}.csv", _csv(frame))
     atomic_write(out_dir / "per_round_values.parquet", _parquet(ev.per_round))
     atomic_write(out_dir / "oof_predictions.parquet", _parquet(fitted.preds.frame))
-    atomic_write(out_dir / "results.txt", lambda tmp: tmp.write_text(ev.table + "\n"))
+    text = ev.table + (acceptance.text if acceptance is not None else "")
+    atomic_write(out_dir / "results.txt", lambda tmp: tmp.write_text(text + "\n"))
     files = [*(f"{n}.csv" for n in [*tables, "reliability"]), "per_round_values.parquet",
              "oof_predictions.parquet", "results.txt"]  # fmt: skip
     parts, cols = [], ["draft_prob", *fitted.preds.rules]
@@ -117,6 +123,9 @@ def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation) -> tuple[list[st
     reliability = pd.concat(parts, ignore_index=True)
     atomic_write(out_dir / "reliability.csv", _csv(reliability))
     plots = write_plots(out_dir, ev.summary, ev.comparisons, reliability)
+    if acceptance is not None:
+        more_files, more_plots = write_acceptance(out_dir, acceptance)
+        files, plots = [*files, *more_files], [*plots, *more_plots]
     for name, pair in fitted.preds.models.items():
         for fold, model in enumerate(pair):
             folder = out_dir / "rerankers" / f"{name.replace('/', '_')}_fold{fold}"
@@ -144,18 +153,23 @@ def train_and_evaluate(
     budgets = store_budgets(rerank)
     t0 = time.perf_counter()
     fitted = fit(rerank, seed, parallel)
-    ev = evaluate(rerank, fitted, seed, budgets, parallel=parallel)
+    dataset = trace_store(project_path(rerank.traces)).dataset()
+    ev = evaluate(rerank, fitted, seed, budgets, dataset=dataset, parallel=parallel)
     release_freed_heap()  # the evaluation's freed blocks, before the tables' (as in its tail)
+    acceptance = acceptance_report(rerank, fitted, seed, dataset) if rerank.acceptance else None
     total = time.perf_counter() - t0
-    written = write_tables(out_dir, fitted, ev)
+    written = write_tables(out_dir, fitted, ev, acceptance)
     tags = {"trace_fingerprint": fingerprint, "rerank_model": rerank.model.kind}
     tags |= pair_tags(ev.summary)  # the temperature pairs T_t|T_d, as t1_d0
-    write_record(out_dir, run_record(tracking, resolved_config, tags, fitted, ev, written, total))
+    record = run_record(tracking, resolved_config, tags, fitted, ev, written, total)
+    if acceptance is not None:
+        record.metrics |= acceptance.metrics()
+    write_record(out_dir, record)
     faults.phase("logging")
     run_id = log_or_explain(out_dir, tracking.tracking_uri)
-    return TrainResult(
-        ev.summary, ev.breakdowns, ev.per_round, fitted.quality, ev.table, run_id, ev.comparisons
-    )
+    table = ev.table + (acceptance.text if acceptance is not None else "")
+    return TrainResult(ev.summary, ev.breakdowns, ev.per_round, fitted.quality, table, run_id,
+                       ev.comparisons, acceptance)  # fmt: skip
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")

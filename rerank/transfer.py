@@ -49,6 +49,7 @@ from rerank.fit.models import BATCH_ROUTE, FEATURE_SETS, FittedReranker, feature
 from rerank.fit.persist import SIDECAR, RerankerLoadError, load_reranker, read_sidecar
 from rerank.fit.predict import FirstFactorPredictions
 from rerank.fit.quality import prediction_quality
+from rerank.job.acceptance import acceptance_report
 from rerank.job.evaluation import Evaluation, evaluate
 from rerank.job.fitting import FITTED_COLUMNS, Fitted, check_same_traces, fit_columns
 from rerank.job.tracked import evaluation_metrics
@@ -257,8 +258,11 @@ def transfer(rerank: RerankConfig, settings: TransferConfig, tracking: MlflowCon
     store = trace_store(project_path(rerank.traces)).dataset()
     kept = store.filter(pc.field("prompt_id").isin(list(fitted.folds)))
     ev = evaluate(rerank, fitted, seed, budgets, dataset=kept)
+    # vLLM's training-half fits need a training half: the store holds the evaluated one only
+    acceptance = (acceptance_report(rerank, fitted, seed, kept, crossfit=False)
+                  if rerank.acceptance else None)  # fmt: skip
     total = time.perf_counter() - t0
-    tables, plots = write_tables(out_dir, fitted, ev)
+    tables, plots = write_tables(out_dir, fitted, ev, acceptance)
     atomic_write(out_dir / "transfer_tasks.csv", lambda tmp: tasks.to_csv(tmp, index=False))
     head = (f"transfer: fold {settings.fold}'s rerankers (fitted on half {1 - settings.fold}) "
             f"from {loaded.folder}, on {len(fitted.folds)} prompts of {rerank.traces}; tasks "
@@ -266,7 +270,7 @@ def transfer(rerank: RerankConfig, settings: TransferConfig, tracking: MlflowCon
     metrics = evaluation_metrics(ev, fitted.quality) | {
         "time/total_s": total, "transfer/prompts": float(len(fitted.folds)),
         "transfer/unknown_task_prompts": float(tasks.loc[~tasks["known"], "prompts"].sum()),
-    }  # fmt: skip
+    } | (acceptance.metrics() if acceptance is not None else {})  # fmt: skip
     tags = {"job": "transfer", "trace_fingerprint": fingerprint, "rerank_model": loaded.kind,
             "rerankers": str(loaded.folder), "fold": str(settings.fold)}  # fmt: skip
     artifacts = [*((t, "tables") for t in [*tables, "transfer_tasks.csv"]),
@@ -274,7 +278,8 @@ def transfer(rerank: RerankConfig, settings: TransferConfig, tracking: MlflowCon
     write_record(out_dir, RunRecord(tracking.tracking_uri, tracking.experiment, tracking.run_name,
                                     resolved_config, tags, metrics, artifacts))  # fmt: skip
     run_id = log_or_explain(out_dir, tracking.tracking_uri)
-    return TransferResult(ev, tasks, run_id, f"{head}\n{ev.table}")
+    text = f"{head}\n{ev.table}" + (acceptance.text if acceptance is not None else "")
+    return TransferResult(ev, tasks, run_id, text)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="transfer")

@@ -26,6 +26,7 @@ from recipes.synth.job import write_synthetic_traces
 from rerank.config import RerankConfig, RerankModelConfig
 from rerank.report import run_tables as T
 from rerank.report import runs as R
+from rerank.report.acceptance import acceptance_cell
 from rerank.train import TrainResult, train_and_evaluate
 from specrank.config import MlflowConfig
 from tree.config import PoolConfig, SelectConfig
@@ -278,4 +279,9 @@ def test_notebook_executes_on_logged_runs(logged, tmp_path, monkeypatch):
         # the headline table shows exactly the logged gain and interval of every run
         assert T.format_interval(row["gain"], row["gain_lo"], row["gain_hi"]) in text
         assert r.table.strip().splitlines()[-1].strip() in text  # the printed results table
+        # the acceptance report side by side: every run's figure, as it printed it
+        acc = r.acceptance.table
+        cell = acc[(acc["estimator"] == "vllm_logit_q") & (acc["metric"] == "auroc")
+                   & (acc["candidates"] == "top") & (acc["law"] == "greedy")].iloc[0]  # fmt: skip
+        assert acceptance_cell(cell) in text
     assert re.search(r"rerank\.halves", text), "the differing settings are listed"

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from rerank.config import DEFAULT_BUDGETS
+from rerank.report.acceptance import acceptance_cell
 from rerank.report.runs import ENV_BUDGETS, ENV_RULES, long_breakdowns
 
 
@@ -135,3 +136,20 @@ def unify_pair_rules(comparisons: pd.DataFrame, kinds: dict[str, str]) -> pd.Dat
             for run, rule in zip(out["run"], out[col], strict=True)
         ]
     return out
+
+
+def acceptance_side_by_side(table: pd.DataFrame, metric: str = "auroc",
+                            label: str = "event") -> pd.DataFrame:  # fmt: skip
+    """One acceptance figure (`tables/acceptance.csv`: `metric` against `label`) per estimator,
+    runs side by side: index (law, candidates, estimator), a column per run; each cell as the
+    run printed it, with its reference's paired advantage (`rerank.report.acceptance`)."""
+    sub = table[(table["metric"] == metric) & (table["label"] == label)]
+    if sub.empty:
+        found = sorted(set(zip(table["metric"], table["label"], strict=True)))
+        raise ValueError(f"no acceptance figures for metric={metric!r}, label={label!r}; "
+                         f"found {found}")  # fmt: skip
+    text = [acceptance_cell(r) for _, r in sub.iterrows()]
+    sub = sub.assign(text=text, estimator=pd.Categorical(
+        sub["estimator"], list(dict.fromkeys(sub["estimator"])), ordered=True))  # fmt: skip
+    return sub.pivot_table(index=["law", "candidates", "estimator"], columns="run",
+                           values="text", aggfunc="first", observed=True).fillna("")  # fmt: skip

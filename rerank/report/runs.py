@@ -38,6 +38,8 @@ from specrank.tracking import resolve_tracking_uri
 # per-round / per-candidate tables (Parquet), read only on request.
 TABLES = ("summary", "breakdowns", "prediction_quality", "mixture_weights")
 PARQUET_TABLES = ("per_round_values", "oof_predictions")
+# the acceptance-estimator report's tables (rerank.report.acceptance), logged since issue 68
+ACCEPTANCE_TABLES = ("acceptance", "acceptance_reliability")
 # A parent run of `rerank.train` carries this tag; its fold child runs carry `fold`.
 RUN_TAG = "rerank_model"
 # Notebook parameters (papermill is not required: the notebook reads these).
@@ -278,10 +280,14 @@ def unify_model_rules(name: str, table: pd.DataFrame, kind: str) -> pd.DataFrame
     A run fits one model kind, so the renaming is lossless within a run; across
     runs it lines up e.g. `rows_hgb` of one run with `rows_lgbm` of another.
     Applies to rule names in `summary.rule`, `breakdowns.rule`,
-    `prediction_quality.predictor` and the `<rule>@B<b>` / `<rule>` columns of the other
-    tables (and of breakdowns logged before they were long).
+    `prediction_quality.predictor`, the acceptance tables' `estimator` and `reference`, and
+    the `<rule>@B<b>` / `<rule>` columns of the other tables (and of breakdowns logged before
+    they were long).
     """
     names = {learned(s, kind).name: s for s in LEARNED}
+    if name in ACCEPTANCE_TABLES:  # the estimators and their reference
+        return table.assign(**{c: table[c].replace(names) for c in ("estimator", "reference")
+                               if c in table.columns})  # fmt: skip
     if name == "summary" or (name == "breakdowns" and "rule" in table.columns):
         return table.assign(rule=table["rule"].replace(names))
     if name == "prediction_quality":
