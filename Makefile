@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 TORCH_CPU := torch==2.13.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-slow test-gpu bench gpu-check lint format dashboard clean smollm2
+.PHONY: help setup run test test-slow test-gpu bench gpu-check lint format dashboard clean smollm2 docs
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-12s %s\n", $$1, $$2}'
@@ -84,6 +84,12 @@ lint: $(STAMP)  ## ruff lint + format check + layer contracts (import-linter)
 format: $(STAMP)  ## ruff autofix + format
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
+
+# The docs site (mkdocs.yml): the settings page is generated from the config schema, and
+# tests/test_docs_site.py checks both in make test.
+docs: $(STAMP)  ## regenerate docs/settings.md from the schema and build the site into site/
+	$(PY) -m specrank.settings_doc --write
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # MLflow UI over the project's tracking store (what `make run` / `python -m rerank.train` log).
 PORT      ?= 5000

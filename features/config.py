@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specrank.fields import setting
+
 
 @dataclass
 class FeaturesConfig:
@@ -15,10 +17,10 @@ class FeaturesConfig:
     and `features.out=<dir>` (see `features.extract`).
     """
 
-    traces: str = (
-        "${paths.traces}"  # trace store to read (any folder written by decode.record/synth)
+    traces: str = setting(
+        "${paths.traces}", "trace store to read (any folder written by decode.record/synth)"
     )
-    out: str = "${paths.features}"  # candidate store to write (one shard per trace shard)
+    out: str = setting("${paths.features}", "candidate store to write (one shard per trace shard)")
 
 
 SECTIONS = {"features": FeaturesConfig}  # see specrank.config

@@ -19,6 +19,8 @@ from importlib.metadata import entry_points
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from specrank.fields import setting
+
 ENTRY_POINT_GROUP = "specrank.config"
 
 # A short random id in Hydra's run dir, so two runs started in the same second
@@ -30,22 +32,25 @@ OmegaConf.register_new_resolver("run_uid", lambda: uuid.uuid4().hex[:6], replace
 class PathsConfig:
     """Where stages read and write. Relative paths resolve against the project root."""
 
-    traces: str = "data_out/traces"  # trace store written by decode.record
-    synthetic: str = "data_out/synthetic_traces"  # trace store written by recipes.synth
-    features: str = "data_out/features"  # candidate table written by features.extract
-    # finished fits of rerank.train, for a rerun (rerank.fits): beside the table they fit on
-    fits: str = "${paths.features}.fits"
+    traces: str = setting("data_out/traces", "trace store written by decode.record")
+    synthetic: str = setting("data_out/synthetic_traces", "trace store written by decode.synth")
+    features: str = setting("data_out/features", "candidate table written by features.extract")
+    # beside the table they fit on, so a rerun of the same store finds them
+    fits: str = setting(
+        "${paths.features}.fits", "finished fits of rerank.train, taken by a rerun (rerank.fits)"
+    )
 
 
 @dataclass
 class MlflowConfig:
     """Where runs are logged (`rerank.train`, `decode.run`): shared by the stages that log."""
 
-    tracking_uri: str = (
-        "sqlite:///mlflow.db"  # relative sqlite paths resolve against the project root
+    tracking_uri: str = setting(
+        "sqlite:///mlflow.db",
+        "MLflow tracking URI; a relative sqlite path resolves against the project root",
     )
-    experiment: str = "specrank"
-    run_name: str | None = None
+    experiment: str = setting("specrank", "MLflow experiment the runs are logged to")
+    run_name: str | None = setting(None, "MLflow run name (null: MLflow picks one)")
 
 
 KERNEL_SECTIONS = {"paths": PathsConfig, "mlflow": MlflowConfig}
@@ -84,7 +89,10 @@ def schema() -> type:
     """The root schema dataclass: the kernel's sections, every stage's, and `seed`."""
     sections = {**KERNEL_SECTIONS, **stage_sections()}
     fields = [(name, cls, field(default_factory=cls)) for name, cls in sections.items()]
-    return dataclasses.make_dataclass("Config", [*fields, ("seed", int, field(default=0))])
+    seed = setting(
+        0, "the job's seed: synthetic traces, the fits and their bootstrap, online shards"
+    )
+    return dataclasses.make_dataclass("Config", [*fields, ("seed", int, seed)])
 
 
 def register_configs() -> None:

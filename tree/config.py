@@ -8,42 +8,50 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specrank.fields import setting
+
 
 @dataclass
 class PoolConfig:
     """Pool growth (SPEC §2). Defaults give 10 + 7 * 100 = 710 candidates, 70 expanded."""
 
-    top_k: int = 10  # children proposed per expanded node (and at the root)
-    steps: int = 7  # further steps after the first level: depths 2 .. steps + 1
-    expand: int = 10  # nodes expanded per step (highest cumulative draft log-prob)
+    top_k: int = setting(10, "children proposed per expanded node (and at the root)")
+    steps: int = setting(7, "further steps after the first level: depths 2 .. steps + 1")
+    expand: int = setting(10, "nodes expanded per step (highest cumulative draft log-prob)")
 
 
 @dataclass
 class SelectConfig:
     """Which verified tree a round keeps and what else its pass scores (SPEC §4)."""
 
-    rule: str = "draft"  # selection rule of the verified tree (see selection.ranking.RULES)
-    budget: int = 59  # B: non-root nodes of the verified tree
-    top_m: int = 160  # the M highest-ranked candidates are scored too (0: tree + expanded only)
+    rule: str = setting("draft", "selection rule of the verified tree (selection/rules.py)")
+    budget: int = setting(59, "B: non-root nodes of the verified tree")
+    top_m: int = setting(
+        160, "the M highest-ranked candidates a recording pass scores too (0: tree + expanded only)"
+    )
 
 
 @dataclass
 class DecodeConfig:
-    temperature: float = 0.0  # 0 = greedy; > 0: exhaustive target sampling at this temperature
+    temperature: float = setting(
+        0.0, "0: greedy; > 0: exhaustive target sampling at this temperature"
+    )
     # exhaustive | eagle3 (child-by-child; same law) | coupling (a chain drawn at
     # draft_temperature > 0: accept with min(1, p/q), else draw from (p - q)+; same law)
-    verifier: str = "exhaustive"
+    verifier: str = setting("exhaustive", "exhaustive | eagle3 | coupling: the same output law")
     # Stop after the round in which the output reaches this many tokens (or emits EOS).
     # A round emits up to depth + 1 = 9 tokens, so outputs hold at most 256 + 8 = 264
     # tokens: the paper's "at most 264" (and 1,024 -> "at most 1,032") implies 256 here.
-    max_new_tokens: int = 256
-    seed: int = 0  # per-prompt generators are seeded from (seed, prompt id)
+    max_new_tokens: int = setting(256, "stop after the round whose output reaches this many tokens")
+    seed: int = setting(0, "per-prompt generators are seeded from (seed, prompt id)")
     # The drafter's temperature T_d (the pair T_t|T_d: decode.temperature|this). null: today's
     # drafting (deterministic top-k children, scored at unit temperature). 0: the same drafts,
     # labelled T_d = 0 (the paper's 0|0 and 1|0). > 0: the drafter's scores tempered and each
     # expanded node's top_k children drawn without replacement from them (the paper's 1|1;
     # a chain, top_k = 1, draws one token a position), from a per-prompt draft generator.
-    draft_temperature: float | None = None
+    draft_temperature: float | None = setting(
+        None, "the drafter's temperature T_d (null: deterministic top-k children)"
+    )
 
 
 SECTIONS = {"pool": PoolConfig, "select": SelectConfig, "decode": DecodeConfig}
