@@ -1,4 +1,4 @@
-"""Calibration controls (SPEC §6, §8; paper Table 19): isotonic maps of draft probability.
+"""Calibration controls (docs/method.md#rule-values, #cross-fitting; paper Table 19): isotonic maps of draft probability.
 
 - `EqualCountIsotonic`: the first draft factor. x = draft probability of a
   first-level candidate, y = its label (target probability under sampling,
@@ -6,7 +6,7 @@
 - `PerDepthIsotonic`: every factor, one map per depth. x = the edge's draft
   probability, y = its target probability under the law (greedy: 1 if the
   edge token is the target's argmax at the parent, else 0). Fitted on pool
-  edges, all of which have scored parents (SPEC §4), so every y is known.
+  edges, all of which have scored parents (docs/method.md#scored-set), so every y is known.
 
 A map sorts the rows by x, cuts them into ``n_bins`` equal-count bins (sizes
 differ by at most one; fewer bins when there are fewer rows), and fits an
@@ -35,7 +35,7 @@ from sklearn.utils.validation import check_is_fitted
 # along paths and top-B stays ancestor-closed. A regressor can predict <= 0 or > 1;
 # the floor is far below any probability the models resolve (held-out error >> 1e-6).
 PROB_FLOOR = 1e-6
-DEFAULT_BINS = 200  # equal-count bins of every isotonic map (SPEC §8)
+DEFAULT_BINS = 200  # equal-count bins of every isotonic map (docs/method.md#cross-fitting)
 
 
 def _as_1d(name: str, a: np.ndarray) -> np.ndarray:

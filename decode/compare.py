@@ -45,7 +45,7 @@ class RuleSpec:
     reranker: str | None = None
     # `<rule>@+N`: decoded at each of the run's budgets + N, scoring its tree only; at
     # run.score=top_m with N = run.top_m it scores as many prefixes a pass as the others
-    # (issue 28's draft at B + M, the practical baseline of App. D.10's Theorem 2)
+    # (draft at B + M: the practical baseline of the paper's App. D.10, Theorem 2)
     extra_budget: int = 0
 
 

@@ -49,7 +49,7 @@ def manifest_view(sections: dict) -> dict:
     return out
 
 
-# Rules the online decoder runs (SPEC §6). `covering` is the comparison decoder of
+# Rules the online decoder runs (docs/method.md#rule-values). `covering` is the comparison decoder of
 # the paper's App. D.10 (leaf draws emitted as the continuation; one pass per round).
 
 
@@ -61,7 +61,7 @@ class RunConfig:
     # select.budget and each of run.budgets; ratios of tau and tokens/s to the first rule with
     # paired intervals. `reranker` alone reads run.reranker. `<rule>@+N` (not first, no
     # reranker): at each budget + N, scoring its tree only (draft@+<run.top_m>: draft at
-    # B + M scored prefixes, issue 28; its offline prediction is draft_scored). Empty:
+    # B + M scored prefixes; its offline prediction is draft_scored). Empty:
     # run.rule alone.
     rules: list[str] = field(default_factory=list)
     # The per-round values of a rerank.train / rerank.transfer run (its folder, the

@@ -1,4 +1,4 @@
-"""The offline prediction beside the realized tau (`run.offline`; issue 28 point 4).
+"""The offline prediction beside the realized tau (`run.offline`).
 
 `run.offline` names the per-round values of a `rerank.train` or `rerank.transfer` run on a
 separate recording of the run's prompts. A rule's predicted tau over the run's prompts is

@@ -90,7 +90,7 @@ class RecordReport:
 
 
 def recording_settings(settings: DecodeSettings, record: bool = True) -> OnlineSettings:
-    """Recording = online decoding with the draft rule and the recording scored set (SPEC §4)."""
+    """Recording = online decoding with the draft rule and the recording scored set (docs/method.md#scored-set)."""
     recordable = [n for n, r in RULES.items() if r.records]  # the paper records draft's trees
     if settings.select.rule not in recordable:
         raise ValueError(

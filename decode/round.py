@@ -6,7 +6,7 @@
     select    -> the verified tree T and the scored set Q (T, or T + expanded + top-M)
     verify    -> one target pass over Q (the root too, unless already known; a draw
                  rule's X1 alone when X1 is off the pool); outcome at every row;
-                 accepted path; continuation (SPEC §3)
+                 accepted path; continuation (docs/method.md#verification)
     commit    -> caches keep root + accepted path; retained rows; trace fields
 
 Select and verify live in `decode.tree_pass` (with the X1-alone pass).
@@ -168,7 +168,8 @@ def commit_step(
         # The next root's address (X1, continuation) lies outside the pool and its retained
         # rows cannot be named in the pool's terms; X1's own row is kept under X1.
         stream.prev = None
-        if x1[0] != root:  # the root's row wins over a verified prefix's (SPEC §5)
+        # the root's row wins over a verified prefix's (docs/method.md#retained-rows)
+        if x1[0] != root:
             rows_t = v.logits[plan.alone_row : plan.alone_row + 1]
             stream.row_cache.store(np.asarray(x1), rows_t, round_index)
     stream.tokens.extend(emitted)

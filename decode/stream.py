@@ -1,7 +1,7 @@
 """A prompt's decoding state and what every round shares: settings, prefill, clocks, stopping.
 
     prefill : both models cache the prompt minus its last token; that token is round 0's root;
-              with retained rows, the token-keyed cache is seeded from the prompt (SPEC §5).
+              with retained rows, the token-keyed cache is seeded from the prompt (docs/method.md#retained-rows).
               A drafter that drafts from the target's first token (`first_from_target`: the
               block kinds, as DFlash's reference does) instead has the target cache the whole
               prompt and draw its first token from the last row; that token is round 0's root

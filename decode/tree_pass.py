@@ -3,7 +3,7 @@
     select -> the rule's verified tree T and the scored set Q; |Q|, |T| and "X1 alone" on the
               host (the round's first host sync)
     verify -> one target pass over Q (the root too, unless already known), the outcome token
-              at every batch row, the accepted path (SPEC §3)
+              at every batch row, the accepted path (docs/method.md#verification)
 
 **X1 alone** (paper App. D.3 and D.10). A draw rule -- root-draw, PEARL, and the covering
 decoder after a covered round -- draws X1 from the root row before it selects. When X1

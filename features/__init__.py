@@ -1,4 +1,4 @@
-"""First-level candidate features (SPEC §7), shared by offline training and the online decoder.
+"""First-level candidate features (docs/method.md#features), shared by offline training and the online decoder.
 
 rounds.RoundArrays            pre-verification inputs of R rounds (`one_round` for R = 1)
 first_level.first_level_features(rounds) -> {name: [N] array}   the feature functions

@@ -37,7 +37,7 @@ def no_rows(n_first: int) -> dict:
 def round_features(
     pool_host: dict[str, np.ndarray], ctx: RoundContext, rows: dict
 ) -> FirstLevelFeatures:
-    """SPEC §7 features of the round's first-level candidates: name -> [n1] (FEATURE_DTYPES)."""
+    """docs/method.md#features features of the round's first-level candidates: name -> [n1] (FEATURE_DTYPES)."""
     blocks = RoundBlocks.one_round(
         cand_token=pool_host["token"],
         cand_parent=pool_host["parent"],

@@ -1,4 +1,4 @@
-"""First-level candidate features and labels (SPEC §7): the functions shared online and offline.
+"""First-level candidate features and labels (docs/method.md#features): the functions shared online and offline.
 
 `first_level_features(rounds)` turns R rounds' pre-verification arrays into
 one value per first-level candidate, flattened in (round, pool index) order:
@@ -100,7 +100,7 @@ def first_level_index(n_first_level: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def first_level_features(rounds: RoundArrays) -> FirstLevelFeatures:
-    """Every SPEC §7 feature of every first-level candidate: name -> [N] array (FEATURE_DTYPES)."""
+    """Every docs/method.md#features feature of every first-level candidate: name -> [N] array (FEATURE_DTYPES)."""
     return features_of_blocks(rounds.blocks())
 
 

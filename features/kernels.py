@@ -227,7 +227,7 @@ def fill(n1, token, expanded, cum, e, qn, log_qn, mass, rows, scalars, ints, onl
         )
         draft_top = token[r, top] if n > 0 else -1
         for k in range(4):  # cache, same, prev, matched (ROW_KINDS)
-            # The preceding row's continuation entry was zeroed before use (SPEC §5): the
+            # The preceding row's continuation entry was zeroed before use (docs/method.md#retained-rows): the
             # continuation is this round's root token, so that candidate's entry is missing.
             drop = root if k == 2 else -2  # -2: no token
             _row_round(rows[k, r], n, first, row32[k], o32, token[r], drop, v, rank)

@@ -1,4 +1,4 @@
-"""The first-level candidate features (SPEC §7), one entry each, and the feature sets.
+"""The first-level candidate features (docs/method.md#features), one entry each, and the feature sets.
 
 Each entry holds a feature's name, the dtype `first_level_features` returns it in,
 its group, the feature set it first belongs to, its nullability and type in the
@@ -143,7 +143,7 @@ BY_NAME = {f.name: f for f in FEATURES}
 class FeatureSet:
     name: str
     parent: str | None  # the set it adds to
-    paper: bool  # one of the paper's rerankers (SPEC §8: Base, Rows)
+    paper: bool  # one of the paper's rerankers (docs/method.md#cross-fitting: Base, Rows)
     # rules it is compared with by default (as rule_a; a set names the run's reranker of it)
     compare: tuple[str, ...] = ()
 

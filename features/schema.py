@@ -2,7 +2,7 @@
 
 Keys join a row back to its round (prompt_id, temperature, rule, budget,
 round_index) and name the candidate (cand_index = pool index, token). Then
-every SPEC §7 feature, then the labels. Missing features are null, never 0.
+every docs/method.md#features feature, then the labels. Missing features are null, never 0.
 The token prior is not stored: it depends on the training half and is
 computed inside each cross-fitting fold (`rerank`).
 

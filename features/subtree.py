@@ -1,4 +1,4 @@
-"""Statistics of the pool subtree below each first-level candidate (SPEC §7).
+"""Statistics of the pool subtree below each first-level candidate (docs/method.md#features).
 
 The cumulative draft score of a prefix u = (x1, ..., xd) is
 log q(x1) + ... + log q(xd), the score draft selection ranks by. "Below x1"

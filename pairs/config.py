@@ -50,7 +50,7 @@ class PromptSource:
 
     Every prompt has a fine *category* (Spec-Bench's `category`, "humaneval", a JSONL
     record's own label) and a *task* (what weighting, resampling, the reranker's task
-    feature and the entropy halves group by; SPEC §9: the paper's seven). `tasks` maps
+    feature and the entropy halves group by; docs/method.md#reporting: the paper's seven). `tasks` maps
     category -> task; a category it does not list is refused by name. Without `tasks`
     the category is the task (humaneval: `task`, default "coding").
     """

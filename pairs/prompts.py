@@ -3,7 +3,7 @@
 Every prompt has a fine *category* and a *task*. The task is what everything
 downstream groups by (task-equal weighting, within-task resampling, the
 reranker's `task` feature, the decoder's entropy halves); the paper's seven
-(SPEC §9) are mt_bench, translation, summarization, qa, math_reasoning, rag and
+(docs/method.md#reporting) are mt_bench, translation, summarization, qa, math_reasoning, rag and
 coding. A source's `tasks` mapping (category -> task, in its conf/data/*.yaml)
 gives each category its task; a category the mapping lacks is refused by name, and a
 category it maps to null is left out of the suite (`conf/data/heldout.yaml`: prompts

@@ -98,7 +98,7 @@ def load_online_reranker(
 
 
 def unseen_prompts(model: FittedReranker, prompts: list[Prompt], seen: str) -> list[Prompt]:
-    """The prompts to decode with `model`, given `run.seen_prompts` (SPEC §8: no leakage).
+    """The prompts to decode with `model`, given `run.seen_prompts` (docs/method.md#cross-fitting: no leakage).
 
     Online gains on the reranker's training prompts are in-sample; the saved
     model lists them, so the check is exact. refuse: fail if any is among the
@@ -167,7 +167,7 @@ def unknown_task_counts(model: FittedReranker, prompts_per_task: Mapping[str, in
 
 # Feature groups a decoder's scored set never gives it (`run.score`): under `tree` the
 # emitted address (the accepted path and the continuation) is never a verified prefix, so a
-# round never holds the matched row (issue 28 measured 0% of online rounds); under every
+# round never holds the matched row (0% of online rounds when measured); under every
 # policy but `record` the decoder keeps no token-only row (selection.policies.NO_TOKEN_ONLY,
 # as offline).
 NEVER_UNDER_SCORE = {"tree": ("matched", "token_only"),
@@ -226,9 +226,9 @@ class OnlinePredictor:
     """Design matrix and phat for one round's first-level candidates, on the fastest exact route.
 
     run.predictor:
-      auto     = compiled, on every device (on an H200, 2026-12-04, one round's predict
-                 took 87 us in decode this way against 465-551 us as torch ops on the
-                 device); the library's predictor, with a warning, when the forest cannot
+      auto     = compiled, on every device (on a GPU one round's predict is several
+                 times faster this way than as torch ops on the device: docs/benchmarks.md);
+                 the library's predictor, with a warning, when the forest cannot
                  represent the model exactly (`rerank.forest.table.ForestError`)
       library  = the model's own predict (CPU), log phat copied to the device
       forest   = the project's forest: the compiled walk on a CPU device, torch ops on the

@@ -1,4 +1,4 @@
-"""Draw rules' values (SPEC §6): root-draw, PEARL and PEARL-commit, exact over the first draw.
+"""Draw rules' values (docs/method.md#rule-values): root-draw, PEARL and PEARL-commit, exact over the first draw.
 
 Root-draw keeps, below whichever first-level candidate g the root row draws,
 g's B-1 best-ranked descendants; PEARL keeps the part of the draft tree T_B

@@ -76,8 +76,8 @@ def greedy_edges(
     row's argmax at depth 1), False past a round's pool. [R, P] bool.
 
     One pass per round, where numpy's flat take, root substitution and comparison made
-    three [R, P] passes and their temporaries: a 2,048-round paper-scale chunk's pools took
-    19-20 ms to build that way and 12 ms this way (best of 6, one thread, 2026-12-05).
+    three [R, P] passes and their temporaries (about 1.6x the time at paper scale:
+    docs/benchmarks.md).
     """
     n_rounds, width = parent.shape
     out = np.zeros((n_rounds, width), dtype=np.bool_)
@@ -187,8 +187,7 @@ def _radix_order(score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int,
     """`_rank_row` by a sort of every key: an LSD radix sort, 8 bits a pass, of the keys'
     score halves (their low halves, the index tie-break, come from the sort's stability:
     the candidates enter in index order); a pass whose byte every key shares is skipped.
-    The draft order of a 2048-round chunk of 710 pools, one thread: 37-44 ms, against
-    107-116 ms for numpy's sort of the int64 keys (2026-12-03)."""
+    About 2.5x faster than numpy's sort of the int64 keys on one thread (docs/benchmarks.md)."""
     width = score.shape[0]
     nan = False
     src_k = np.empty(width, dtype=np.uint32)
@@ -313,7 +312,7 @@ def heap_drain(heap: np.ndarray, k: int, width: int, out: np.ndarray) -> None:
 def rank_order_kernel(
     score: np.ndarray, valid: np.ndarray, has_valid: bool, k: int, scan: np.ndarray
 ) -> tuple[np.ndarray, bool]:
-    """The first k pool indices best-first by the SPEC tie-break. [R, k] int64.
+    """The first k pool indices best-first by the ranking tie-break (docs/method.md#ranking). [R, k] int64.
 
     `scan` ([R, P], e.g. the draft order, or [1, 0]: pool order) is the order a top-k heap
     scans in (`_rank_row`: the time depends on it, the result does not).

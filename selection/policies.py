@@ -13,7 +13,7 @@ from __future__ import annotations
 SCORE_MODES = ("tree", "top_m", "frontier", "record", "pool")
 # the policies that give every pool edge's target probability (traces, offline values)
 EDGE_MODES = ("record", "pool")
-# The policies under which a decoder keeps no token-only rows (SPEC §5): all but `record`.
+# The policies under which a decoder keeps no token-only rows (docs/method.md#retained-rows): all but `record`.
 # A token-only row is any scored prefix ending in the continuation, so the rows a decoder holds
 # depend on every prefix its pass scores, and the trace keeps the recording's only aggregated:
 # offline can rebuild no other set's. So the rows are dropped online (and in recordings under

@@ -6,7 +6,7 @@ device. The same functions serve the offline evaluator (R = hundreds of
 thousands, in chunks) and the online decoder (R = 1), so there is no per-round
 Python loop anywhere.
 
-Scores (SPEC §6). A candidate u = (x1, ..., xd) scores the sum of per-edge log
+Scores (docs/method.md#rule-values). A candidate u = (x1, ..., xd) scores the sum of per-edge log
 factors along its path. Rules differ only in the factors:
 
     draft   : log q(x1) + log q(x2) + ... + log q(xd)
@@ -14,7 +14,7 @@ factors along its path. Rules differ only in the factors:
     reranker: log phat(x1) + log q(x2) + ...       (first factor replaced)
     oracle  : log p(x1|c) + log p(x2|c x1) + ...   (every factor replaced)
 
-Ranking (SPEC §2): score descending, then depth ascending, then pool index
+Ranking (docs/method.md#pool): score descending, then depth ascending, then pool index
 ascending. In pool order (depth-major) the last two are the pool index itself,
 so one *stable* descending sort gives the tie-break. Because every score above
 is non-increasing along a path and a parent precedes its children, the top-B
@@ -213,7 +213,7 @@ _LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 def ranking_keys(score: Tensor, valid: Tensor | None = None) -> Tensor:
-    """Unique int64 keys, larger = ranked first, encoding the full SPEC tie-break. [R, P].
+    """Unique int64 keys, larger = ranked first, encoding the full ranking tie-break (docs/method.md#ranking). [R, P].
 
     High 32 bits: the float32 score mapped to an order-preserving int32 (so
     -inf and exact ties compare correctly); low 32 bits: P-1-index, so equal
@@ -242,7 +242,7 @@ def rank_order(
     keys: Tensor | None = None,
     scan: Tensor | None = None,
 ) -> Tensor:
-    """Pool indices best-first by the SPEC tie-break; invalid last. [R, k or P].
+    """Pool indices best-first by the ranking tie-break (docs/method.md#ranking); invalid last. [R, k or P].
 
     `k` keeps only the first k (a top-k is much cheaper than a full sort);
     `keys` passes precomputed `ranking_keys(score, valid)`; `scan`, an order of the whole

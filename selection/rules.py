@@ -1,4 +1,4 @@
-"""The selection rules (SPEC §6), one entry each, and the one place rule and value names are
+"""The selection rules (docs/method.md#rule-values), one entry each, and the one place rule and value names are
 built and parsed.
 
 Every consumer reads this table instead of comparing names: the offline evaluator
@@ -60,7 +60,7 @@ class Rule:
     lead_softmax: bool = False  # lead: the unit-temperature softmax, not the law
     # draw rules: the tree kept below the first-level candidate g labelled by the draw X1:
     # "descendants" = g and its B-1 best draft-ranked descendants; "draft_tree" = draft
-    # selection's B-tree restricted to g's subtree (SPEC §6)
+    # selection's B-tree restricted to g's subtree (docs/method.md#rule-values)
     draw_tree: str = ""
     compare: tuple[str, ...] = ()  # rules it is compared with by default (paired, as `a`)
     predictor: bool = False  # online: its first factor comes from a fitted reranker
@@ -98,7 +98,7 @@ _FIXED = (
         lead_depth=1,
         compare=("draft",),
     ),
-    # greedy rounds ranked by the unit-temperature softmax of the root row (SPEC §6)
+    # greedy rounds ranked by the unit-temperature softmax of the root row (docs/method.md#rule-values)
     Rule(
         "root_softmax", "exact", "factor", "lead", rows=("root",), lead_depth=1, lead_softmax=True
     ),
@@ -151,7 +151,7 @@ _FIXED = (
 )
 RULES: dict[str, Rule] = {r.name: r for r in _FIXED}
 BASELINE = "draft"  # every gain is relative to it
-# the rules whose advantage over the baseline a share is of (SPEC §6): root gain, oracle advantage
+# the rules whose advantage over the baseline a share is of (docs/method.md#rule-values): root gain, oracle advantage
 SHARE_TOPS = {"share_root": "root", "share_oracle": "oracle"}
 PEARL = next(r.name for r in _FIXED if r.offline == "pearl")  # its curves give the matched size
 ROOT_DRAW = next(r.name for r in _FIXED if r.offline == "draw" and r.root_pass)
@@ -160,7 +160,7 @@ PEARL_MATCHED = next(r.name for r in _FIXED if r.offline == "derived")  # PEARL 
 POOL_RULES = tuple(
     r.name for r in _FIXED if r.offline in ("draft", "oracle", "lead", "draw", "pearl")
 )
-# ... scored by per-edge log factors (SPEC §6 table), or drawing the first token first
+# ... scored by per-edge log factors (docs/method.md#rule-values table), or drawing the first token first
 FACTOR_RULES = tuple(n for n in POOL_RULES if RULES[n].offline in ("draft", "oracle", "lead"))
 DRAW_RULES = tuple(n for n in POOL_RULES if RULES[n].offline in ("draw", "pearl"))
 

@@ -1,4 +1,4 @@
-"""Expected acceptance of selection rules on recorded pools (SPEC §6), batched.
+"""Expected acceptance of selection rules on recorded pools (docs/method.md#rule-values), batched.
 
 Value of a tree: V(T) = sum over non-root u in T of P(u), with P the target
 path probability under the round's law (greedy: 1 on the argmax path, else 0).
@@ -220,7 +220,7 @@ def evaluate_pools(
     `curve/size/pearl`, PEARL's value and expected tree size at each pre-draw
     budget, from which the matched-size variant is found (`matched_budget`);
     and `curve/draft`, draft selection's value, from which node-equivalent
-    budgets are found (SPEC §9: the smallest budget at which draft selection
+    budgets are found (docs/method.md#reporting: the smallest budget at which draft selection
     reaches a rule's value); with `curve_rules`, `curve/<rule>` for each of those
     rules too (the budget at which the rule reaches draft's value, paper Table 13).
     """

@@ -1,4 +1,4 @@
-"""Paired prompt bootstrap of rule values (SPEC §9), vectorised.
+"""Paired prompt bootstrap of rule values (docs/method.md#reporting), vectorised.
 
 Every resample draws prompts with replacement and keeps all rounds of a drawn
 prompt together; every rule and budget is resampled jointly (one weight matrix
@@ -23,7 +23,8 @@ from threadpoolctl import ThreadpoolController
 WEIGHTINGS = ("round", "prompt", "task")
 
 
-DEFAULT_RESAMPLES = 2000  # paired prompt-bootstrap resamples (SPEC §9: 1,000-2,000)
+# paired prompt-bootstrap resamples (docs/method.md#reporting: 1,000-2,000)
+DEFAULT_RESAMPLES = 2000
 
 
 @dataclass

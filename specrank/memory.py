@@ -110,10 +110,9 @@ class GrowthTrim:
     one chunk adds, at any number of chunks.
 
     A return costs page faults: the freed blocks of the chunks still in flight are touched
-    afresh. The paper-scale evaluation stage (`/usr/bin/time -v`, 2026-12-05) made 4.14 M
-    faults and 29.9 system s returning every 4 chunks, 2.96 M and 27.1 s at 512 MiB of
-    growth, at the same peak (4.20 and 4.21 GiB). Never returning (measured 2026-12-04),
-    resident memory climbed with the chunks, 0.68 GiB higher at that scale. Without procfs
+    afresh, so returning by growth rather than every few chunks faults less at the same
+    peak; never returning lets resident memory climb with the chunks (figures:
+    docs/benchmarks.md). Without procfs
     the growth is unknown, and every `fallback_every`-th call returns the pages.
     """
 

@@ -6,27 +6,27 @@ you must bump `SCHEMA_VERSION`; readers refuse other versions.
 
 Versions: v2 adds `category`, the prompt's fine category (Spec-Bench's category,
 "humaneval", a JSONL record's own label; `pairs.prompts`) beside `task`, which is
-now the prompt source's mapped task (the paper's seven, SPEC §9). v1 stores hold
+now the prompt source's mapped task (the paper's seven, docs/method.md#reporting). v1 stores hold
 no category and are refused: record them again. v3 adds what the rows hold beyond
 the paper's three first-level columns, all known before verification: the matched
 row at the first-level candidates (`fl_matched_logprob`), the token-only rows
 aggregated there (mean and max log-prob) with each one's argmax, and every
 role row's entropy, top-1 mass and argmax. v2 stores are refused: record them again.
 
-Pool layout (SPEC §2). The `cand_*` list columns have one entry per pool
+Pool layout (docs/method.md#pool). The `cand_*` list columns have one entry per pool
 candidate (P = 710 by default), in *pool order*: depths are non-decreasing and
 every parent precedes its children, so the first-level candidates are the
-first `n1` entries (those with depth 1) and pool index order equals the SPEC
-tie-break (depth asc, then pool index asc). `cand_parent` is -1 for children
+first `n1` entries (those with depth 1) and pool index order equals the ranking
+tie-break (docs/method.md#ranking: depth asc, then pool index asc). `cand_parent` is -1 for children
 of the root.
 
 Target probabilities. `cand_target_prob[i]` is p(token_i | prefix of parent_i)
 under the decoding temperature T (softmax of logits / T). At T = 0 the law is
 a point mass on the argmax; there the column holds the unit-temperature softmax
-(the "softmax-probability variant" of SPEC §6) and the greedy law is given
+(the "softmax-probability variant" of docs/method.md#rule-values) and the greedy law is given
 exactly by `cand_target_argmax` / `root_argmax`.
 
-Retained rows (SPEC §5) are rows kept from the *previous* round; the `fl_*`
+Retained rows (docs/method.md#retained-rows) are rows kept from the *previous* round; the `fl_*`
 columns evaluate them at *this* round's first-level candidates (aligned with
 the first n1 pool entries), and the `*_tv` / `*_argmax_agree` columns compare
 them with *this* round's root row. Absent rows are null, never 0.
@@ -92,7 +92,7 @@ TRACE_SCHEMA = pa.schema(
         pa.field("accepted_path", _items(pa.int16()), nullable=False),
         pa.field("continuation_token", _i32, nullable=False),
         pa.field("covered", pa.bool_(), nullable=False),  # emitted address lies in the scored set
-        # -- retained rows at this round's first-level candidates (SPEC §5, §7) ------
+        # -- retained rows at this round's first-level candidates (docs/method.md#retained-rows, #features) ------
         pa.field(
             "fl_cache_logprob", _items(_f32, nullable=True), nullable=False
         ),  # elements nullable

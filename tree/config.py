@@ -13,7 +13,7 @@ from specrank.fields import setting
 
 @dataclass
 class PoolConfig:
-    """Pool growth (SPEC §2). Defaults give 10 + 7 * 100 = 710 candidates, 70 expanded."""
+    """Pool growth (docs/method.md#pool). Defaults give 10 + 7 * 100 = 710 candidates, 70 expanded."""
 
     top_k: int = setting(10, "children proposed per expanded node (and at the root)")
     steps: int = setting(7, "further steps after the first level: depths 2 .. steps + 1")
@@ -22,7 +22,7 @@ class PoolConfig:
 
 @dataclass
 class SelectConfig:
-    """Which verified tree a round keeps and what else its pass scores (SPEC §4)."""
+    """Which verified tree a round keeps and what else its pass scores (docs/method.md#scored-set)."""
 
     rule: str = setting("draft", "selection rule of the verified tree (selection/rules.py)")
     budget: int = setting(59, "B: non-root nodes of the verified tree")

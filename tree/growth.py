@@ -1,4 +1,4 @@
-"""The pool's growth loop (SPEC §2) over any `TreeDraft`, in batched tensor steps, and a
+"""The pool's growth loop (docs/method.md#pool) over any `TreeDraft`, in batched tensor steps, and a
 standalone drafter's growth (`grow_pool`).
 
 Each depth level keeps its own small tensors ([n, top_k] children, their scores) and the
@@ -106,7 +106,7 @@ def _top(logits: Tensor, k: int, draw: DraftDraw | None, q_rows: list[Tensor]
 
 @torch.inference_mode()
 def grow_tree_pool(draft: TreeDraft, cfg: PoolConfig, draw: DraftDraw | None = None) -> Pool:
-    """The pool of SPEC §2 from any `TreeDraft`; expanded nodes sit at `Pool.drafter_pos`.
+    """The pool of docs/method.md#pool from any `TreeDraft`; expanded nodes sit at `Pool.drafter_pos`.
 
     `draw`: children sampled (`tree.pool._children`), not the top-k."""
     k = cfg.top_k

@@ -1,4 +1,4 @@
-"""Draft pool growth (SPEC §2): the drafter proposes a trie of candidates below the root.
+"""Draft pool growth (docs/method.md#pool): the drafter proposes a trie of candidates below the root.
 
     depth 1      : the drafter's top_k tokens at the root           (10)
     depth s + 1  : top_k children of every node expanded at depth s (10 x 10 = 100)

@@ -1,4 +1,4 @@
-"""Retained rows (SPEC §5): target rows kept from earlier rounds, judged against the next root row.
+"""Retained rows (docs/method.md#retained-rows): target rows kept from earlier rounds, judged against the next root row.
 
 After round t the decoder keeps, from round t's verification pass (c = continuation):
 
@@ -166,7 +166,8 @@ def prompt_cache_rows(context: list[int]) -> tuple[np.ndarray, np.ndarray]:
     return tokens, len(context) - 1 - first_rev
 
 
-ROW_KINDS = ("cache", "same", "prev", "matched")  # retained rows with a role (SPEC §5)
+# retained rows with a role (docs/method.md#retained-rows)
+ROW_KINDS = ("cache", "same", "prev", "matched")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Root-pass decoders (SPEC §6, paper App. D.3) and the covering decoder (App. D.10).
+"""Root-pass decoders (docs/method.md#rule-values, paper App. D.3) and the covering decoder (App. D.10).
 
 A root-pass round runs two target passes:
 
@@ -65,7 +65,7 @@ def draw_root(root_logits: Tensor, temperature: float, generator: torch.Generato
 def root_first_factor(root_logits: Tensor, first_tokens: Tensor, temperature: float) -> Tensor:
     """log p(x1 | c) of the first-level candidates under the law. [n1] float32.
 
-    Greedy: the point mass (0 for the argmax, -inf else; SPEC §6). Sampling:
+    Greedy: the point mass (0 for the argmax, -inf else; docs/method.md#rule-values). Sampling:
     log(exp(log p)) in float32 -- the very ops by which a trace stores
     cand_target_prob and the offline evaluator takes its log, so online and
     offline root selection rank identically (not merely up to rounding).
@@ -85,7 +85,7 @@ def factor_scores(pool: Pool, first_logprob: Tensor, levels: Levels) -> Tensor:
 
 
 def rank_of(score: Tensor) -> Tensor:
-    """Rank of every candidate by the SPEC tie-break (0 = kept first). [P] int64."""
+    """Rank of every candidate by the ranking tie-break (docs/method.md#ranking) (0 = kept first). [P] int64."""
     return rank_candidates(score[None])[0]
 
 
@@ -104,7 +104,7 @@ def draw_tree(
     (`decode.tree_pass`).
 
     kind (a rule's `draw_tree`, `selection.rules`):
-    descendants: g and its budget-1 best draft-ranked descendants (ties as SPEC §2; root-draw).
+    descendants: g and its budget-1 best draft-ranked descendants (ties as docs/method.md#pool; root-draw).
     draft_tree : draft selection's B-tree restricted to g's subtree (g alone if absent; PEARL).
     """
     is_g = torch.zeros_like(pool.expanded)

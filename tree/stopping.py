@@ -1,4 +1,4 @@
-"""Stopping rules of tree verification: exact expectations and a Monte Carlo check (SPEC §3).
+"""Stopping rules of tree verification: exact expectations and a Monte Carlo check (docs/method.md#verification).
 
 A pool is given per round as `[R, P]` arrays in pool order: `parent` (-1 =
 root), `edge_prob` (the target probability of each candidate's edge under the

@@ -1,4 +1,4 @@
-"""Verification (SPEC §3-4): score root + scored set in one target pass, then traverse the tree.
+"""Verification (docs/method.md#verification-4): score root + scored set in one target pass, then traverse the tree.
 
 Scored set Q = verified tree T  ∪  expanded nodes  ∪  the top-M draft-ranked candidates.
 All three are ancestor-closed, so Q is too: every scored position finds its
@@ -44,7 +44,7 @@ VERIFIERS = ("exhaustive", "eagle3", "coupling")
 class Selection:
     """The verified tree and the scored set of one round, over the pool (on the device)."""
 
-    # [P] int64, draft rank (0 = best; SPEC tie-break) whatever the rule: it picks the
+    # [P] int64, draft rank (0 = best; docs/method.md#ranking) whatever the rule: it picks the
     # retained rows' prefixes (tree.retained), as in the recorded traces
     rank: Tensor
     in_tree: Tensor  # [P] bool, the B-node verified tree

@@ -1,4 +1,4 @@
-"""Pool growth with an EAGLE-3 head: the same pool, order and ranking as `tree.pool` (SPEC §2).
+"""Pool growth with an EAGLE-3 head: the same pool, order and ranking as `tree.pool` (docs/method.md#pool).
 
 Head position j holds the pair (the target's aux hidden states at position j, token j + 1).
 With the root at position r (emitted, not yet verified), one round is

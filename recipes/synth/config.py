@@ -37,7 +37,7 @@ class SynthJobConfig:
     rounds_per_prompt: int = 40
     prompts_per_shard: int = 16
     temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
-    # labels of the paper's seven tasks (SPEC §9); a toy prompt's category is its task
+    # labels of the paper's seven tasks (docs/method.md#reporting); a toy prompt's category is its task
     tasks: list[str] = field(default_factory=lambda: ["mt_bench", "coding", "math_reasoning", "qa"])
 
 

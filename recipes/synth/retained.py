@@ -1,8 +1,8 @@
-"""Retained-row features of synthetic rounds (SPEC §5, §7), consistent across rounds.
+"""Retained-row features of synthetic rounds (docs/method.md#retained-rows, #features), consistent across rounds.
 
 Rounds of a prompt are laid out `[n_prompts, n_rounds]`. Each round's root token
 is the previous round's continuation, so every *presence* below follows the
-SPEC's rules from the previous round's pool and outcome:
+the method's rules from the previous round's pool and outcome:
 
     cache      stored after any earlier round whose tree (or root) ended in the
                root token (age = rounds since), else from the prompt w.p. p_cache

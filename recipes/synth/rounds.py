@@ -7,7 +7,7 @@ q = softmax(sharpness * z / draft_temperature + draft_noise * eps).
 
 Because rows are i.i.d. across addresses, a round needs one row per *row slot*
 and all of them can be drawn up front, then the pool grown depth by depth
-(SPEC §2), vectorised over rounds:
+(docs/method.md#pool), vectorised over rounds:
 
     slot 0                 the root row p(. | c)
     slots 1 .. n_expanded  the expanded nodes, in pool order (depth, then index)
@@ -75,7 +75,7 @@ class PoolLayout:
 
 
 def pool_layout(pool: PoolConfig) -> PoolLayout:
-    """Counts per depth of SPEC §2 and the fixed row slot of every position's parent."""
+    """Counts per depth of docs/method.md#pool and the fixed row slot of every position's parent."""
     for name, value, low in (
         ("top_k", pool.top_k, 1),
         ("steps", pool.steps, 0),
@@ -165,7 +165,7 @@ class GrownPool:
 
 
 def synth_pool(layout: PoolLayout, draft_logq: np.ndarray) -> GrownPool:
-    """Grow the pool of SPEC §2 from each row slot's draft row ([R, S, V])."""
+    """Grow the pool of docs/method.md#pool from each row slot's draft row ([R, S, V])."""
     n_rounds = draft_logq.shape[0]
     # top-k tokens of every row, most probable first (argpartition + a sort of
     # k entries is ~2x faster than torch.topk on 64-wide rows). Exactly equal
@@ -216,7 +216,7 @@ class Traversal:
 def traverse(
     layout: PoolLayout, pool: GrownPool, in_tree: np.ndarray, scored: np.ndarray, draw: np.ndarray
 ) -> Traversal:
-    """Walk the verified tree from the root with the pre-drawn token of every row (SPEC §3).
+    """Walk the verified tree from the root with the pre-drawn token of every row (docs/method.md#verification).
 
     At a reached node the drawn token is accepted when it labels a child in the
     tree; otherwise it is the continuation, and the round is covered when it

@@ -1,6 +1,6 @@
-"""Coverage of scored sets on the recorded pools, and the decoder without a root pass (issue 14.7).
+"""Coverage of scored sets on the recorded pools, and the decoder without a root pass.
 
-Coverage (SPEC §3, paper Eq. 5): with the verified tree T = the draft top-B and
+Coverage (docs/method.md#verification, paper Eq. 5): with the verified tree T = the draft top-B and
 a scored set Q ⊇ T, exhaustive traversal is covered exactly when it exits on
 the scored frontier F = {u in Q \\ T : parent(u) in T or u a first-level node},
 so the coverage probability is the sum of the target path probabilities P(u)

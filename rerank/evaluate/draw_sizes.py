@@ -1,4 +1,4 @@
-"""Tree sizes of the draw rules (issue 14.8; paper Table 12, App. D.2).
+"""Tree sizes of the draw rules (paper Table 12, App. D.2).
 
 Root-draw and PEARL-style selection draw X1 from the root row first; their
 verified trees then depend on the draw. Everything here is an exact

@@ -1,4 +1,4 @@
-"""Chunks of recorded rounds as dense pools with their draft ranking (issue 14 reports).
+"""Chunks of recorded rounds as dense pools with their draft ranking (the retained-row, coverage and draw-size reports).
 
 The report accumulators (`rerank.evaluate.coverage`, `rerank.evaluate.draw_sizes`,
 `rerank.evaluate.row_agreement`) all need the same per-chunk quantities: the dense pool,

@@ -1,4 +1,4 @@
-"""Which budget's recording a table's features came from (issue 28 point 3).
+"""Which budget's recording a table's features came from.
 
 Offline values at every budget are computed on the rounds of one recording: its round
 contexts, `prev_accepted` and `tokens_before`, and the retained rows (same-token row,

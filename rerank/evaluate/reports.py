@@ -1,4 +1,4 @@
-"""The issue-14 report tables of a run: retained rows, coverage, draw-rule sizes.
+"""The per-run report tables beyond rule values: retained rows, coverage, draw-rule sizes.
 
 `ReportAccumulators` collects them chunk by chunk: fed by the evaluation pass
 (`rerank.evaluate.evaluate_traces(consumers=...)`, which builds each chunk's

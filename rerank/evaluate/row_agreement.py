@@ -1,8 +1,8 @@
-"""Agreement of retained rows with the next root row (issue 14.6; paper Tables 22, 23, 26).
+"""Agreement of retained rows with the next root row (paper Tables 22, 23, 26).
 
 Round t's pass leaves rows that round t+1 compares with its own root row; the
 trace stores the comparison on round t+1 (`matched_tv`, `token_only_tv`, ...,
-null where the row is absent). Row kinds (SPEC §5):
+null where the row is absent). Row kinds (docs/method.md#retained-rows):
 
   matched           the row at round t's emitted address (round t was covered)
   token_only        other scored rows of round t ending in the continuation

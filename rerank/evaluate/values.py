@@ -1,4 +1,4 @@
-"""Evaluate every selection rule on the same recorded pools (SPEC §6, issue 6).
+"""Evaluate every selection rule on the same recorded pools (docs/method.md#rule-values).
 
 Streams a trace store in chunks of rounds; for each chunk it builds the dense
 pools, turns every first-factor source into first-level log factors and asks
@@ -12,7 +12,7 @@ First-factor sources (each replaces log q(x1) in the draft score):
   sub_<row> direct substitution of a retained row's log-probability
   mix_<row>_w<w>  (1-w) log q(x1) + w log r(x1), for each candidate weight
 A retained row that is absent in a round leaves that round's draft factor in
-place: the rule then ranks exactly like draft selection there (SPEC §7: rows
+place: the rule then ranks exactly like draft selection there (docs/method.md#features: rows
 are missing, never zero).
 """
 
@@ -157,7 +157,7 @@ def _factors_for_chunk(
         r = torch.from_numpy(first_level_matrix(table, RETAINED_ROWS[row], width))
         # A row is absent when all its entries are null (NaN: keep the draft factor);
         # a null entry of a present row is a zeroed probability (the preceding
-        # row's continuation token, SPEC §5): log 0 = -inf.
+        # row's continuation token, docs/method.md#retained-rows): log 0 = -inf.
         present = ~torch.isnan(r).all(dim=-1, keepdim=True)
         r = torch.where(present & torch.isnan(r), -torch.inf, r)
         factors[substitution(row).name] = r
@@ -180,7 +180,8 @@ def _round_fields(table: pa.Table, pool: PoolBatch) -> pd.DataFrame:
     frame = table.select(FIELD_COLUMNS).to_pandas().copy(deep=True)
     # the drafter's top first token (draft rank 0 among depth-1 candidates) vs the target's argmax
     first_draft = torch.where(pool.depth == 1, pool.draft_logprob, -torch.inf)
-    top = torch.argmax(first_draft, dim=-1)  # ties -> lowest pool index, the SPEC tie-break
+    # ties -> lowest pool index, the ranking tie-break (docs/method.md#ranking)
+    top = torch.argmax(first_draft, dim=-1)
     root_argmax = table["root_argmax"].to_numpy()
     frame["draft_top_is_argmax"] = torch.gather(pool.token, -1, top[:, None])[:, 0].numpy() == (
         root_argmax

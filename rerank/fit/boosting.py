@@ -1,6 +1,6 @@
 """The boosting libraries behind the rerankers: capacity, and early stopping on the training half.
 
-Capacity (SPEC §8, the paper's): 400 iterations, learning rate 0.05, <= 63
+Capacity (docs/method.md#cross-fitting, the paper's): 400 iterations, learning rate 0.05, <= 63
 leaves, for both libraries; everything else at matching defaults (min 20 rows
 per leaf, no L2, 255 bins). HGB's built-in early stopping is never used with
 its own split: it holds out a random (not prompt-grouped) share of the rows,
@@ -196,7 +196,7 @@ def lgbm_params(law: str, capacity: Capacity, seed: int, n_threads: int | None) 
         "deterministic": True,
         # Histograms built row by row: on one or two threads 1.35x faster than column by
         # column at paper scale, with the same iterations and held-out loss (a 0.92M-row
-        # Rows+matched half: 29.5 s vs 39.9 s; notes of issue 19). The binned rows take twice
+        # Rows+matched half: docs/benchmarks.md). The binned rows take twice
         # the memory of the columns (tens of MB here). Forced, so LightGBM does not time both.
         "force_row_wise": True,
         "seed": seed,

@@ -1,4 +1,4 @@
-"""Two-fold cross-fitting grouped by prompt (SPEC §8).
+"""Two-fold cross-fitting grouped by prompt (docs/method.md#cross-fitting).
 
 Every row gets a fold id in {0, 1}, constant within a prompt. Convention used
 everywhere in `rerank` and `calibrate`: rows with fold ``f`` are PREDICTED by a

@@ -266,7 +266,7 @@ class BlockDataset(lgb.Dataset):
 
     LightGBM reads a `Sequence`'s bin sample a row at a time in Python (up to 200,000
     `__getitem__` calls and a list of rows per fit: 7 thread-s of the default job's fits at
-    paper scale, py-spy 2026-12-05). This replaces its private `Dataset.__sample` with one
+    paper scale, docs/benchmarks.md). This replaces its private `Dataset.__sample` with one
     that takes the same rows (`_create_sample_indices`, LightGBM's own) in one gather and
     keeps what LightGBM keeps of each column (the entries beyond its ZERO_THRESHOLD, and
     NaN); the fit is the same bits as from the rows' matrix (tests/test_crossfit.py, which

@@ -1,4 +1,4 @@
-"""Out-of-fold prediction over the two prompt halves (SPEC §8's cross-fitting): each half's
+"""Out-of-fold prediction over the two prompt halves (cross-fitting, docs/method.md#cross-fitting): each half's
 model is fitted on the other half and predicts its own rows, the two fits at once; a fit
 kept by an earlier run is taken instead of refitted (`rerank.fit.resume`)."""
 
@@ -156,7 +156,7 @@ def prompt_folds(prompt_id: pd.Series, folds: dict[str, int]) -> np.ndarray:
     """Each row's fold (-1: a prompt outside the fold map), looked up once per distinct
     prompt (`per_value`; a dictionary-encoded Arrow column converts to a categorical one
     without a string per row): a per-row map of the strings slowed the per-depth maps' fit
-    at paper scale (9.4-9.6 s against 9.9, 2026-12-05)."""
+    at paper scale."""
     return per_value(prompt_id, lambda ids: np.array([folds.get(p, -1) for p in ids], np.int64), -1)
 
 

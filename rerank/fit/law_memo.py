@@ -4,7 +4,7 @@ The default job cross-fits three feature sets (base, rows, rows_extra) on the sa
 each law. Their folds' training masks, labels and token priors, the prompts' grouping
 check and early stopping's inner splits (with their priors) depend on the rows and the
 settings, never on the feature set: computed for each set they were 2.9 of the job's CPU
-seconds, two thirds of it repeats (thread time, 2026-12-05). A `LawMemo` keeps each part
+seconds, two thirds of it repeats (docs/benchmarks.md). A `LawMemo` keeps each part
 the first set computes and gives it to the others.
 
 One memo serves one law's frame (`rerank.fit.predict.predict_first_factors` makes one per

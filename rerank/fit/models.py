@@ -1,4 +1,4 @@
-"""First-level rerankers (SPEC §7-8): a feature set (`FEATURE_SETS`), HGB / LightGBM, cross-fitted.
+"""First-level rerankers (docs/method.md#features-8): a feature set (`FEATURE_SETS`), HGB / LightGBM, cross-fitted.
 
 The model predicts, before verification, the first target factor of each
 first-level candidate: under greedy decoding whether it is the target's argmax
@@ -144,8 +144,8 @@ class FittedReranker:
     def _batch_forest(self) -> JitForest | None:
         """The estimator's trees in the batch walk's layout, built once per model, not once
         per block of its held-out half (`rerank.fit.halves.predict_blocks`: two blocks a model
-        at paper scale, about twenty at 10x; building the trees took 3.1 thread-s of
-        `experiment=paper`'s job, 8 models of 400 trees, py-spy 2026-12-05). None where the
+        at paper scale, about twenty at 10x; building them per block was a visible share of
+        `experiment=paper`'s fitting, docs/benchmarks.md). None where the
         walk cannot represent them exactly (the library predicts)."""
         try:
             return jit_forest(compile_forest(forest_of(self.estimator, self.kind)))

@@ -1,4 +1,4 @@
-"""Saved rerankers in formats that loading cannot execute (issue 6, item 6).
+"""Saved rerankers in formats that loading cannot execute.
 
 A saved reranker is a folder:
 

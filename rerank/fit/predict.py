@@ -1,4 +1,4 @@
-"""Out-of-fold first-factor predictions of every learned rule (SPEC §7-8).
+"""Out-of-fold first-factor predictions of every learned rule (docs/method.md#features-8).
 
 For each decoding law separately (greedy rows are never mixed with sampled rows), cross-fitted
 rerankers (one per feature set: Base, Rows and those beyond the paper), the isotonic control of
@@ -236,7 +236,7 @@ def _add_controls(
         )  # fmt: skip
         added.append("rank_control")
     if "iso_q1" in calibrators:
-        # isotonic map of the first draft factor over 200 equal-count bins (SPEC §8)
+        # isotonic map of the first draft factor over 200 equal-count bins (docs/method.md#cross-fitting)
         x, y = frame["draft_prob"].to_numpy(), frame[LABEL_OF_LAW[law]].to_numpy()
         out["iso_q1"] = crossfit_calibrate(x, y, fold).prob
         added.append("iso_q1")

@@ -1,4 +1,4 @@
-"""Held-out quality of first-level predictions (SPEC §9): squared error and top-1 agreement."""
+"""Held-out quality of first-level predictions (docs/method.md#reporting): squared error and top-1 agreement."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def round_firsts(key: np.ndarray, round_id: np.ndarray) -> np.ndarray:
     numbers without a row skipped.
 
     What sorting by (round, -key) stably and taking each round's first row gives
-    (`np.lexsort`, tested against it), in one pass: the lexsort took 4 s of the fitting
-    stage's own thread at paper scale (py-spy, 2026-12-05), one sort per predictor.
+    (`np.lexsort`, tested against it), in one pass: the lexsort was seconds of the fitting
+    stage's own thread at paper scale (docs/benchmarks.md), one sort per predictor.
     """
     best = np.full(round_id.max() + 1 if round_id.size else 0, -1, dtype=np.int64)
     for i in range(key.shape[0]):

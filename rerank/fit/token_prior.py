@@ -1,4 +1,4 @@
-"""Token prior (SPEC §7): shrunk mean label of first-level candidates per token.
+"""Token prior (docs/method.md#features): shrunk mean label of first-level candidates per token.
 
     prior(t) = (sum of labels with token t + a * m) / (count of token t + a)
 

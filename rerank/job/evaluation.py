@@ -1,5 +1,5 @@
 """The job's evaluation stage: every rule on the recorded pools, out of fold, with paired
-bootstrap intervals, the report tables from the same pass (SPEC §9)."""
+bootstrap intervals, the report tables from the same pass (docs/method.md#reporting)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
              dataset: ds.Dataset | None = None,
              parallel: ParallelConfig | None = None) -> Evaluation:  # fmt: skip
     """Every rule on the recorded pools at `budgets` (`rerank.settings.evaluated_budgets`),
-    out of fold, with paired bootstrap intervals (SPEC §9).
+    out of fold, with paired bootstrap intervals (docs/method.md#reporting).
 
     `dataset`: the rounds to evaluate (default: the whole store `rerank.traces`).
     `parallel.backend=ray`: the pass over the pools as Ray tasks, one per trace file

@@ -115,7 +115,7 @@ def sorted_categories(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None) -> Fitted:
-    """Cross-fit the rerankers and the q1 calibration on the candidate table (SPEC §8);
+    """Cross-fit the rerankers and the q1 calibration on the candidate table (docs/method.md#cross-fitting);
     `parallel.backend=ray`: the (law, feature set) cross-fits as Ray workers' tasks."""
     faults.phase("fitting")
     t0 = time.perf_counter()

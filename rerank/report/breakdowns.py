@@ -1,4 +1,4 @@
-"""Breakdowns of rule values (SPEC §9): by task, source category, entropy quintile, first-token match.
+"""Breakdowns of rule values (docs/method.md#reporting): by task, source category, entropy quintile, first-token match.
 
 `breakdowns` gives the round-weighted mean values per group (a long table: one row per
 law, grouping, group, rule and budget); `breakdown_gains` the gain of every rule over draft selection inside

@@ -1,4 +1,4 @@
-"""Paired comparisons between two rules (SPEC §9): claims such as "Rows beats Base".
+"""Paired comparisons between two rules (docs/method.md#reporting): claims such as "Rows beats Base".
 
 Two overlapping "vs draft" intervals say nothing about the difference between
 two rules; the difference needs its own interval. For each pair `a:b`, law,

@@ -1,4 +1,4 @@
-"""PNG figures logged with every run, written beside `summary.csv` (issue 18).
+"""PNG figures logged with every run, written beside `summary.csv`.
 
     gain_vs_budget_<law>.png   gain over draft vs budget, one panel per rule family (`plots_gain`)
     comparisons.png            the paired comparisons as a forest plot, a panel per law

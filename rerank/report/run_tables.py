@@ -1,4 +1,4 @@
-"""Side-by-side tables of logged runs (issue 8): pure reshaping of what `rerank.report.runs` read.
+"""Side-by-side tables of logged runs: pure reshaping of what `rerank.report.runs` read.
 
     tables = runs.load_runs(found, uri)                   # {"summary": ..., "breakdowns": ...}
     side_by_side(tables["summary"], "gain")              # rules x runs, "+12.3% [+8.1, +16.0]"
@@ -33,7 +33,7 @@ def select_rules(summary: pd.DataFrame, wanted: Sequence[str] = ()) -> list[str]
 
 
 def headline_budgets(summary: pd.DataFrame, wanted: Sequence[int] = ()) -> list[int]:
-    """Budgets of the side-by-side tables: `wanted` (checked), else the SPEC's default
+    """Budgets of the side-by-side tables: `wanted` (checked), else the default
     budgets that were logged (B=8 and B=59), else every logged budget."""
     logged = sorted(int(b) for b in summary["budget"].unique())
     unknown = [b for b in wanted if b not in logged]

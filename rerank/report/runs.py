@@ -1,4 +1,4 @@
-"""Reading logged `rerank.train` runs back from MLflow to compare them (issue 8).
+"""Reading logged `rerank.train` runs back from MLflow to compare them.
 
 Pure reading and reshaping of what a run logged — `tables/*.csv`, `plots/*.png`,
 params and tags — through the MLflow client; nothing here recomputes a result.
@@ -38,7 +38,7 @@ from specrank.tracking import resolve_tracking_uri
 # per-round / per-candidate tables (Parquet), read only on request.
 TABLES = ("summary", "breakdowns", "prediction_quality", "mixture_weights")
 PARQUET_TABLES = ("per_round_values", "oof_predictions")
-# the acceptance-estimator report's tables (rerank.report.acceptance), logged since issue 68
+# the acceptance-estimator report's tables (rerank.report.acceptance), logged by runs with rerank.acceptance=true
 ACCEPTANCE_TABLES = ("acceptance", "acceptance_reliability")
 # A parent run of `rerank.train` carries this tag; its fold child runs carry `fold`.
 RUN_TAG = "rerank_model"

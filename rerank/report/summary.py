@@ -1,4 +1,4 @@
-"""From per-round rule values to the published numbers (SPEC §9).
+"""From per-round rule values to the published numbers (docs/method.md#reporting).
 
 Input: the per-round table of `rerank.evaluate.values` (plus a `fold` column). For
 each decoding law (greedy and sampling are never pooled) and budget:
@@ -186,7 +186,7 @@ def node_equivalent_budget(draft_curve: np.ndarray, value: np.ndarray) -> np.nda
 
     draft_curve [n, P]: mean draft value at budgets 1..P (non-decreasing), e.g. one
     row per bootstrap resample; value [n]. NaN where even the whole pool under draft
-    selection stays below `value` (SPEC §9).
+    selection stays below `value` (docs/method.md#reporting).
     """
     # a rule equal to draft selection must map to its own budget despite summation order
     slack = 1e-9 * np.maximum(1.0, np.abs(value))

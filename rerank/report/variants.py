@@ -5,7 +5,7 @@ controls: `rank_control`, `iso_q1`): its held-out squared error and top-1
 agreement (`rerank.fit.quality`), its gain over draft selection and over the
 draft-rank control, each with its paired 95% interval over the run's shared
 prompt resamples (`rerank.report.summary`, `rerank.report.comparisons`), and its share of
-the root gain (the gain root selection makes, SPEC §6). A figure the run did
+the root gain (the gain root selection makes, docs/method.md#rule-values). A figure the run did
 not compute (no rank control, no root rule) is NaN.
 """
 
