@@ -7,41 +7,49 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from specrank.fields import setting
+
 
 @dataclass
 class ModelConfig:
     """A target/drafter pair from local Hugging Face checkpoint folders."""
 
-    name: str = MISSING  # short label stored in trace manifests
-    # local path of the target checkpoint: a Hugging Face folder (config.json, weights,
-    # tokenizer), or a GGUF file (or a folder holding one), converted once (pairs.gguf)
-    target: str = MISSING
-    # the command that fetches a target not yet on disk, named when it is missing
-    fetch: str | None = None
-    drafter: str = MISSING  # local path of the drafter; must share the target's tokenizer
-    # standalone: `drafter` is a causal LM sharing the target's tokenizer (App. D.13).
-    # eagle3: `drafter` is an EAGLE-3 head folder (config.json + model.safetensors or
-    # pytorch_model.bin) that drafts from the target's hidden states (pairs/eagle3/).
-    # block: `drafter` is a block-parallel drafter in DFlash's layout (config.json with
-    # dflash_config + model.safetensors): one forward per round over the bonus token and
-    # mask placeholders, from the target's hidden states (pairs/block/).
-    drafter_kind: str = "standalone"  # standalone | eagle3 | block
-    # eagle3 only: target layer ids whose hidden states feed the head. null = the head
-    # config's `eagle_aux_hidden_state_layer_ids`, else (2, N // 2, N - 3) for N layers.
-    aux_layers: list[int] | None = None
-    # How explicit ids (aux_layers, the head config's) read. input: id i = the hidden
-    # state ENTERING layer i (HF hidden_states[i]; EAGLE-3, vLLM, SGLang, speculators).
-    # output: id i = the hidden state LEAVING layer i (= entering i + 1; hook-based trainers).
+    name: str = setting(MISSING, "short label stored in trace manifests")
+    target: str = setting(
+        MISSING,
+        "the target: a Hugging Face folder (config.json, weights, tokenizer), or a GGUF file "
+        "(or a folder holding one), converted once into a cached folder (pairs/gguf.py)",
+    )
+    fetch: str | None = setting(None, "the command that fetches a target not yet on disk")
+    drafter: str = setting(MISSING, "the drafter's folder; it must share the target's tokenizer")
+    # standalone: a causal LM sharing the target's tokenizer (App. D.13). eagle3: an EAGLE-3
+    # head folder drafting from the target's hidden states (pairs/eagle3/). block: DFlash's
+    # layout, one forward per round (pairs/block/). dspark, domino: semi-autoregressive
+    # block drafters whose children depend on the node (pairs/semiar/).
+    drafter_kind: str = setting(
+        "standalone", "standalone | eagle3 | block | dspark | domino: what `drafter` holds"
+    )
+    aux_layers: list[int] | None = setting(
+        None,
+        "eagle3: target layers whose states feed the head; null: the head config's, else "
+        "(2, N // 2, N - 3) for N layers",
+    )
     # A wrong choice collapses acceptance without any error.
-    aux_layer_convention: str = "input"  # input | output
-    # eagle3 only: the head's max_position_embeddings (most released heads carry EAGLE's
-    # training-config 2048) is its training length; past it the head decodes on, with a
-    # warning, up to the target's limit (pairs.positions). true: refuse past it instead.
-    strict_head_positions: bool = False
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    device: str = "cpu"  # cpu | cuda | cuda:N
-    attn_implementation: str = "sdpa"  # sdpa | eager
-    trust_remote_code: bool = False  # only when the checkpoint needs it and you trust it
+    aux_layer_convention: str = setting(
+        "input",
+        "how explicit layer ids read: input = the state ENTERING layer i (HF hidden_states[i]; "
+        "EAGLE-3, vLLM, SGLang), output = LEAVING layer i",
+    )
+    # Most released heads carry EAGLE's training-config 2048 positions.
+    strict_head_positions: bool = setting(
+        False,
+        "eagle3: refuse prompts past the head's max_position_embeddings (false: decode on, "
+        "with a warning, up to the target's limit)",
+    )
+    dtype: str = setting("float32", "float32 | bfloat16 | float16: both models' weights")
+    device: str = setting("cpu", "cpu | cuda | cuda:N")
+    attn_implementation: str = setting("sdpa", "sdpa | eager")
+    trust_remote_code: bool = setting(False, "only when the checkpoint needs it and you trust it")
 
 
 @dataclass

@@ -93,9 +93,7 @@ def _config_sha(folder: Path) -> str:
 
 def _torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
-        raise Refusal(
-            f"The 'model.dtype' must be one of {sorted(DTYPES)}. Got {name!r} instead."
-        )
+        raise Refusal(f"The 'model.dtype' must be one of {sorted(DTYPES)}. Got {name!r} instead.")
     return DTYPES[name]
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # Sections whose every field carries its meaning in the schema's metadata
 # (specrank.fields.setting); the others show a dash until theirs do.
-DESCRIBED = ("paths", "mlflow", "pool", "select", "decode", "features")
+DESCRIBED = ("paths", "mlflow", "pool", "select", "decode", "features", "model", "head")
 
 
 def test_the_settings_page_equals_the_schema():

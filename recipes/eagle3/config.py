@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specrank.fields import setting
+
 
 @dataclass
 class HeadDataConfig:
@@ -17,46 +19,48 @@ class HeadDataConfig:
     (acceptance is measured on the target's own text). Held-out conversations, the held-out
     prompt file and the suites' prompts never enter (`recipes.eagle3.data`)."""
 
-    conversation_tokens: int = 150_000  # tokens of ShareGPT conversations captured
-    reply_prompts: int = 192  # training-side first user turns the target answers
-    reply_tokens: int = 160  # new tokens per reply at most (greedy, T = 0)
-    reply_batch: int = 32  # replies generated at once (left padding)
-    max_prompt_tokens: int = 256  # longer first turns are skipped for replies
-    chunk: int = 384  # tokens per captured window (the target's context when captured)
-    capture_batch: int = 8  # windows per target forward while capturing
-    top_k: int = 32  # target log-probabilities kept per position, over the draft vocabulary
-    val_share: float = 0.03  # windows held back for the agreement figures
+    conversation_tokens: int = setting(150_000, "tokens of ShareGPT conversations captured")
+    reply_prompts: int = setting(192, "training-side first user turns the target answers")
+    reply_tokens: int = setting(160, "new tokens per reply at most (greedy, T = 0)")
+    reply_batch: int = setting(32, "replies generated at once (left padding)")
+    max_prompt_tokens: int = setting(256, "longer first turns are not answered")
+    chunk: int = setting(384, "tokens per captured window (the target's context there)")
+    capture_batch: int = setting(8, "windows per target forward while capturing")
+    top_k: int = setting(32, "target log-probs kept per position, over the draft vocabulary")
+    val_share: float = setting(0.03, "windows held back for the agreement figures")
 
 
 @dataclass
 class HeadTrainConfig:
-    steps: int = 1200
-    batch: int = 4  # windows per step
-    lr: float = 1e-3  # peak; linear warm-up then cosine to lr * min_lr_ratio
-    warmup: int = 40
-    min_lr_ratio: float = 0.1
-    max_minutes: float = 25.0  # wall-time cap; the cosine follows time when it binds
-    eval_every: int = 100
-    checkpoint_minutes: float = 2.0  # a resumable checkpoint at most this often
+    steps: int = setting(1200, "optimizer steps at most")
+    batch: int = setting(4, "windows per step")
+    lr: float = setting(1e-3, "peak learning rate: linear warm-up, then cosine")
+    warmup: int = setting(40, "warm-up steps")
+    min_lr_ratio: float = setting(0.1, "the cosine's floor, as a share of lr")
+    max_minutes: float = setting(25.0, "wall-time cap; the cosine follows time when it binds")
+    eval_every: int = setting(100, "steps between held-out agreement figures")
+    checkpoint_minutes: float = setting(2.0, "a resumable checkpoint at most this often")
 
 
 @dataclass
 class HeadRecipeConfig:
     """One decoder layer over the target's low / mid / high states (EAGLE-3)."""
 
-    work_dir: str = "outputs/head_work"  # captured shards and checkpoints (git-ignored)
-    seed: int = 0
-    threads: int = 2  # torch intra-op threads (capture and training)
-    capture_dtype: str = "float32"  # the target's dtype while capturing: the online runs'
-    export_dtype: str = "bfloat16"  # float16 | bfloat16
-    # null: (2, N // 2, N - 3) for an N-layer target, EAGLE-3's low / mid / high
-    aux_layers: list[int] | None = None
-    draft_vocab: int = 8192  # the most frequent trained-on tokens (d2t / t2d)
-    intermediate: int | None = None  # null: the target's intermediate size
-    heads: int | None = None  # null: the target's attention heads
-    kv_heads: int | None = None  # null: the target's key/value heads
-    ttt_steps: int = 2  # training-time test: the head also trains on its own outputs
-    ttt_decay: float = 0.8  # loss weight of step k: decay ** k
+    work_dir: str = setting("outputs/head_work", "captured shards and checkpoints")
+    seed: int = setting(0, "data order, split and initialisation")
+    threads: int = setting(2, "torch intra-op threads (capture and training)")
+    # float32 on CPUs without native bfloat16 arithmetic: emulated bf16 forwards are slower
+    capture_dtype: str = setting("float32", "the target's dtype while capturing")
+    export_dtype: str = setting("bfloat16", "float16 | bfloat16: the shipped weights")
+    aux_layers: list[int] | None = setting(
+        None, "target layers feeding the head; null: (2, N // 2, N - 3), low / mid / high"
+    )
+    draft_vocab: int = setting(8192, "the most frequent trained-on tokens (d2t / t2d)")
+    intermediate: int | None = setting(None, "null: the target's intermediate size")
+    heads: int | None = setting(None, "null: the target's attention heads")
+    kv_heads: int | None = setting(None, "null: the target's key/value heads")
+    ttt_steps: int = setting(2, "training-time test: steps trained on the head's own outputs")
+    ttt_decay: float = setting(0.8, "loss weight of step k: decay ** k")
     data: HeadDataConfig = field(default_factory=HeadDataConfig)
     train: HeadTrainConfig = field(default_factory=HeadTrainConfig)
 
