@@ -55,7 +55,7 @@ trained-on tokens), the target's own embeddings; weights in {c["export_dtype"]}.
 - {d["tokens"]:,} tokens in {d["windows"]} windows of {c["data"]["chunk"]}; {d["val_windows"]}
   windows held back for agreement; {d["loss_positions"]:,} assistant tokens trained on.
 - Captured once through the target in {c["capture_dtype"]}: {d["minutes"]:.1f} min
-  (replies and capture together).
+  (replies and capture together{"; " + d["note"] if d.get("note") else ""}).
 
 ## Training
 

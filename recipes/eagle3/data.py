@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -183,13 +184,25 @@ def capture(target, ids, mask, aux, draft, cfg: HeadDataConfig, work: Path, log)
         if path.is_file():
             continue
         hi = lo + cfg.capture_batch
+        t0 = time.time()
         arrays = capture_batch(target, ids[lo:hi], mask[lo:hi], aux, draft_t, cfg.top_k)
         tmp = path.with_suffix(".tmp")
-        save_file(arrays, str(tmp))
+        save_file(arrays, str(tmp), metadata={"seconds": f"{time.time() - t0:.3f}"})
         tmp.replace(path)
         if s % 10 == 0:
             log(f"capture: shard {s + 1} of {-(-len(ids) // cfg.capture_batch)}")
     return paths
+
+
+def capture_minutes(work: Path) -> float:
+    """The capture's own time, from the seconds each shard records (over interrupted runs)."""
+    from safetensors import safe_open
+
+    total = 0.0
+    for path in work.rglob("shard_*.safetensors"):
+        with safe_open(str(path), "np") as f:
+            total += float((f.metadata() or {}).get("seconds", 0.0))
+    return total / 60
 
 
 def load_shards(paths: list[Path]) -> dict[str, np.ndarray]:

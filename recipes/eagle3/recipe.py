@@ -34,25 +34,31 @@ def check(hc: HeadRecipeConfig) -> None:
     check_choice("head.export_dtype", hc.export_dtype, ["float16", "bfloat16"])
 
 
-def _windows(target, tok, hc: HeadRecipeConfig, work: Path, log) -> tuple[np.ndarray, np.ndarray]:
-    """Windows of conversations and replies, built once and kept in `work`."""
+def _windows(
+    target, tok, hc: HeadRecipeConfig, work: Path, log
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Windows of conversations and replies, built once and kept in `work`; the minutes
+    the replies took (when they were made)."""
     path = work / "windows.npz"
     if path.is_file():
         kept = np.load(path)
-        return kept["ids"], kept["mask"]
+        minutes = float(kept["reply_minutes"]) if "reply_minutes" in kept.files else float("nan")
+        return kept["ids"], kept["mask"], minutes
     dc = hc.data
     convs = data.training_conversations(CorpusConfig(), hc.seed)
     docs = data.conversation_docs(tok, convs, dc.conversation_tokens)
     rest = convs[len(docs) :]  # replies answer conversations not rendered whole
     t0 = time.time()
     replies = data.replies(target, tok, data.reply_prompts(tok, rest, dc), dc, log)
-    log(f"replies: {sum(len(d[0]) for d in replies)} tokens in {(time.time() - t0) / 60:.1f} min")
+    minutes = (time.time() - t0) / 60
+    log(f"replies: {sum(len(d[0]) for d in replies)} tokens in {minutes:.1f} min")
     ids, mask = data.windows(docs + replies, dc.chunk)
     work.mkdir(parents=True, exist_ok=True)
     tmp = work / "windows.tmp.npz"
-    np.savez(tmp, ids=ids, mask=mask, conversation_docs=len(docs), reply_docs=len(replies))
+    np.savez(tmp, ids=ids, mask=mask, conversation_docs=len(docs), reply_docs=len(replies),
+             reply_minutes=minutes)  # fmt: skip
     tmp.replace(path)
-    return ids, mask
+    return ids, mask, minutes
 
 
 def run(hc: HeadRecipeConfig, model: ModelConfig, log) -> dict:
@@ -68,8 +74,7 @@ def run(hc: HeadRecipeConfig, model: ModelConfig, log) -> dict:
     tok = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     n_layers = target.config.num_hidden_layers
     aux = resolve_aux_layers(hc.aux_layers, None, "input", n_layers, "head.aux_layers")
-    t0 = time.time()
-    ids, mask = _windows(target, tok, hc, work, log)
+    ids, mask, reply_minutes = _windows(target, tok, hc, work, log)
     order = np.random.default_rng(hc.seed).permutation(len(ids))
     n_val = max(1, round(hc.data.val_share * len(ids)))
     val, trn = np.sort(order[:n_val]), np.sort(order[n_val:])
@@ -78,7 +83,8 @@ def run(hc: HeadRecipeConfig, model: ModelConfig, log) -> dict:
         name: data.capture(target, ids[sel], mask[sel], aux, draft, hc.data, work / name, log)
         for name, sel in (("val", val), ("train", trn))
     }
-    data_minutes = (time.time() - t0) / 60
+    # the stages' own times, summed over interrupted runs (a rerun skips what is done)
+    data_minutes = reply_minutes + data.capture_minutes(work)
     log(f"data: {ids.size:,} tokens in {len(ids)} windows ({n_val} held back), captured")
     t = target.config
     spec = make_spec(
