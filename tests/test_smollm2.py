@@ -9,14 +9,14 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from hydra import compose
 from omegaconf import OmegaConf
 
 from decode.baseline import autoregressive_decode
 from decode.stream import DecodeSettings
+from pairs.config import ModelConfig
 from pairs.models import load_model_pair
 from pairs.prompts import encode_prompt
-from specrank.paths import project_path
+from specrank.paths import CONF_DIR, project_path
 from tests.recording import decode_recorded, greedy_acceptance
 from tests.test_decode_sampling import ALPHA, _chi_square_p
 from tests.tiny_models import one_thread
@@ -28,8 +28,9 @@ PROMPTS = ["What is the capital of France?", "Write a Python function that rever
 
 
 @pytest.fixture(scope="module")
-def smollm2(hydra_conf):
-    cfg = OmegaConf.to_object(compose("run", overrides=["model=smollm2"]).model)
+def smollm2():
+    yaml = OmegaConf.load(CONF_DIR / "model" / "smollm2.yaml")
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml))
     if not project_path(cfg.target).is_file():
         pytest.skip(f"{cfg.target} is not fetched: run `{cfg.fetch}`")
     cfg = dataclasses.replace(
