@@ -22,7 +22,7 @@ from tests.test_decode_sampling import ALPHA, _chi_square_p
 from tests.tiny_models import one_thread
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that reverses a string."]
 
