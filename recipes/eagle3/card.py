@@ -31,6 +31,22 @@ def _suite(s: dict | None) -> str:
     )
 
 
+def _offline(o: dict | None) -> str:
+    """tau offline on a recorded store (the main job's), when recipe.json carries it."""
+    if not o:
+        return ""
+    rows = "\n".join(
+        f"| {r['law']} | {r['budget']} | {r['draft_tau']:.3f} | {r['rows_tau']:.3f} |"
+        for r in o["rows"]
+    )
+    return (
+        f"Offline, on `{o['command']}`'s traces ({o['date']}: {o['prompts']} prompts the head "
+        f"never trained on, {o['max_new_tokens']} new tokens, pool {o['pool']}): tau = 1 + "
+        "accepted draft tokens per round of the draft rule and of the learned `rows` "
+        "reranker.\n\n| law | B | tau, draft | tau, rows |\n|---|---|---|---|\n" + rows + "\n\n"
+    )
+
+
 def write_card(out: Path, facts: dict) -> None:
     (out / "recipe.json").write_text(json.dumps(facts, indent=2) + "\n")
     c, d, t, layer = facts["config"], facts["data"], facts["train"], facts["layer"]
@@ -70,7 +86,7 @@ Held-out agreement with the target's argmax, steps 0 / 1 / 2 (each step's own po
 
 ## Decoding
 
-{_suite(facts.get("suite"))}
+{_offline(facts.get("offline"))}{_suite(facts.get("suite"))}
 ## Files
 
 | file | bytes |
