@@ -129,12 +129,19 @@ def _settings():
     )
 
 
-def test_files_transformers_cannot_load_are_refused_before_dequantizing(tmp_path):
-    writer = gguf.GGUFWriter(str(tmp_path / "rwkv.gguf"), "rwkv6")
+def _bare_gguf(path: Path, arch: str) -> Path:
+    """A GGUF file of one tensor and no other metadata than its architecture."""
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_tensor("token_embd.weight", torch.zeros(4, 4).numpy())
-    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
-                 writer.write_tensors_to_file, writer.close):  # fmt: skip
-        step()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_files_transformers_cannot_load_are_refused_before_dequantizing(tmp_path):
+    _bare_gguf(tmp_path / "rwkv.gguf", "rwkv6")
     with pytest.raises(Refusal, match=r"model.target: .*general.architecture='rwkv6'.*supports"):
         converted_folder(tmp_path / "rwkv.gguf", "model.target", root=tmp_path / "c")
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
@@ -144,11 +151,7 @@ def test_files_transformers_cannot_load_are_refused_before_dequantizing(tmp_path
 
 
 def test_a_file_without_a_tokenizer_is_refused(tmp_path):
-    writer = gguf.GGUFWriter(str(tmp_path / "bare.gguf"), "llama")
-    writer.add_tensor("token_embd.weight", torch.zeros(4, 4).numpy())
-    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
-                 writer.write_tensors_to_file, writer.close):  # fmt: skip
-        step()
+    _bare_gguf(tmp_path / "bare.gguf", "llama")
     with pytest.raises(Refusal, match=r"carries no tokenizer.*tokenizer.ggml.model"):
         converted_folder(tmp_path / "bare.gguf", "model.target", root=tmp_path / "c")
 
