@@ -1,4 +1,4 @@
-"""`python -m bench.bench_drafters`: every drafter kind on the same prompts, in one run (issue 29.5).
+"""`python -m bench.bench_drafters`: every drafter kind on the same prompts, in one run.
 
 The pocket target with its standalone drafter, its EAGLE-3 head and its block drafters
 (DFlash's recipe and DCore's; conf/model/pocket*.yaml), each as a tree and a chain, at the temperature pairs T_t|T_d 0|0,

@@ -98,7 +98,7 @@ def main() -> None:
             "command": "python -m bench.bench_eagle3 --card",
             "prompts": len(prompts),
             "max_new_tokens": args.max_new_tokens,
-            "pool": "710 (SPEC §2 defaults)",
+            "pool": "710 (the default pool, docs/method.md#pool)",
             "budget": args.budget,
             "threads": args.threads,
             "load": f"{load_before} before, {load_after} after",

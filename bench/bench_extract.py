@@ -1,4 +1,4 @@
-"""`python -m bench.bench_extract`: speed of `features.extract` at paper scale (issue 5).
+"""`python -m bench.bench_extract`: speed of `features.extract` at paper scale.
 
 Paper scale is 1402 prompts x 261 rounds = 365,922 rounds with 710-candidate
 pools (3,659,220 first-level candidates). The synthetic traces are generated

@@ -1,4 +1,4 @@
-"""`python -m bench.bench_online`: online speed of draft, root-draw and reranker selection (issue 7).
+"""`python -m bench.bench_online`: online speed of draft, root-draw and reranker selection.
 
     python -m bench.bench_online                          # pocket pair if present (else tiny); CPU
     python -m bench.bench_online --quick                  # 4 prompts x 32 tokens: a smoke run
@@ -21,7 +21,7 @@ The per-round cost is measured with the paper-capacity model too, in the same ru
 phat latency of each prediction route for one round's first level (--rows rows),
 as ratios to LightGBM's / scikit-learn's own predictor measured in the same run.
 
-Per round (issue 19): the reranker's features and prediction of one round, split
+Per round: the reranker's features and prediction of one round, split
 into its steps (`decode.reranker.PHASES`), on --cost-prompts prompts at the
 largest budget: "in decode" = the call the decoder makes (caches as the models'
 passes left them: what a round pays), "repeated" = the same call on the same round
@@ -125,7 +125,7 @@ def fitted(
     t1 = time.perf_counter()
     model = fit_reranker(frame, feature_set, kind, law, n_threads=None, capacity=cap)
     t2 = time.perf_counter()
-    # recording the fitting prompts dominates; the fit itself is about a second (issue 19.3)
+    # recording the fitting prompts dominates; the fit itself is about a second
     print(f"{kind} {law} {feature_set} reranker ({capacity} capacity, {model.n_iter} trees): "
           f"traces ready in {t1 - t0:.1f} s, fitted on {len(frame):,} candidates in "
           f"{t2 - t1:.1f} s")  # fmt: skip

@@ -1,4 +1,4 @@
-"""`python -m bench.bench_record`: speed of the speculative tree decoder and of trace recording (issue 3).
+"""`python -m bench.bench_record`: speed of the speculative tree decoder and of trace recording.
 
 Same two models, same prompts, three runs after a warm-up:
 

@@ -1,4 +1,4 @@
-"""`python -m bench.bench_rerankers`: LightGBM vs HGB fit time at equal held-out loss (issue 6).
+"""`python -m bench.bench_rerankers`: LightGBM vs HGB fit time at equal held-out loss.
 
 On paper-scale synthetic candidates (1402 prompts x 261 rounds -> 3,659,220
 first-level candidates), for each law (greedy classifier at T=0, sampling

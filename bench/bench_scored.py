@@ -1,4 +1,4 @@
-"""`python -m bench.bench_scored`: verify time against the prefixes a pass scores (issue 28.1).
+"""`python -m bench.bench_scored`: verify time against the prefixes a pass scores.
 
     python -m bench.bench_scored                       # pocket pair if present (else tiny); CPU
     python -m bench.bench_scored --quick               # 2 prompts x 24 tokens: a smoke run

@@ -61,7 +61,7 @@ def warmup_count(given: int | None, device: str, n_prompts: int) -> int:
     """Untimed warm-up decodes of each rule (and of target-only) before any timing: `given`,
     else 1 on a CPU and every prompt on CUDA.
 
-    Why every prompt on CUDA: on the 2026-12-04 H200 leases, after one warm-up prompt the
+    Why every prompt on CUDA: on the H200 leases (docs/benchmarks.md), after one warm-up prompt the
     first temperature measured ran 2-10x slower than the same decodes repeated later in the
     process (target-only 37 tok/s, then 263 on the same prompts; draft at B=8 21, then 94),
     whichever temperature came first. The slow rounds are spread over the whole first pass

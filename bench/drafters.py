@@ -138,7 +138,7 @@ def decode_law(
     weights (one folder); the baseline runs on the first's. At T=0 every output must equal
     the baseline's (a lossless decoder), or the bench stops; with ``exact`` False (bf16,
     whose rounding differs between a tree pass and one-token steps and may flip a near-tied
-    argmax: the 2026-12-04 H200 lease) each decode's agreement is kept in `greedy_match`.
+    argmax on an H200 lease) each decode's agreement is kept in `greedy_match`.
     """
     t_t = chosen[0].temperatures[0]
     if any(v.temperatures[0] != t_t for v in chosen):

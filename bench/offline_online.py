@@ -1,5 +1,5 @@
 """`python -m bench.offline_online`: does the offline figure predict the online one, and what
-does a learned rule pay off in tokens/s (issue 28's goals), on a suite the models never saw.
+does a learned rule pay off in tokens/s, on a suite the models never saw.
 
     python -m bench.offline_online --rerankers outputs/train/<date>/<time>/rerankers
     python -m bench.offline_online --rerankers <dir> --prompts 100 --temperature 1
@@ -9,7 +9,7 @@ Each step is the project's own command (a subprocess), in one folder (--out):
 1. the suite: --prompts prompts of `data=heldout`, as many per task, each task's taken
    round-robin over its categories in file order (`suite.jsonl`);
 2. `decode.record` of them at --budget and --temperature: draft's trees at the budget an
-   online decoder runs, so the features are that budget's (issue 28 point 3);
+   online decoder runs, so the features are that budget's;
 3. `features.extract`, then `rerank.transfer` of --rerankers (fold 0; fitted on another
    suite) at --budget: the offline prediction per round. A rule that reads no matched row
    (draft, rows) keeps its trees and features whatever else a pass scores, so its offline
@@ -20,7 +20,7 @@ Each step is the project's own command (a subprocess), in one folder (--out):
    prompt in alternating order in one run, and it prints tokens per pass and tokens/s
    against draft with paired prompt-bootstrap intervals, and each rule's realized minus
    predicted tau with its interval. Under --score top_m a third rule, `draft@+M`, decodes
-   at B + M scoring its tree only: draft at as many scored prefixes a pass (issue 28's
+   at B + M scoring its tree only: draft at as many scored prefixes a pass (the
    practical baseline of App. D.10's Theorem 2), beside its offline prediction
    (`draft_scored`); --no-draft-at-b-plus-m leaves it out.
 The figures are CPU figures on this machine: run it alone and give the load beside them.

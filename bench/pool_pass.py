@@ -1,5 +1,5 @@
 """`python -m bench.pool_pass`: the default job's pass over the pools, this code against a
-baseline code tree, interleaved in one run (issue 31 point 4).
+baseline code tree, interleaved in one run.
 
     git worktree add /tmp/base <rev>                            # the pinned baseline
     python -m bench.pool_pass --baseline /tmp/base              # 154 prompts x 261 rounds

@@ -1,4 +1,4 @@
-"""Where a small reranker fit's time goes (issue 19 point 3): `python -m bench.bench_online --small-fit N`.
+"""Where a small reranker fit's time goes: `python -m bench.bench_online --small-fit N`.
 
 Set-up (design matrix, token prior), binning and boosting iterations of one fit
 on a few thousand candidates, on one thread and on every core.

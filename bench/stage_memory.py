@@ -7,7 +7,7 @@ Runs the job in this process with its Hydra overrides, its stages wrapped (a law
 each (law, feature set) cross-fit, the pass over the pools, the report tables, the tail's
 steps). A thread reads `/proc/self/statm` every 20 ms; each stage prints the resident GiB
 before it, its peak and after it, and its wall seconds, and the run ends with the peak
-(`ru_maxrss`). Run it under `/usr/bin/time -v` for the figure issue 31 asks for; the
+(`ru_maxrss`). Run it under `/usr/bin/time -v` for the peak memory figure; the
 sampling thread holds no arrays. A stage's peak includes what earlier stages still hold,
 so the table says where the job's peak is reached and what each stage adds.
 """

@@ -1,5 +1,5 @@
 """`python -m bench.tenfold`: the default job on a multiple of the paper's data, with the peak
-memory of each stage from `/usr/bin/time -v` (issue 31 point 1: 10x in under 12 GiB).
+memory of each stage from `/usr/bin/time -v` (10x the default job).
 
     python -m bench.tenfold --scale 1                  # 365,922 rounds (paper scale)
     python -m bench.tenfold --scale 3 --scale 10       # 1.1 M and 3.66 M rounds

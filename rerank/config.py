@@ -6,16 +6,16 @@ from dataclasses import dataclass, field
 
 from specrank.bootstrap import DEFAULT_RESAMPLES
 
-# SPEC §6: the default budgets and the sweep reported on request.
+# docs/method.md#rule-values: the default budgets and the sweep reported on request.
 DEFAULT_BUDGETS = [8, 59]
 SWEEP_BUDGETS = [2, 4, 8, 12, 16, 24, 32, 48, 59, 80, 100, 150, 200]
-# SPEC §8 calibration controls, and the draft-rank control (calibrate.rank_control)
+# docs/method.md#cross-fitting: calibration controls, and the draft-rank control (calibrate.rank_control)
 CALIBRATORS = ("iso_q1", "per_depth", "rank_control")
 
 
 @dataclass
 class RerankModelConfig:
-    """Gradient-boosted reranker (SPEC §8): chosen with the `rerank_model` config group."""
+    """Gradient-boosted reranker (docs/method.md#cross-fitting): chosen with the `rerank_model` config group."""
 
     # lgbm (LightGBM) | hgb (scikit-learn HistGradientBoosting, the paper's: experiment=paper).
     # At paper scale LightGBM gives the same rule values, 1.5x faster, in less memory.
@@ -28,7 +28,7 @@ class RerankModelConfig:
     # early stopping on a prompt-grouped inner split of each training half, n_iter the most,
     # at learning rate 0.1: half the trees, so the fits and their predictions take about
     # half the time, for the same rule values (at paper scale every learned rule's gain
-    # within 0.06 points of 0.05's, held-out squared error at most 0.8% higher; issue 19).
+    # within 0.06 points of 0.05's, held-out squared error at most 0.8% higher; docs/benchmarks.md).
     n_iter: int = 400
     learning_rate: float = 0.1
     max_leaves: int = 63
@@ -47,13 +47,13 @@ class RerankConfig:
     traces: str = "${paths.traces}"  # trace store (pools, exact target probabilities)
     features: str = "${paths.features}"  # candidate table of the same traces
     model: RerankModelConfig = field(default_factory=RerankModelConfig)
-    # SPEC §8's base and rows; rows_extra adds the row features the paper lacks (rank under
+    # The paper's base and rows (docs/method.md#features); rows_extra adds the row features the paper lacks (rank under
     # each row, its entropy and top-1 mass, argmax vs the drafter's top). rows_matched adds
     # the matched row and the token-only rows, which the default decoder (score=tree) never
     # holds: there it reads what rows_extra reads and gained +0.0% over it at every law and
-    # budget of `make run` (2026-12-02), so it is not fitted by default; it is a setting for
+    # budget of `make run` (docs/benchmarks.md), so it is not fitted by default; it is a setting for
     # a decoder that scores the emitted address (score=record, top_m, frontier or pool).
-    # Issue 31's rule: a set whose paired gain over its parent stays under 0.5% everywhere
+    # The rule: a set whose paired gain over its parent stays under 0.5% everywhere
     # is not fitted by default
     # (rows_extra over rows: +0.6% [+0.3, +0.9] greedy at B=8, so it stays).
     feature_sets: list[str] = field(default_factory=lambda: ["base", "rows", "rows_extra"])
