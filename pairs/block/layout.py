@@ -230,30 +230,36 @@ def block_shapes(spec: BlockSpec) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v.shape) for k, v in module.state_dict().items()}
 
 
-def read_block_weights(folder: Path, spec: BlockSpec) -> dict[str, Tensor]:
-    """The weights, refused unless every key of `spec`'s drafter is there with its shape."""
+def read_checked_weights(
+    folder: Path, want: dict[str, tuple[int, ...]], what: str, rename=lambda key: key
+) -> dict[str, Tensor]:
+    """`folder`'s weights, refused unless they hold exactly `want`'s keys (after `rename`)
+    with their shapes; `what` names the drafter in the messages (block and semi-AR kinds)."""
     path = folder / WEIGHTS
     if not path.is_file():
-        raise FileNotFoundError(f"model.drafter: no {WEIGHTS} in '{folder}' (expected a block "
-                                "drafter folder: config.json and model.safetensors)")  # fmt: skip
+        raise FileNotFoundError(f"model.drafter: no {WEIGHTS} in '{folder}' (expected {what}'s "
+                                "folder: config.json and model.safetensors)")  # fmt: skip
     try:
-        state = load_file(path)
+        state = {rename(k): v for k, v in load_file(path).items()}
     except SafetensorError as e:
         raise _refuse(path, f"unreadable safetensors file ({e})") from e
-    want = block_shapes(spec)
     for key, shape in want.items():
         if key not in state:
-            raise _refuse(path, f"lacks key '{key}' (expected shape {list(shape)}) for a "
-                               f"{spec.layer.num_hidden_layers}-layer block drafter")  # fmt: skip
+            raise _refuse(path, f"lacks key '{key}' (expected shape {list(shape)}) for {what}")
     for key, tensor in state.items():
         if key not in want:
             raise _refuse(path, f"unexpected key '{key}' (shape {list(tensor.shape)}): not part "
-                               f"of a block drafter (expected {len(want)} keys such as "
-                               "'fc.weight', 'layers.0.self_attn.q_proj.weight')")  # fmt: skip
+                               f"of {what} (expected {len(want)} keys)")  # fmt: skip
         if tuple(tensor.shape) != want[key]:
             raise _refuse(path, f"key '{key}': expected shape {list(want[key])}, found "
                                f"{list(tensor.shape)}")  # fmt: skip
     return state
+
+
+def read_block_weights(folder: Path, spec: BlockSpec) -> dict[str, Tensor]:
+    """The weights, refused unless every key of `spec`'s drafter is there with its shape."""
+    what = f"a {spec.layer.num_hidden_layers}-layer block drafter"
+    return read_checked_weights(folder, block_shapes(spec), what)
 
 
 def save_block_drafter(folder: Path, module: BlockDrafterModule, spec: BlockSpec) -> None:

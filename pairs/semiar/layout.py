@@ -30,16 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch import Tensor
 
 from pairs.block.layout import (
     DRAFTER_SETTING,
-    WEIGHTS,
     BlockSpec,
     block_spec_of,
     placed,
+    read_checked_weights,
     refusal,
 )
 from specrank.errors import Refusal
@@ -193,26 +191,9 @@ def semiar_shapes(spec: SemiARSpec) -> dict[str, tuple[int, ...]]:
 
 
 def read_semiar_weights(folder: Path, spec: SemiARSpec) -> dict[str, Tensor]:
-    """The weights, refused unless every key of `spec`'s drafter is there with its shape."""
-    path = folder / WEIGHTS
-    if not path.is_file():
-        raise FileNotFoundError(f"model.drafter: no {WEIGHTS} in '{folder}' (expected config.json "
-                                "and model.safetensors)")  # fmt: skip
-    try:
-        state = load_file(path)
-    except SafetensorError as e:
-        raise _refuse(path, f"unreadable safetensors file ({e})") from e
-    state = {k.removeprefix(LEGACY_PREFIX): v for k, v in state.items()}
-    want = semiar_shapes(spec)
-    for key, shape in want.items():
-        if key not in state:
-            raise _refuse(path, f"lacks key '{key}' (expected shape {list(shape)}) for a "
-                               f"{spec.kind} drafter ({spec.variant})")  # fmt: skip
-    for key, tensor in state.items():
-        if key not in want:
-            raise _refuse(path, f"unexpected key '{key}' (shape {list(tensor.shape)}): not part "
-                               f"of a {spec.kind} drafter ({spec.variant})")  # fmt: skip
-        if tuple(tensor.shape) != want[key]:
-            raise _refuse(path, f"key '{key}': expected shape {list(want[key])}, found "
-                               f"{list(tensor.shape)}")  # fmt: skip
-    return state
+    """The weights, refused unless every key of `spec`'s drafter is there with its shape
+    (older checkpoints' `logit_head.` prefix read as the reference does)."""
+    what = f"a {spec.kind} drafter ({spec.variant})"
+    return read_checked_weights(
+        folder, semiar_shapes(spec), what, lambda key: key.removeprefix(LEGACY_PREFIX)
+    )
