@@ -23,6 +23,14 @@ Each step is the project's own command (a subprocess), in one folder (--out):
    at B + M scoring its tree only: draft at as many scored prefixes a pass (the
    practical baseline of App. D.10's Theorem 2), beside its offline prediction
    (`draft_scored`); --no-draft-at-b-plus-m leaves it out.
+`--overrides` go to every command (`--overrides model=smollm2 experiment=smollm2`: the real
+pair), `--extra-rules` join the online rules (`draft@-4`: draft at B - 4 in the same run).
+`--chunks N` runs steps 2-4 per prompt chunk (`data.chunks`: every chunk its own recording,
+transfer and `decode.run` folder; `--offline-chunks K`: steps 2-3 for the first K chunks
+only) and pools the online runs with `python -m decode.pooled`, the offline prediction
+over the chunks that have one. Rerunning the same
+command resumes: the recording keeps its finished prompts, a finished transfer or chunk is
+not redone.
 The figures are CPU figures on this machine: run it alone and give the load beside them.
 """
 
@@ -85,8 +93,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--draft-at-b-plus-m", action=argparse.BooleanOptionalAction, default=True,
                     help="under --score top_m, also draft at B + M (scoring its tree only)")  # fmt: skip
+    ap.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides of every step")
+    ap.add_argument("--extra-rules", nargs="*", default=[], help="more online rules (draft@-4)")
+    ap.add_argument("--chunks", type=int, default=1, help="online prompt chunks, pooled")
+    ap.add_argument(
+        "--offline-chunks",
+        type=int,
+        default=None,
+        help="the first K chunks get the offline prediction (default: all)",
+    )
     ap.add_argument("--out", default="bench_out/offline_online")
     a = ap.parse_args(argv)
+    a.offline_chunks = a.chunks if a.offline_chunks is None else a.offline_chunks
     policy_name = f"top_m{a.top_m}" if a.score == "top_m" else a.score
     out = project_path(a.out) / f"t{a.temperature:g}_b{a.budget}_{policy_name}"
     out.mkdir(parents=True, exist_ok=True)
@@ -96,23 +114,49 @@ def main(argv: list[str] | None = None) -> None:
     data = ["data.name=heldout_subset", f"data.sources=[{{kind:jsonl,path:'{suite}'}}]"]
     law = [f"select.budget={a.budget}", f"decode.temperature={a.temperature:g}",
            f"decode.max_new_tokens={a.max_new_tokens}"]  # fmt: skip
-    traces, features = out / "traces", out / "features"
-    _run(["decode.record", *data, *law, f"paths.traces={traces}", "trace.progress=false",
-          f"hydra.run.dir={out / 'record'}"], out / "record.log")  # fmt: skip
-    _run(["features.extract", f"traces={traces}", f"out={features}"], out / "extract.log")
+    common = [*a.overrides, *data, *law]
     model = f"{a.feature_set}_lgbm_T{a.temperature:g}_fold0"
-    policy = [f"rerank.score={a.score}", f"rerank.score_top_m={a.top_m}"]
-    _run(["rerank.transfer", f"transfer.rerankers={a.rerankers}", f"paths.traces={traces}",
-          f"paths.features={features}", f"rerank.budgets=[{a.budget}]", *policy,
-          f"hydra.run.dir={out / 'transfer'}"], out / "transfer.log")  # fmt: skip
-    reranker = Path(a.rerankers) / model
-    rules = ["draft", f"reranker:{reranker}"]
+    rules = ["draft", f"reranker:{Path(a.rerankers) / model}", *a.extra_rules]
     if a.score == "top_m" and a.draft_at_b_plus_m:
         rules.append(f"draft@+{a.top_m}")
-    _run(["decode.run", f"run.rules=[{','.join(rules)}]", *data, *law,
-          f"run.score={a.score}", f"run.top_m={a.top_m}", f"run.offline={out / 'transfer'}",
-          "run.progress=false", f"hydra.run.dir={out / 'online'}"], out / "online.log")  # fmt: skip
-    print((out / "online.log").read_text())
+    online = ["decode.run", f"run.rules=[{','.join(rules)}]", *common, f"run.score={a.score}",
+              f"run.top_m={a.top_m}", "run.progress=false"]  # fmt: skip
+    if a.chunks == 1:
+        _offline_prediction(a, common, out)
+        _run([*online, f"run.offline={out / 'transfer'}", f"hydra.run.dir={out / 'online'}"],
+             out / "online.log")  # fmt: skip
+        print((out / "online.log").read_text())
+        return
+    folders = [out / "online" / f"chunk{i}" for i in range(a.chunks)]
+    for i, folder in enumerate(folders):
+        chunk = [f"data.chunks={a.chunks}", f"data.chunk={i}"]
+        offline = []
+        if i < a.offline_chunks:
+            where = out / f"chunk{i}"
+            _offline_prediction(a, [*common, *chunk], where)
+            offline = [f"run.offline={where / 'transfer'}"]
+        if not (folder / "online_prompts.csv").is_file():
+            _run([*online, *chunk, *offline, f"hydra.run.dir={folder}"],
+                 out / f"online_chunk{i}.log")  # fmt: skip
+    _run(["decode.pooled", *map(str, folders), "--out", str(out / "online")], out / "pooled.log")
+    print((out / "pooled.log").read_text())
+
+
+def _offline_prediction(a: argparse.Namespace, common: list[str], out: Path) -> None:
+    """Steps 2-3 into `out`: record the prompts, extract, and the rerankers' transfer run
+    (skipped when its values exist; the recording resumes by itself)."""
+    if (out / "transfer" / "per_round_values.parquet").is_file():
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    traces, features = out / "traces", out / "features"
+    _run(["decode.record", *common, f"paths.traces={traces}", "trace.progress=false",
+          f"hydra.run.dir={out / 'record'}"], out / "record.log")  # fmt: skip
+    _run(["features.extract", *a.overrides, f"traces={traces}", f"out={features}"],
+         out / "extract.log")  # fmt: skip
+    policy = [f"rerank.score={a.score}", f"rerank.score_top_m={a.top_m}"]
+    _run(["rerank.transfer", *a.overrides, f"transfer.rerankers={a.rerankers}",
+          f"paths.traces={traces}", f"paths.features={features}", f"rerank.budgets=[{a.budget}]",
+          *policy, f"hydra.run.dir={out / 'transfer'}"], out / "transfer.log")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -43,22 +43,24 @@ class RuleSpec:
 
     rule: str
     reranker: str | None = None
-    # `<rule>@+N`: decoded at each of the run's budgets + N, scoring its tree only; at
-    # run.score=top_m with N = run.top_m it scores as many prefixes a pass as the others
-    # (draft at B + M: the practical baseline of the paper's App. D.10, Theorem 2)
+    # `<rule>@+N` / `<rule>@-N`: decoded at each of the run's budgets + N (or - N), scoring
+    # its tree only; at run.score=top_m with +N = run.top_m it scores as many prefixes a pass
+    # as the others (draft at B + M: the practical baseline of the paper's App. D.10,
+    # Theorem 2); `draft@-4` beside draft at B=8 is draft at B=4 in the same run
     extra_budget: int = 0
 
 
 def _extra_budget(i: int, entry: str, name: str, extra: str) -> int:
-    """N of `run.rules[i]` = `<rule>@+N`, checked: a positive integer, a rule that reads no
-    reranker, not the first rule (the ratios' reference and the traces' rule)."""
-    ok = extra.startswith("+") and extra[1:].isdigit() and int(extra[1:]) > 0
+    """N of `run.rules[i]` = `<rule>@+N` or `<rule>@-N`, checked: a signed nonzero integer,
+    a rule that reads no reranker, not the first rule (the ratios' reference and the
+    traces' rule)."""
+    ok = extra[:1] in ("+", "-") and extra[1:].isdigit() and int(extra[1:]) > 0
     if not ok or i == 0 or name not in online_rules() or rule_entry(name).predictor:
         raise ValueError(
-            f"The 'run.rules[{i}]' with '@' must be <rule>@+N (N > 0 extra nodes, a rule "
-            f"without a reranker, not the first rule). Got {entry!r} instead."
+            f"The 'run.rules[{i}]' with '@' must be <rule>@+N or <rule>@-N (N > 0 nodes more "
+            f"or fewer, a rule without a reranker, not the first rule). Got {entry!r} instead."
         )
-    return int(extra[1:])
+    return int(extra)
 
 
 def rule_specs(rules: list[str], rule: str, reranker: str | None) -> list[RuleSpec]:
@@ -105,30 +107,45 @@ def unique_labels(labels: list[str]) -> list[str]:
 def paired_ratios(timings: dict[str, dict[int, list[PromptTiming]]], eos_ids: frozenset[int],
                   n_resamples: int, seed: int) -> pd.DataFrame:  # fmt: skip
     """Per rule and budget: tau, tokens/s and their ratios to the first rule's, paired, and the
-    mean prefixes a pass scored beside the root.
+    mean prefixes a pass scored beside the root (`ratios_of_tables` on this run's tables)."""
+    prompts, rounds = {}, {}
+    for r, by_budget in timings.items():
+        for budget, ts in by_budget.items():
+            prompts[r, budget] = prompt_table(ts, eos_ids)
+            every = [x for p in ts for x in p.run.rounds]
+            rounds[r, budget] = pd.DataFrame(
+                {"scored": [x.scored for x in every], "matched_row": [x.matched_row for x in every]}
+            )
+    return ratios_of_tables(prompts, rounds, n_resamples, seed)
+
+
+def ratios_of_tables(prompts: dict[tuple[str, int], pd.DataFrame],
+                     rounds: dict[tuple[str, int], pd.DataFrame], n_resamples: int,
+                     seed: int) -> pd.DataFrame:  # fmt: skip
+    """The paired comparison from per-(rule, budget) prompt tables (`prompt_table`'s columns)
+    and round tables (`scored`, `matched_row`); the first key's rule is the reference.
 
     tau = emitted tokens / rounds and tokens/s = tokens / time, each summed over the
     prompts; every resample draws prompts (the same draws for every rule and budget),
     and a ratio is the rule's statistic over the first rule's in the same draw.
     """
-    labels = list(timings)
+    labels = list(dict.fromkeys(r for r, _ in prompts))
     first = labels[0]
     rows = []
-    for budget in timings[first]:
-        tables = {r: prompt_table(timings[r][budget], eos_ids) for r in labels}
-        ids = tables[first]["prompt_id"].tolist()
+    for budget in dict.fromkeys(b for r, b in prompts if r == first):
+        ids = prompts[first, budget]["prompt_id"].tolist()
         for r in labels:
-            if tables[r]["prompt_id"].tolist() != ids:
+            if prompts[r, budget]["prompt_id"].tolist() != ids:
                 raise ValueError(f"rules {first} and {r} decoded other prompts: not paired")
         w = resample_weights(len(ids), n_resamples, seed)
-        stats = {r: _stats(t, w) for r, t in tables.items()}
+        stats = {r: _stats(prompts[r, budget], w) for r in labels}
         for r in labels:
-            rounds = [x for p in timings[r][budget] for x in p.run.rounds]
+            rs = rounds[r, budget]
             # what a pass of the rule costs: prefixes scored beside the root (run.score)
-            scored = float(np.mean([x.scored for x in rounds])) if rounds else float("nan")
-            row = {"rule": r, "budget": budget, "prompts": len(ids), "scored_prefixes": scored,
-                   "matched_row_share": float(np.mean([x.matched_row for x in rounds]))
-                   if rounds else float("nan")}  # fmt: skip
+            row = {"rule": r, "budget": budget, "prompts": len(ids),
+                   "scored_prefixes": float(rs["scored"].mean()) if len(rs) else float("nan"),
+                   "matched_row_share": float(rs["matched_row"].mean())
+                   if len(rs) else float("nan")}  # fmt: skip
             for name in ("tau", "tokens_per_s"):
                 point, draws = stats[r][name]
                 base_point, base_draws = stats[first][name]

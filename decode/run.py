@@ -189,10 +189,14 @@ def _rule_settings(
         if p.extra_budget:
             st = dataclasses.replace(st, score="tree")
             for b in run_budgets(s, run):
-                check_int(f"run.rules[{i}] ({p.rule}@+{p.extra_budget}) at budget {b}",
+                check_int(f"run.rules[{i}] ({p.rule}@{p.extra_budget:+d}) at budget {b}",
                           b + p.extra_budget, 1, pool_size(s.base.pool))  # fmt: skip
         out.append(st)
     return out
+
+
+def _budget_suffix(extra: int) -> str:
+    return "" if not extra else f"_plus{extra}" if extra > 0 else f"_minus{-extra}"
 
 
 def _plan_arms(specs: list[RuleSpec], settings: list[OnlineSettings], run: RunConfig, uri: str,
@@ -211,10 +215,10 @@ def _plan_arms(specs: list[RuleSpec], settings: list[OnlineSettings], run: RunCo
         unknown_tasks(f, prompts)
         check_feature_availability(f, run.score, run.allow_missing_features)
         fitted.append(f)
-    # `<rule>@+N` is labelled <rule>_plus<N> (MLflow keys take no '@' or '+'); only
-    # draft@+<run.top_m> under top_m has an offline prediction (`offline_rule`)
-    labels = unique_labels([rule_label(p.rule, f) + (f"_plus{p.extra_budget}" if p.extra_budget
-                            else "") for p, f in zip(specs, fitted, strict=True)])  # fmt: skip
+    # `<rule>@+N` / `@-N` is labelled <rule>_plus<N> / _minus<N> (MLflow keys take no '@',
+    # '+' or '-'); only draft@+<run.top_m> under top_m has an offline prediction (`offline_rule`)
+    labels = unique_labels([rule_label(p.rule, f) + _budget_suffix(p.extra_budget)
+                            for p, f in zip(specs, fitted, strict=True)])  # fmt: skip
     arms = [Arm(label, st, p.reranker, f, extra_budget=p.extra_budget)
             for label, st, p, f in zip(labels, settings, specs, fitted, strict=True)]  # fmt: skip
     names = {a.label: offline_rule(p, offline_name(p.rule, f), run.score, run.top_m)

@@ -80,6 +80,11 @@ class DataConfig:
     # decode.max_new_tokens + depth; pairs.positions): refuse (the whole run, before the
     # first decode, listing them) | skip (decode the others; the count is logged).
     long_prompts: str = "refuse"
+    # Prompt i is in chunk i % chunks: a long run split into processes
+    # that each decode one chunk (data.chunk=0..chunks-1), pooled by `python -m
+    # decode.pooled`. Every chunk keeps the task mix; 1 = every prompt.
+    chunks: int = 1
+    chunk: int = 0
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig}

@@ -37,6 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from pairs.config import DataConfig, PromptSource
 from specrank.checks import check_choice
+from specrank.errors import Refusal
 
 PROMPT_KINDS = ("spec_bench", "humaneval", "jsonl")
 HUMANEVAL_CATEGORY = "humaneval"  # HumanEval has no categories; its own name keeps it apart
@@ -159,7 +160,17 @@ def load_prompts(data: DataConfig) -> list[Prompt]:
         raise ValueError(
             f"data '{data.name}': duplicate prompt ids {dupes[:5]} (ids must be unique across sources)"
         )
-    return prompts
+    return chunk_of(data, prompts)
+
+
+def chunk_of(data: DataConfig, prompts: list[Prompt]) -> list[Prompt]:
+    """Prompt i is in chunk i % data.chunks: the one this process decodes (data.chunk)."""
+    if data.chunks < 1 or not 0 <= data.chunk < data.chunks:
+        raise Refusal(
+            f"The 'data.chunk' must be in 0..data.chunks-1 with data.chunks >= 1. Got "
+            f"data.chunk={data.chunk}, data.chunks={data.chunks} instead."
+        )
+    return prompts[data.chunk :: data.chunks]
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

@@ -309,11 +309,11 @@ def test_rule_lists_are_checked_by_name():
 
 
 def test_a_rule_at_extra_budget_is_parsed_and_refused_where_it_means_nothing():
-    specs = rule_specs(["draft", "draft@+4", "root_draw@+12"], "draft", None)
+    specs = rule_specs(["draft", "draft@+4", "root_draw@+12", "draft@-4"], "draft", None)
     assert [(p.rule, p.extra_budget) for p in specs] == [("draft", 0), ("draft", 4),
-                                                         ("root_draw", 12)]  # fmt: skip
+                                                         ("root_draw", 12), ("draft", -4)]  # fmt: skip
     for bad in (["draft", "draft@+0"], ["draft", "draft@4"], ["draft", "reranker@+4:x"],
-                ["draft@+4", "root"]):  # fmt: skip
+                ["draft@+4", "root"], ["draft", "draft@-0"], ["draft", "draft@--2"]):  # fmt: skip
         with pytest.raises(ValueError, match=r"run.rules\[\d\]' with '@' must be <rule>@\+N"):
             rule_specs(bad, "draft", None)
 
