@@ -9,16 +9,29 @@ exactly as for `decode.record`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from omegaconf import MISSING
+
+from specrank.fields import setting
 
 
 @dataclass
 class TraceConfig:
-    out_dir: str = MISSING  # trace store folder (record.yaml derives it from model/data/decode)
-    prompts_per_shard: int = 8  # one shard = this many consecutive prompts (resume unit)
-    progress: bool = True  # tqdm bar with tokens/s and mean accepted length
+    """How traces are stored: the folder `decode.record` writes, and the shard size of its
+    store and of `decode.run`'s."""
+
+    out_dir: str = setting(
+        MISSING,
+        "trace store folder; `decode.record` sets it to paths.traces. A store holds one "
+        "configuration (both temperatures share it) and refuses another",
+    )
+    prompts_per_shard: int = setting(
+        8,
+        "consecutive prompts per shard: the unit a rerun resumes from (finished shards are kept) "
+        "and, under Ray, the unit dealt to a worker",
+    )
+    progress: bool = setting(True, "show a progress bar with tokens/s and mean accepted length")
 
 
 # Settings that never change a written round (they refuse or skip whole prompts, or only
@@ -49,67 +62,90 @@ def manifest_view(sections: dict) -> dict:
     return out
 
 
-# Rules the online decoder runs (docs/method.md#rule-values). `covering` is the comparison decoder of
-# the paper's App. D.10 (leaf draws emitted as the continuation; one pass per round).
-
-
 @dataclass
 class RunConfig:
-    rule: str = "draft"  # a rule with an online route (selection.rules.online_rules)
-    # Several rules in one interleaved run (decode.compare), e.g. [draft, reranker:<folder>,
-    # root_draw]: every prompt is decoded by each, in an order rotating with the prompt, at
-    # select.budget and each of run.budgets; ratios of tau and tokens/s to the first rule with
-    # paired intervals. `reranker` alone reads run.reranker. `<rule>@+N` (not first, no
-    # reranker): at each budget + N, scoring its tree only (draft@+<run.top_m>: draft at
-    # B + M scored prefixes; its offline prediction is draft_scored). Empty:
-    # run.rule alone.
-    rules: list[str] = field(default_factory=list)
-    # The per-round values of a rerank.train / rerank.transfer run (its folder, the
-    # per_round_values.parquet, or an MLflow URI) on a separate recording of the run's
-    # prompts: each rule's offline prediction beside its realized tau. None: not compared.
-    offline: str | None = None
-    # rule=reranker: a folder written by rerank.persist.save_reranker (relative paths:
-    # project root) or an MLflow artifact URI, e.g. runs:/<run id>/rerankers/rows_lgbm_T0_fold0.
-    # Its law must match decode.temperature (T=0: the classifier; T>0: the regressor).
-    reranker: str | None = None
-    # rule=reranker and prompts the model was trained on (its saved training prompts are
-    # checked against the run's; gains there are in-sample): refuse = fail naming them;
-    # skip = decode only the others (e.g. the held-out cross-fitting half); allow = decode all.
-    seen_prompts: str = "refuse"
-    # Fast phat on the hot path: auto = the fastest exact route measured (the compiled
-    # forest walk on the host, rerank/forest/jit.py, for both libraries, then one copy to
-    # the device: on CUDA faster than the forest as tensors there, README "On a GPU");
-    # library = the model's own predict; forest = the forest walk (compiled on CPU, torch
-    # ops on CUDA); compiled = the compiled walk on the host, then one copy to the device.
-    predictor: str = "auto"
-    # What each target pass scores, beside the verified tree (decode.tree_pass.scored_set):
-    # tree = nothing else (speed runs); top_m = the run.top_m best-ranked candidates outside
-    # it, in the rule's order (App. D.10); frontier = every child of a tree node (Table 21);
-    # record = expanded + the draft top select.top_m, like decode.record; pool = all. record
-    # and pool give every pool edge's target probability: needed to record traces and for
-    # the offline expected values. (Before, score=pool meant today's record.)
-    score: str = "tree"
-    top_m: int = 100  # M of score=top_m (App. D.10's M = 100)
-    # A reranker whose trees split on features the scored set never gives (the matched row
-    # under score=tree, token-only rows beyond score=record) is refused; true decodes it
-    # anyway, with a warning.
-    allow_missing_features: bool = False
-    record_traces: bool = False  # write the run's rounds as traces (needs score=record|pool)
-    traces_out: str = "data_out/online_traces/${run.rule}"  # trace store of record_traces
-    baseline: bool = True  # target-only decoding of every prompt in the same run (speedup)
-    # Budgets decoded beside select.budget in the same run (seed 003's budget elasticity):
-    # every prompt at select.budget and each of these, in turn, with one baseline decode;
-    # metrics online/B<b>/..., and the elasticity between consecutive budgets under
-    # online/elasticity/B<b1>_B<b2>/.... Empty: select.budget alone. Traces and offline
-    # values (run.score=record|pool) are of select.budget's decode.
-    budgets: list[int] = field(default_factory=list)
-    warmup_prompts: int = 1  # untimed decodes (both decoders) before measuring
-    # torch intra-op threads. 1 by default: batch-1 decoding of small models gains little
-    # from more, and on shared cores multi-threaded torch stalls (a 2-thread run of the
-    # pocket pair on a busy 2-core machine measured ~100x slower). None = torch's default.
-    torch_threads: int | None = 1
-    bootstrap_resamples: int = 1000  # paired prompt bootstrap of speedup and realized - expected
-    progress: bool = True
+    """Online decoding (`decode.run`): the rules that decode, what each target pass scores,
+    and what the run compares and measures. On the command line `rule=<...>` and
+    `reranker=<...>` are short for `run.rule=<...>` and `run.reranker=<...>`."""
+
+    rule: str = setting(
+        "draft",
+        "the selection rule that decodes: one with an online route (docs/method.md#rule-values; "
+        "`covering` emits the leaf draws as the continuation, one pass per round)",
+    )
+    rules: list[str] = setting(
+        [],
+        "several rules in one interleaved run, e.g. `[draft, reranker:<folder>, root_draw]`: each "
+        "prompt decoded by each in rotating order, at select.budget and every run.budgets entry, "
+        "with ratios of tau and tokens/s to the first rule and paired intervals. `reranker` alone "
+        "reads run.reranker; `<rule>@+N` / `<rule>@-N` (not first, no reranker) decodes at each "
+        "budget plus / minus N scoring its tree only. Empty: run.rule alone",
+    )
+    offline: str | None = setting(
+        None,
+        "per-round values of a rerank.train or rerank.transfer run on a separate recording of "
+        "these prompts (its folder, its per_round_values.parquet or an MLflow URI): each rule's "
+        "offline prediction is reported beside its realized tau. null: not compared",
+    )
+    reranker: str | None = setting(
+        None,
+        "rule=reranker: a folder written by rerank.fit.persist.save_reranker (relative to the "
+        "project root) or an MLflow URI such as "
+        "`runs:/<run id>/rerankers/rows_lgbm_T0_fold0`; its law must match decode.temperature "
+        "(T=0 the classifier, T>0 the regressor)",
+    )
+    seen_prompts: str = setting(
+        "refuse",
+        "refuse | skip | allow: what rule=reranker does with prompts the model was trained on "
+        "(gains there are in-sample): fail naming them, decode only the others, or decode all",
+    )
+    predictor: str = setting(
+        "auto",
+        "auto | library | forest | compiled: how the reranker predicts on the hot path. auto: the "
+        "fastest exact route measured (the compiled forest walk on the host, then one copy to the "
+        "device); library: the model's own predict; forest: the forest walk (compiled on CPU, "
+        "torch ops on CUDA); compiled: the compiled walk on the host",
+    )
+    score: str = setting(
+        "tree",
+        "tree | top_m | frontier | record | pool: what each target pass scores beside the "
+        "verified tree (docs/method.md#scored-set). tree: nothing else (speed runs); top_m: the "
+        "run.top_m best-ranked candidates outside it; frontier: every child of a tree node; "
+        "record: like decode.record; pool: all. record and pool are needed to record traces and "
+        "for offline values",
+    )
+    top_m: int = setting(100, "M of run.score=top_m: candidates scored outside the tree")
+    allow_missing_features: bool = setting(
+        False,
+        "decode, with a warning, a reranker whose trees split on features the scored set never "
+        "gives (the matched row under score=tree, token-only rows beyond score=record); false "
+        "refuses it",
+    )
+    record_traces: bool = setting(
+        False, "write the run's rounds as a trace store (needs run.score=record or pool)"
+    )
+    traces_out: str = setting(
+        "data_out/online_traces/${run.rule}", "trace store of run.record_traces"
+    )
+    baseline: bool = setting(
+        True, "also decode every prompt target-only in the same run, for the speedup"
+    )
+    budgets: list[int] = setting(
+        [],
+        "budgets decoded beside select.budget in the same run, each prompt at every one in turn "
+        "with one baseline decode; metrics per budget and the elasticity between consecutive "
+        "ones. Traces and offline values are select.budget's. Empty: select.budget alone",
+    )
+    warmup_prompts: int = setting(1, "untimed decodes (both decoders) before measuring")
+    torch_threads: int | None = setting(
+        1,
+        "torch intra-op threads (null: torch's default). 1 because batch-1 decoding of small "
+        "models gains little from more, and multi-threaded torch stalls on shared cores",
+    )
+    bootstrap_resamples: int = setting(
+        1000, "paired prompt-bootstrap resamples of the speedup and of realized - expected"
+    )
+    progress: bool = setting(True, "show a progress bar while decoding")
 
 
 SECTIONS = {"trace": TraceConfig, "run": RunConfig}  # see specrank.config

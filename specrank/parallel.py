@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from specrank.checks import check_choice, check_int, check_real
 from specrank.errors import Refusal
+from specrank.fields import setting
 
 log = logging.getLogger(__name__)
 BACKENDS = ("local", "ray")
@@ -41,15 +42,31 @@ KILL_WAIT_S = 30.0  # at most this long for killed actors to be gone before thei
 class ParallelConfig:
     """How a stage spreads its shards: this process (a range of them), or Ray actors."""
 
-    backend: str = "local"  # local: this process; ray: Ray actors (conf/launcher/ray.yaml)
-    workers: int = 1  # ray: actors, each with its own model pair (num_gpus=1 on CUDA, else 1 CPU)
-    # ray: the cluster to join ("auto": the one running on this node; "host:6379";
-    # "ray://host:10001"); null: start a local one with `workers` CPUs (GPUs detected).
-    address: str | None = None
-    part: int = 0  # this job's range of shards: part `part` of `parts` (Slurm, one job per range)
-    parts: int = 1
-    max_attempts: int = 3  # ray: a shard whose actors keep dying fails the run after this many
-    claim_stale_s: float = 300.0  # a shard claim not refreshed for this long is taken over
+    backend: str = setting(
+        "local", "local | ray: the work in this process, or dealt to Ray actors (launcher=ray)"
+    )
+    workers: int = setting(
+        1,
+        "ray: workers. decode.record and decode.run: actors, each with its own model pair (one "
+        "GPU each on CUDA, else one CPU); rerank.train: the CPUs its fit and pass actors share",
+    )
+    address: str | None = setting(
+        None,
+        "ray: the cluster to join (auto: the one running on this node; host:6379; "
+        "ray://host:10001); null: start a local one with `workers` CPUs (GPUs detected)",
+    )
+    part: int = setting(
+        0,
+        "this job's range of shards, 0 .. parts - 1 (decode.record: one job per range, e.g. on "
+        "Slurm)",
+    )
+    parts: int = setting(1, "ranges the shard list is cut into, one per job (1: all shards)")
+    max_attempts: int = setting(
+        3, "ray: a shard whose actors keep dying fails the run after this many attempts"
+    )
+    claim_stale_s: float = setting(
+        300.0, "seconds after which a shard claim not refreshed is taken over by another worker"
+    )
 
 
 SECTIONS = {"parallel": ParallelConfig}  # shared by decode.record and decode.run

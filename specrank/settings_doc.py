@@ -28,8 +28,8 @@ HEADER = """# Settings reference
 Every setting of the structured config schema, by section. Set one on the command line as
 `section.key=value` (a typo is refused with the closest valid keys); `debug=default` and
 `experiment=<name>` set several at once (`conf/`). A command refuses a section it does not
-read, naming the commands that do. The meaning column is the field's schema metadata; a
-dash marks a field that carries none yet (its source file comments it).
+read, naming the commands that do. The meaning column is the field's schema metadata
+(`specrank.fields.setting`): every setting carries one.
 """
 
 
@@ -50,28 +50,40 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _default(f: dataclasses.Field) -> tuple[str, type | None]:
-    """(the default as text, the nested section's class when the default is one)."""
-    if f.default is not dataclasses.MISSING:
-        return _value(f.default), None
-    if f.default_factory is not dataclasses.MISSING:
-        made = f.default_factory()
-        if dataclasses.is_dataclass(made):
-            return "", type(made)
-        return _value(made), None
-    return "(required)", None
+def _kind(f: dataclasses.Field) -> str:
+    return f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
 
 
-def rows(cls: type, prefix: str) -> list[tuple[str, str, str, str]]:
-    """(name, type, default, meaning) of every setting of `cls`, nested sections flattened."""
+def _default(f: dataclasses.Field, owner: Any = None) -> tuple[str, Any]:
+    """(the default as text, the nested section's instance when the default is one).
+
+    With `owner` (an instance of the field's class) the value is read from it, so a nested
+    section made with other values (`field(default_factory=lambda: NetConfig(layers=2))`)
+    shows those."""
+    if owner is not None:
+        value = getattr(owner, f.name)
+    elif f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "(required)", None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return "", value
+    return _value(value), None
+
+
+def rows(section: Any, prefix: str) -> list[tuple[str, str, str, str]]:
+    """(name, type, default, meaning) of every setting of `section` (an instance, or a class
+    whose fields all have defaults), nested sections flattened."""
+    made = section() if isinstance(section, type) else section
     out = []
-    for f in dataclasses.fields(cls):
-        default, nested = _default(f)
+    for f in dataclasses.fields(made):
+        default, nested = _default(f, made)
         if nested is not None:
             out += rows(nested, f"{prefix}{f.name}.")
             continue
-        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        out.append((prefix + f.name, kind, default, f.metadata.get("help", "")))
+        out.append((prefix + f.name, _kind(f), default, f.metadata.get("help", "")))
     return out
 
 
@@ -91,10 +103,11 @@ def reference() -> str:
     for f in dataclasses.fields(schema()):
         default, nested = _default(f)
         if nested is None:  # a top-level setting (seed)
-            loose.append((f.name, str(f.type), default, f.metadata.get("help", "")))
+            loose.append((f.name, _kind(f), default, f.metadata.get("help", "")))
             continue
-        doc = (nested.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
-        if doc.startswith(nested.__name__ + "("):  # dataclass's generated signature
+        cls = type(nested)
+        doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+        if doc.startswith(cls.__name__ + "("):  # dataclass's generated signature
             doc = ""
         parts.append(f"## `{f.name}`\n")
         if doc:

@@ -21,8 +21,12 @@ from specrank import settings_doc
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # Sections whose every field carries its meaning in the schema's metadata
-# (specrank.fields.setting); the others show a dash until theirs do.
-DESCRIBED = ("paths", "mlflow", "pool", "select", "decode", "features", "model", "head")
+# (specrank.fields.setting): all of them, so a new section or field must bring its own.
+DESCRIBED = (
+    "paths", "mlflow", "trace", "run", "features", "head", "model", "data", "parallel",
+    "pocket", "pocket_eagle3", "pocket_block", "rerank", "transfer", "synth", "synth_job",
+    "pool", "select", "decode",
+)  # fmt: skip
 
 
 def test_the_settings_page_equals_the_schema():
@@ -42,6 +46,13 @@ def test_the_settings_page_lists_every_setting_with_its_readers():
 def test_described_sections_carry_a_meaning_per_setting(section):
     rows = [r for r in settings_doc.reference().splitlines() if r.startswith(f"| `{section}.")]
     assert rows and all(not r.endswith("| — |") for r in rows), rows
+
+
+def test_every_section_is_described():
+    text = settings_doc.reference()
+    sections = re.findall(r"^## `(\w+)`$", text, re.M)
+    assert sorted(sections) == sorted(DESCRIBED)
+    assert not [r for r in text.splitlines() if r.startswith("| `") and r.endswith("| — |")]
 
 
 def test_the_site_builds_strictly(tmp_path):
