@@ -35,6 +35,7 @@ from decode.session import RunReport
 from selection.rules import online_rules
 from selection.rules import rule as rule_entry
 from specrank.bootstrap import percentile_interval, resample_weights
+from specrank.errors import Refusal
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _extra_budget(i: int, entry: str, name: str, extra: str) -> int:
     traces' rule)."""
     ok = extra[:1] in ("+", "-") and extra[1:].isdigit() and int(extra[1:]) > 0
     if not ok or i == 0 or name not in online_rules() or rule_entry(name).predictor:
-        raise ValueError(
+        raise Refusal(
             f"The 'run.rules[{i}]' with '@' must be <rule>@+N or <rule>@-N (N > 0 nodes more "
             f"or fewer, a rule without a reranker, not the first rule). Got {entry!r} instead."
         )
@@ -68,7 +69,7 @@ def rule_specs(rules: list[str], rule: str, reranker: str | None) -> list[RuleSp
     reranker entry without a model source is refused."""
     if not rules:
         if rule_entry(rule).predictor and not reranker:
-            raise ValueError(f"run.rule={rule} needs run.reranker=<folder or MLflow URI>; got none")
+            raise Refusal(f"run.rule={rule} needs run.reranker=<folder or MLflow URI>; got none")
         return [RuleSpec(rule, reranker if rule_entry(rule).predictor else None)]
     out = []
     for i, entry in enumerate(rules):
@@ -77,18 +78,18 @@ def rule_specs(rules: list[str], rule: str, reranker: str | None) -> list[RuleSp
         extra_budget = _extra_budget(i, str(entry), name, extra) if at else 0
         predictor = name in online_rules() and rule_entry(name).predictor
         if name not in online_rules() or (sep and not predictor) or (sep and not source):
-            raise ValueError(
+            raise Refusal(
                 f"The 'run.rules[{i}]' must be one of {list(online_rules())} or "
                 f"reranker:<folder or MLflow URI>. Got {entry!r} instead."
             )
         if predictor and not source:
             if not reranker:
-                raise ValueError(f"run.rules[{i}]=reranker names no model and run.reranker is "
+                raise Refusal(f"run.rules[{i}]=reranker names no model and run.reranker is "
                                  f"unset; write reranker:<folder or MLflow URI>")  # fmt: skip
             source = reranker
         out.append(RuleSpec(name, source or None, extra_budget))
     if len(set(out)) < len(out):
-        raise ValueError(f"The 'run.rules' must not repeat a rule. Got {list(rules)!r} instead.")
+        raise Refusal(f"The 'run.rules' must not repeat a rule. Got {list(rules)!r} instead.")
     return out
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
 from pairs.config import DataConfig, ModelConfig
 from pairs.prompts import Prompt, load_prompts
+from specrank.errors import Refusal
 from specrank.parallel import check_launcher
 from specrank.paths import project_path
 
@@ -16,7 +17,7 @@ def check_prompts(prompts: list[Prompt], data: DataConfig) -> None:
     """Refuse an empty prompt list by name (it would record an empty store and fail in train)."""
     if not prompts:
         sources = [src.path or src.kind for src in data.sources]
-        raise ValueError(
+        raise Refusal(
             f"data={data.name}: the prompt sources {sources} hold no prompts; expected at least one"
         )
 

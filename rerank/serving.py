@@ -29,6 +29,7 @@ from rerank.forest.jit import JitForest, jit_forest, log_phat
 from rerank.forest.table import ForestError, forest_of
 from rerank.forest.walk import CompiledForest, TorchForest, compile_forest, link, prepare
 from selection.policies import NO_TOKEN_ONLY, SCORE_MODES
+from specrank.errors import Refusal
 from specrank.jit import njit
 from specrank.laws import law_kind
 from specrank.paths import project_path
@@ -62,7 +63,7 @@ def reranker_folder(source: str, tracking_uri: str, setting: str = "run.reranker
     """A local folder for `setting`: the path itself, or an MLflow artifact downloaded."""
     path = local_path(source, tracking_uri)
     if not source.startswith(MLFLOW_SCHEMES) and not path.is_dir():
-        raise FileNotFoundError(
+        raise Refusal(
             f"{setting}: no such folder '{source}' (expected a folder written by "
             f"rerank.persist.save_reranker, or an MLflow URI like runs:/<id>/rerankers/<name>)"
         )
@@ -74,7 +75,7 @@ def load_online_reranker(
 ) -> FittedReranker:
     """Load `run.reranker` with every check: integrity, feature list, law, computable inputs."""
     if not source:
-        raise ValueError("run.rule=reranker needs run.reranker=<folder or MLflow URI>; got none")
+        raise Refusal("run.rule=reranker needs run.reranker=<folder or MLflow URI>; got none")
     path = reranker_folder(source, tracking_uri)
     meta = read_sidecar(path)
     feature_set = meta.get("feature_set")
@@ -90,7 +91,7 @@ def load_online_reranker(
     law = law_kind(temperature)
     if model.law != law:
         kind = {"greedy": "classifier saved for T=0", "sampling": "regressor saved for T>0"}
-        raise ValueError(
+        raise Refusal(
             f"run.reranker: {source} holds a {model.law} model, but decode.temperature="
             f"{temperature} decodes under the {law} law; use the {kind[law]}"
         )
@@ -105,13 +106,13 @@ def unseen_prompts(model: FittedReranker, prompts: list[Prompt], seen: str) -> l
     run's prompts; skip: drop them; allow: decode everything.
     """
     if seen not in SEEN_PROMPTS:
-        raise ValueError(
+        raise Refusal(
             f"The 'run.seen_prompts' must be one of {list(SEEN_PROMPTS)}. Got {seen!r} instead."
         )
     if seen == "allow":
         return prompts
     if not model.train_prompts:
-        raise ValueError(
+        raise Refusal(
             "run.reranker: the model lists no training prompts, so nothing shows it never saw "
             "the prompts this run decodes; refit it from a table with prompt ids, or set "
             "run.seen_prompts=allow"
@@ -121,13 +122,13 @@ def unseen_prompts(model: FittedReranker, prompts: list[Prompt], seen: str) -> l
     n_seen = len(prompts) - len(kept)
     if n_seen and seen == "refuse":
         example = [p.id for p in prompts if p.id in trained][:3]
-        raise ValueError(
+        raise Refusal(
             f"run.reranker: the model was trained on {n_seen} of the {len(prompts)} prompts "
             f"this run decodes (e.g. {example}); its gains there would be in-sample. Set "
             f"run.seen_prompts=skip to decode only the others, or run.seen_prompts=allow"
         )
     if not kept:
-        raise ValueError(
+        raise Refusal(
             f"run.seen_prompts=skip: the model was trained on all {len(prompts)} prompts of "
             f"this run; nothing is left to decode"
         )
@@ -186,7 +187,7 @@ def split_features(model: FittedReranker) -> set[str]:
 def check_feature_availability(model: FittedReranker, score: str, allow: bool) -> list[str]:
     """Refuse a reranker whose trees split on a feature the run's scored set never gives it.
 
-    Returns those features, always missing (NaN) under `score`; raises ValueError listing
+    Returns those features, always missing (NaN) under `score`; raises a Refusal listing
     them and the policy unless `allow` (run.allow_missing_features), which logs a warning
     instead: the model would be decoded on inputs it was not fitted on. A feature the trees
     never test (a model fitted under the same policy) is not one.
@@ -203,7 +204,7 @@ def check_feature_availability(model: FittedReranker, score: str, allow: bool) -
         f"rerank.serving.NEVER_UNDER_SCORE): {never}"
     )
     if not allow:
-        raise ValueError(
+        raise Refusal(
             f"{what}. Decode it under a run.score that gives them ({_giving(groups)}), use a "
             f"model fitted under run.score={score} (rerank.score), or set "
             f"run.allow_missing_features=true to decode it anyway"
@@ -242,7 +243,7 @@ class OnlinePredictor:
         self, model: FittedReranker, device: torch.device, predictor: str = "auto"
     ) -> None:
         if predictor not in PREDICTORS:
-            raise ValueError(
+            raise Refusal(
                 f"The 'run.predictor' must be one of {list(PREDICTORS)}. Got {predictor!r} instead."
             )
         self.model, self.device = model, device

@@ -61,6 +61,7 @@ from specrank import config as _schema  # noqa: F401  (registers the Hydra schem
 from specrank.checks import check_choice, check_int
 from specrank.cli import exits_on_refusal, run_entry_point
 from specrank.config import MlflowConfig
+from specrank.errors import Refusal
 from specrank.files import atomic_write
 from specrank.laws import law_kind
 from specrank.paths import CONF_DIR, project_path
@@ -97,7 +98,7 @@ def latest_rerankers(outputs: Path) -> Path:
     """The `rerankers/` folder of the newest run under `outputs` that saved any."""
     sidecars = list(outputs.glob(f"**/rerankers/*/{SIDECAR}"))
     if not sidecars:
-        raise FileNotFoundError(
+        raise Refusal(
             f"transfer.rerankers=latest: no run folder under {outputs} holds saved rerankers "
             f"(expected rerankers/<set>_<kind>_T<t>_fold<k>/{SIDECAR}); run `python -m "
             f"rerank.train` first, or set transfer.rerankers=<folder or runs:/<id>/rerankers>"
@@ -130,13 +131,13 @@ def load_rerankers(source: str, fold: int, tracking_uri: str) -> Loaded:
                                            f"{law_kind(temperature)}), the model is {model.law}"])  # fmt: skip
         models.setdefault(temperature, {})[feature_set] = model
     if not models:
-        raise FileNotFoundError(
+        raise Refusal(
             f"transfer.rerankers: {folder} holds no reranker of fold {fold} (expected folders "
             f"<set>_<kind>_T<t>_fold{fold}; found {names[:8]})"
         )
     kinds = {m.kind for by_set in models.values() for m in by_set.values()}
     if len(kinds) > 1:
-        raise ValueError(f"transfer.rerankers: {folder} mixes model kinds {sorted(kinds)}; "
+        raise Refusal(f"transfer.rerankers: {folder} mixes model kinds {sorted(kinds)}; "
                          f"a rerank.train run saves one")  # fmt: skip
     return Loaded(folder, models, kinds.pop())
 
@@ -144,20 +145,20 @@ def load_rerankers(source: str, fold: int, tracking_uri: str) -> Loaded:
 def kept_prompts(prompt_ids: list[str], trained_on: set[str], seen: str) -> list[str]:
     """The store's prompts to evaluate under `transfer.seen_prompts` (never a trained one)."""
     if not trained_on:
-        raise ValueError(
+        raise Refusal(
             "transfer.rerankers: the models list no training prompts, so nothing shows they "
             "never saw this store's prompts; refit them from a table with prompt ids"
         )
     seen_ids = [p for p in prompt_ids if p in trained_on]
     if seen_ids and seen == "refuse":
-        raise ValueError(
+        raise Refusal(
             f"transfer.seen_prompts=refuse: the models were trained on {len(seen_ids)} of the "
             f"store's {len(prompt_ids)} prompts (e.g. {seen_ids[:3]}); set "
             f"transfer.seen_prompts=skip to evaluate the others"
         )
     kept = [p for p in prompt_ids if p not in trained_on]
     if not kept:
-        raise ValueError(f"transfer.seen_prompts=skip: the models were trained on all "
+        raise Refusal(f"transfer.seen_prompts=skip: the models were trained on all "
                          f"{len(prompt_ids)} prompts of the store; nothing is left")  # fmt: skip
     if seen_ids:
         log.info("transfer.seen_prompts=skip: %d of %d prompts left out (trained on)",
@@ -179,7 +180,7 @@ def predict_store(rerank: RerankConfig, loaded: Loaded, fold: int, seen: str,
     store_ts = sorted(float(t) for t in candidates["temperature"].unique())
     missing = [t for t in store_ts if t not in loaded.models]
     if missing:
-        raise ValueError(
+        raise Refusal(
             f"transfer.rerankers: {loaded.folder} holds models for T={sorted(loaded.models)}, "
             f"but the store {rerank.features} also has rounds at T={missing}"
         )

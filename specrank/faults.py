@@ -31,6 +31,8 @@ import signal
 from collections import Counter
 from pathlib import Path
 
+from specrank.errors import Refusal
+
 FAULTS_ENV = "SPECRANK_FAULTS"
 COUNTS_ENV = "SPECRANK_FAULT_COUNTS"
 PHASE_ENV = "SPECRANK_PHASE_FILE"
@@ -45,7 +47,7 @@ def _plan(spec: str) -> dict[tuple[str, int], str]:
         where, _, action = entry.partition("=")
         name, _, n = where.partition("@")
         if not (name and n.isdigit() and int(n) >= 1 and action in ACTIONS):
-            raise ValueError(
+            raise Refusal(
                 f"{FAULTS_ENV}: expected entries 'point@n=action' with n >= 1 and action in "
                 f"{list(ACTIONS)}; got {entry!r}"
             )

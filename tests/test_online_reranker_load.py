@@ -25,6 +25,7 @@ from rerank.serving import (
     unknown_tasks,
     unseen_prompts,
 )
+from specrank.errors import Refusal
 from tests.candidate_frames import FAST, make_candidate_frame
 from tests.tiny_models import one_thread
 
@@ -46,10 +47,10 @@ def test_a_good_reranker_loads(saved):
 
 
 def test_missing_folder_or_sidecar(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"run.reranker: no such folder '.*nowhere'"):
+    with pytest.raises(Refusal, match=r"run.reranker: no such folder '.*nowhere'"):
         load_online_reranker(str(tmp_path / "nowhere"), 0.0, "unused")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"no reranker.json \(not a folder written by"):
+    with pytest.raises(Refusal, match=r"no reranker.json \(not a folder written by"):
         load_online_reranker(str(tmp_path / "empty"), 0.0, "unused")
     with pytest.raises(ValueError, match=r"run.rule=reranker needs run.reranker="):
         load_online_reranker(None, 0.0, "unused")

@@ -16,6 +16,7 @@ import decode.recording as recording
 import specrank.config  # noqa: F401  (registers the schema)
 from pairs.config import DataConfig, PromptSource
 from pairs.prompts import encode_prompt, load_prompts, load_source
+from specrank.errors import Refusal
 from specrank.paths import project_path
 from specrank.tables import SchemaError
 from specrank.trace_schema import TRACE_SCHEMA, trace_store
@@ -259,7 +260,7 @@ def test_jsonl_source_and_its_errors(tmp_path):
         ValueError, match=r"'kind' must be one of \['spec_bench', 'humaneval', 'jsonl'\]. Got 'csv'"
     ):
         load_source(PromptSource(kind="csv", path=str(path)))
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    with pytest.raises(Refusal, match="no such file"):
         load_source(PromptSource(kind="jsonl", path=str(tmp_path / "none.jsonl")))
 
 

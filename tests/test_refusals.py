@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from specrank.checks import check_choice
@@ -93,3 +94,41 @@ def test_every_hydra_entry_point_turns_refusals_into_messages() -> None:
         for m in re.finditer(r"@hydra\.main\([^\n]*\)\n(?!@exits_on_refusal\n)", text):
             bare.append(f"{path.relative_to(PROJECT_ROOT)}:{text[: m.start()].count(chr(10)) + 1}")
     assert not bare, f"@hydra.main without @exits_on_refusal: {bare}"
+
+
+def test_modules_refuse_a_bad_setting_or_file_by_name(tmp_path, monkeypatch):
+    """A handful of refusals from different layers: each a `Refusal` naming its setting or
+    file (so the entry points print it without a trace), not a bare ValueError or OSError."""
+    from decode.compare import rule_specs
+    from decode.predicted import offline_values
+    from pairs.config import PromptSource
+    from pairs.prompts import load_source
+    from rerank.fit.crossfit import prompt_halves, prompt_subsample
+    from rerank.serving import reranker_folder, unseen_prompts
+    from specrank import faults
+    from tree.config import PoolConfig
+    from tree.pool import check_pool_config
+
+    refused = [
+        (lambda: load_source(PromptSource(kind="csv", path="p.csv")), r"data source 'kind'"),
+        (lambda: load_source(PromptSource(kind="jsonl", path=str(tmp_path / "none.jsonl"))),
+         r"'jsonl' 'path' must name a prompt file.*no such file"),
+        (lambda: check_pool_config(PoolConfig(top_k=0)), r"'pool.top_k' must be an int >= 1"),
+        (lambda: rule_specs(["draft", "bogus"], "draft", None), r"'run.rules\[1\]' must be one"),
+        (lambda: rule_specs(["draft", "draft"], "draft", None), r"'run.rules' must not repeat"),
+        (lambda: offline_values(str(tmp_path / "none"), "unused"), r"run.offline: no such file"),
+        (lambda: reranker_folder(str(tmp_path / "none"), "unused", "transfer.rerankers"),
+         r"transfer.rerankers: no such folder"),
+        (lambda: unseen_prompts(None, [], "bogus"), r"'run.seen_prompts' must be one of"),
+        (lambda: prompt_subsample(np.array(["a-1", "b-2"]), 1.5), r"'rerank.train_share'"),
+        (lambda: prompt_halves(np.array(["a", "b-2"]), "even_odd"),
+         r"'rerank.halves' scheme 'even_odd' needs prompt ids ending in an integer"),
+    ]  # fmt: skip
+    for call, message in refused:
+        with pytest.raises(Refusal, match=message):
+            call()
+    faults._hits.clear()
+    monkeypatch.setenv(FAULTS_ENV, "shard_write@0=kill")
+    with pytest.raises(Refusal, match=rf"{FAULTS_ENV}: expected entries 'point@n=action'"):
+        faults.point("shard_write")
+    faults._hits.clear()

@@ -22,6 +22,7 @@ from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.train import train_and_evaluate
 from rerank.transfer import transfer
 from specrank.config import MlflowConfig
+from specrank.errors import Refusal
 from tests.test_rerank_job import POOL, SELECT, _config
 
 KEYS = [*ROUND_KEYS, "cand_index"]
@@ -75,7 +76,7 @@ def test_a_trained_prompt_is_refused_when_asked_and_a_missing_fold_is_named(trai
         transfer(cfg, refuse, tracking, {}, 0, tmp_path / "a")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match=r"holds no reranker of fold 0"):
+    with pytest.raises(Refusal, match=r"holds no reranker of fold 0"):
         transfer(cfg, TransferConfig(rerankers=str(empty)), tracking, {}, 0, tmp_path / "b")
     with pytest.raises(ValueError, match=r"'transfer.fold' must be"):
         transfer(cfg, TransferConfig(fold=2), tracking, {}, 0, tmp_path / "c")

@@ -25,16 +25,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specrank.errors import Refusal
 from tree.config import PoolConfig
 
 
 def check_pool_config(cfg: PoolConfig) -> None:
     if cfg.top_k < 1:
-        raise ValueError(f"The 'pool.top_k' must be an int >= 1. Got {cfg.top_k} instead.")
+        raise Refusal(f"The 'pool.top_k' must be an int >= 1. Got {cfg.top_k} instead.")
     if cfg.steps < 0:
-        raise ValueError(f"The 'pool.steps' must be an int >= 0. Got {cfg.steps} instead.")
+        raise Refusal(f"The 'pool.steps' must be an int >= 0. Got {cfg.steps} instead.")
     if cfg.steps > 0 and cfg.expand < 1:
-        raise ValueError(
+        raise Refusal(
             f"The 'pool.expand' must be an int >= 1 when pool.steps > 0. Got {cfg.expand} instead."
         )
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from rerank.evaluate.pool_chunks import ROUND_KEYS, RoundCodes
+from specrank.errors import Refusal
 
 EVENT_COLUMNS = [*ROUND_KEYS, "accepted_path", "continuation_token", "root_entropy"]
 
@@ -59,9 +60,10 @@ def round_positions(rounds: pd.DataFrame, keys: pd.DataFrame) -> np.ndarray:
     at = index.get_indexer(codes.encode(keys))
     if (at < 0).any():
         bad = keys.iloc[int(np.flatnonzero(at < 0)[0])]
-        raise ValueError(
-            f"a candidate's round is not in the trace store: {dict(bad[ROUND_KEYS])}; the "
-            f"candidate table comes from other traces"
+        raise Refusal(
+            f"a candidate's round is not in the trace store (rerank.traces): "
+            f"{dict(bad[ROUND_KEYS])}; expected a candidate table (rerank.features) extracted "
+            f"from those traces, found one from other traces"
         )
     return at
 

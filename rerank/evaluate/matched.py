@@ -39,6 +39,7 @@ from rerank.evaluate.policy import own_tree_coverage
 from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, chunk_of, predecessors
 from selection.policies import SIMULATED
 from selection.pool_batch import POOL_COLUMNS
+from specrank.errors import Refusal
 
 VARIANTS = ("fit", "with", "without")  # availability: draft's trees / always / never
 _KEYS = [*ROUND_KEYS, "cand_index"]
@@ -97,10 +98,10 @@ class NextRootRows:
         cand = frame["cand_index"].to_numpy(np.int64)
         pos = self.rows.get_indexer(np.where(code >= 0, code * self.width + cand, -1))
         if (pos < 0).any():
-            raise ValueError(
+            raise Refusal(
                 f"{int((pos < 0).sum())} candidate rows are not in the traces the matched row was "
                 f"simulated from (e.g. {frame.iloc[int(np.argmax(pos < 0))][_KEYS].to_dict()}): "
-                f"the candidate table must come from rerank.traces"
+                f"the candidate table (rerank.features) must come from rerank.traces"
             )
         return pos
 

@@ -47,6 +47,7 @@ from selection.policies import SCORE_MODES, SIMULATED
 from selection.ranking import compiled_route, rank_order, ranks_of_order
 from selection.rules import BASELINE, parse_value_key, value_key
 from selection.values import lead_factor_scores, rule_scores, values_at_budgets
+from specrank.errors import Refusal
 from specrank.jit import njit
 from specrank.laws import law_name
 
@@ -89,7 +90,7 @@ def own_tree_coverage(ctx: PoolContext, order: Tensor, budget: int, policy: str,
     elif policy == "pool":
         q = outside
     else:
-        raise ValueError(f"The 'rerank.score' must be one of {list(SCORE_MODES)}. Got {policy!r}.")
+        raise Refusal(f"The 'rerank.score' must be one of {list(SCORE_MODES)}. Got {policy!r}.")
     cov = torch.where(frontier & q, ctx.path_prob, 0.0).sum(-1, dtype=torch.float64)
     return cov, in_tree.sum(-1), q.sum(-1)
 
@@ -113,11 +114,11 @@ class PolicyRounds:
 
     def __post_init__(self) -> None:
         if self.policy not in SCORE_MODES:
-            raise ValueError(
+            raise Refusal(
                 f"The 'rerank.score' must be one of {list(SCORE_MODES)}. Got {self.policy!r}."
             )
         if self.policy == "top_m" and self.top_m < 1:
-            raise ValueError(f"The 'rerank.score_top_m' must be >= 1. Got {self.top_m}.")
+            raise Refusal(f"The 'rerank.score_top_m' must be >= 1. Got {self.top_m}.")
         if self.simulated and (self.policy not in SIMULATED or self.factors is None):
             raise ValueError(f"rules {list(self.simulated)} are simulated on their own trees "
                              f"under {SIMULATED}, with their predictions with and without the "
@@ -192,7 +193,7 @@ class PolicyRounds:
         if self.simulable_share < 1.0:
             # every rule is compared on one set of rounds, so a store short of some is refused
             # rather than evaluated on a subset
-            raise ValueError(
+            raise Refusal(
                 f"{self.store} cannot simulate rerank.score={self.policy}: in "
                 f"{1 - self.simulable_share:.1%} of its rounds a candidate's parent was not "
                 f"scored (cand_scored), so the policy's coverage is unknown there; expected a "

@@ -45,6 +45,7 @@ from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table,
 from selection.ranking import pool_levels
 from selection.rules import POOL_RULES, mixture, substitution, value_key
 from selection.values import evaluate_pools
+from specrank.errors import Refusal
 from specrank.memory import GrowthTrim
 
 # resident growth between returns of the heap's free pages: the kept results fragment the
@@ -115,9 +116,10 @@ class LearnedFactors:
         """Dense [R, width] log phat for the rounds at `row` (NaN where a round has none)."""
         mat = self.log_phat[name]
         if mat.shape[1] > width:
-            raise ValueError(
+            raise Refusal(
                 f"predictions '{name}' name first-level candidate {mat.shape[1] - 1}, but the "
-                f"pools' first level spans {width} columns: the predictions come from other traces"
+                f"pools' first level spans {width} columns: the predictions come from other "
+                f"traces (expected a candidate table, rerank.features, extracted from rerank.traces)"
             )
         out = np.full((len(row), width), np.nan, dtype=np.float32)
         found = row >= 0

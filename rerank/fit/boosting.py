@@ -45,6 +45,7 @@ from rerank.fit.crossfit import inner_validation
 from rerank.fit.design import CATEGORICAL, DesignColumns, DesignRows
 from rerank.fit.law_memo import LawMemo, rows_key
 from rerank.fit.token_prior import PriorColumn, split_priors
+from specrank.errors import Refusal
 
 SMALL_FIT_ROWS = 100_000  # fits on fewer rows run on one thread (module doc)
 
@@ -72,9 +73,10 @@ def estimator_iterations(estimator: Any, kind: str) -> int:
 
 def _check_fit_inputs(y: np.ndarray, law: str, w: np.ndarray | None) -> None:
     if law == "greedy" and np.unique(y).size < 2:
-        raise ValueError(
+        raise Refusal(
             f"greedy classifier: the training rows hold only label {np.unique(y).tolist()}; "
-            f"both classes are needed"
+            f"both classes are needed (expected a candidate table, rerank.features, whose "
+            f"greedy training rows hold both labels: record more prompts)"
         )
     if w is not None and (not np.isfinite(w).all() or (w < 0).any() or not w.sum() > 0):
         raise ValueError(

@@ -20,6 +20,7 @@ import pandas as pd
 from calibrate.isotonic import DEFAULT_BINS, EqualCountIsotonic, PerDepthIsotonic
 from calibrate.rank_control import DraftRankMeans
 from specrank.checks import check_choice
+from specrank.errors import Refusal
 
 SCHEMES = ("even_odd", "seeded")
 _TRAILING_INT = re.compile(r"(\d+)$")
@@ -81,10 +82,10 @@ def _even_odd(uniq: np.ndarray, tasks: np.ndarray) -> np.ndarray:
             # The last digit alone decides parity (no overflow on long ids).
             per_prompt[i] = int(m.group(1)[-1]) % 2
     if bad:
-        raise ValueError(
-            f"scheme='even_odd' needs prompt ids ending in an integer (e.g. 'spec_bench-81'); "
-            f"{len(bad)} of {uniq.size} prompts do not, e.g. {bad[:5]}. "
-            f"Use scheme='seeded' for such ids."
+        raise Refusal(
+            f"The 'rerank.halves' scheme 'even_odd' needs prompt ids ending in an integer (e.g. "
+            f"'spec_bench-81'); {len(bad)} of {uniq.size} prompts do not, e.g. {bad[:5]}. "
+            f"Use rerank.halves=seeded for such ids."
         )
     counts, lopsided = [], []
     for task in np.unique(tasks):
@@ -94,11 +95,11 @@ def _even_odd(uniq: np.ndarray, tasks: np.ndarray) -> np.ndarray:
         if abs(n0 - n1) > balance_tolerance(n0 + n1):
             lopsided.append(name)
     if lopsided:
-        raise ValueError(
-            f"scheme='even_odd' must give every task balanced halves, "
+        raise Refusal(
+            f"The 'rerank.halves' scheme 'even_odd' must give every task balanced halves, "
             f"|n0 - n1| <= max(1, n // {BALANCE_SHARE}) for a task of n prompts; "
             f"prompts per task in halves 0/1 (even/odd): {', '.join(counts)}; "
-            f"unbalanced: {lopsided}. Use scheme='seeded' (stratified by task) instead."
+            f"unbalanced: {lopsided}. Use rerank.halves=seeded (stratified by task) instead."
         )
     return per_prompt
 
@@ -147,7 +148,7 @@ def prompt_halves(
     prompt goes to the half that is smaller so far, so the totals differ by at
     most one as well.
 
-    Raises ValueError when either half would be empty: nothing could be
+    Raises a Refusal when either half would be empty: nothing could be
     trained for the other half.
     """
     ids = np.asarray(prompt_ids)
@@ -162,9 +163,10 @@ def prompt_halves(
     )
     counts = np.bincount(per_prompt, minlength=2)
     if counts.min() == 0:
-        raise ValueError(
-            f"scheme={scheme!r} puts all {uniq.size} prompts in fold {int(np.argmax(counts))}; "
-            f"cross-fitting needs prompts in both halves"
+        raise Refusal(
+            f"rerank.halves={scheme} puts all {uniq.size} prompts in fold "
+            f"{int(np.argmax(counts))}; cross-fitting needs prompts in both halves (expected a "
+            f"candidate table, rerank.features, of more prompts)"
         )
     return per_prompt[inverse]
 
@@ -212,12 +214,12 @@ def inner_validation(
     prompts, their tasks and ``seed``, not on row order.
     """
     if not 0.0 < share < 1.0:
-        raise ValueError(
+        raise Refusal(
             f"The 'rerank.model.validation_share' must be in (0, 1). Got {share!r} instead."
         )
     uniq, per_task, inverse = _prompt_tasks(np.asarray(prompt_ids), tasks)
     if uniq.size < 2:
-        raise ValueError(
+        raise Refusal(
             f"early stopping needs >= 2 training prompts (one to hold out); the training half "
             f"has {uniq.size}. Use a fixed capacity (rerank.model.early_stopping=false)."
         )
@@ -240,7 +242,7 @@ def prompt_subsample(
     as `inner_validation` spreads them, on its own seeded stream (`rerank.train_share`).
     The subsample depends only on the set of prompts, their tasks and `seed`."""
     if not 0.0 < share <= 1.0:
-        raise ValueError(f"The 'rerank.train_share' must be in (0, 1]. Got {share!r} instead.")
+        raise Refusal(f"The 'rerank.train_share' must be in (0, 1]. Got {share!r} instead.")
     if share == 1.0:
         return np.ones(np.shape(prompt_ids), dtype=bool)
     uniq, per_task, inverse = _prompt_tasks(np.asarray(prompt_ids), tasks)
@@ -272,9 +274,11 @@ def fold_masks(folds: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]
         predict = folds == f
         train = folds == 1 - f
         if not train.any() or not predict.any():
-            raise ValueError(
+            raise Refusal(
                 f"fold {f}: {int(train.sum())} training rows (fold {1 - f}) and "
-                f"{int(predict.sum())} rows to predict; both halves must be non-empty"
+                f"{int(predict.sum())} rows to predict; both halves must be non-empty (expected "
+                f"a candidate table, rerank.features, with prompts of each temperature in both "
+                f"rerank.halves halves)"
             )
         yield f, train, predict
 

@@ -77,6 +77,7 @@ from rerank.fit.token_prior import (
     split_priors,
     token_prior_features,
 )
+from specrank.errors import Refusal
 from specrank.laws import law_kind
 
 _KEYS = ("prompt_id", "task", "round_index", "cand_index", "token")  # what the fit task reads
@@ -181,10 +182,11 @@ def _check_read(rows: pd.DataFrame, share: NodeShare, law: str) -> None:
         len(rows) != len(share.role)
         or digest_rows(columns, hash_rows(rows, columns)) != share.digest
     ):
-        raise ValueError(
+        raise Refusal(
             f"a node read {len(rows)} rows for its {len(share.prompts)} prompts, not the "
             f"{len(share.role)} rows the fit task holds for them (keys or labels differ): the "
-            f"candidate table must be the same files at the same path on every node"
+            f"candidate table (rerank.features) must be the same files at the same path on "
+            f"every node"
         )
 
 
@@ -209,7 +211,10 @@ def node_prompts(prompt_codes: np.ndarray, mask: np.ndarray, nodes: int) -> list
     codes, first = np.unique(prompt_codes[mask], return_index=True)
     codes = codes[np.argsort(first)]
     if codes.size < nodes:
-        raise ValueError(f"{codes.size} prompt(s) to deal to {nodes} nodes; each node needs one")
+        raise Refusal(
+            f"rerank.model.fit_nodes={nodes}: {codes.size} prompt(s) to deal to {nodes} nodes; "
+            f"each node needs one (expected a training half of >= {nodes} prompts)"
+        )
     return [codes[k::nodes] for k in range(nodes)]
 
 
@@ -260,7 +265,7 @@ def crossfit_on_nodes(keys: pd.DataFrame, settings: LawFits, temperature: float,
     """
     law = law_kind(temperature)
     if settings.kind != "lgbm":
-        raise ValueError(f"rerank.model.fit_nodes={nodes} trains LightGBM only; "
+        raise Refusal(f"rerank.model.fit_nodes={nodes} trains LightGBM only; "
                          f"rerank.model.kind is {settings.kind!r}")  # fmt: skip
     fold = frame_folds(keys, folds)
     prompt_ids = shared_strings(keys["prompt_id"])

@@ -14,6 +14,8 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
+from specrank.errors import Refusal
+
 TOKEN_PRIOR = "token_prior"  # the design column filled from rerank.fit.token_prior
 CATEGORICAL = ("task",)  # the design columns the models split as categories
 # HGB bins a categorical feature into at most 255 values (one kept for missing).
@@ -30,8 +32,10 @@ def task_categories(frame: pd.DataFrame, declared: Sequence[str] | None = None) 
     if len(set(cats)) != len(cats):
         raise ValueError(f"task categories must be distinct; got {cats}")
     if len(cats) > _MAX_CATEGORIES:
-        raise ValueError(
-            f"at most {_MAX_CATEGORIES} task categories are supported; got {len(cats)}"
+        raise Refusal(
+            f"at most {_MAX_CATEGORIES} task categories are supported; the candidate table "
+            f"(rerank.features) holds {len(cats)} (the prompt sources' task labels, e.g. "
+            f"{cats[:3]})"
         )
     return cats
 

@@ -37,6 +37,7 @@ from rerank.fit.boosting import Capacity
 from rerank.fit.models import LAWS, FittedReranker
 from rerank.fit.token_prior import TokenPrior
 from selection.rules import MODEL_KINDS
+from specrank.errors import Refusal
 from specrank.tables import sha256_file
 
 FORMAT = "specrank.reranker"
@@ -139,7 +140,7 @@ def read_sidecar(path: str | Path) -> dict[str, Any]:
     """The sidecar of the saved reranker in folder ``path`` (unverified)."""
     file = Path(path) / SIDECAR
     if not file.exists():
-        raise FileNotFoundError(f"{path}: no {SIDECAR} (not a folder written by save_reranker)")
+        raise Refusal(f"{path}: no {SIDECAR} (not a folder written by save_reranker)")
     try:
         meta = json.loads(file.read_bytes())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -33,6 +33,7 @@ from rerank.fit.models import LABEL_OF_LAW, FittedReranker
 from selection.pool_batch import PoolBatch
 from selection.ranking import pool_levels
 from selection.rules import learned
+from specrank.errors import Refusal
 from specrank.laws import law_kind
 from specrank.memory import release_freed_heap
 
@@ -376,8 +377,10 @@ def per_depth_factors(
     for t in np.unique(temps):
         for f in np.unique(fold[temps == t]):
             if (float(t), int(f)) not in maps:
-                raise ValueError(
-                    f"no per-depth map for T={t:g} fold {f}: the other half has no rounds at T={t:g}"
+                raise Refusal(
+                    f"no per-depth map for T={t:g} fold {f}: the other half has no rounds at "
+                    f"T={t:g} (expected a trace store, rerank.traces, with rounds at each "
+                    f"temperature in both rerank.halves halves)"
                 )
     for (t, f), iso in maps.items():
         rows = np.flatnonzero((temps == np.float32(t)) & (fold == f))
@@ -388,9 +391,10 @@ def per_depth_factors(
             cal = np.empty_like(q)
             for d, (lo, hi) in enumerate(levels, start=1):
                 if d not in iso.maps_:  # as PerDepthIsotonic.predict refuses it
-                    raise ValueError(
+                    raise Refusal(
                         f"no map for depth(s) [{d}]: the training half had edges at depths "
-                        f"{sorted(iso.maps_)} only"
+                        f"{sorted(iso.maps_)} only (expected a trace store, rerank.traces, "
+                        f"with edges at every pool depth in both halves: record more prompts)"
                     )
                 cal[:, lo:hi] = iso.maps_[d].predict(q[:, lo:hi].ravel()).reshape(rows.size, -1)
         else:

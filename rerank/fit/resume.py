@@ -31,6 +31,7 @@ import numpy as np
 from rerank.fit.halves import SavedFit
 from rerank.fit.persist import load_reranker, save_reranker
 from specrank import faults
+from specrank.errors import Refusal
 
 PHAT_FILE = "phat.npy"
 FIT_FILE = "fit.json"
@@ -53,7 +54,7 @@ class FitFolder:
         model = load_reranker(folder / MODEL_DIR, features, fingerprint)
         phat = np.load(folder / PHAT_FILE, allow_pickle=False)
         if phat.shape != (n_rows,):
-            raise ValueError(
+            raise Refusal(
                 f"{folder / PHAT_FILE}: expected {n_rows} held-out predictions, found "
                 f"{phat.shape}; remove {folder} to fit it again"
             )

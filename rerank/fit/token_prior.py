@@ -187,8 +187,10 @@ def token_prior_features(
         )
     train_idx = np.flatnonzero(train_mask)
     if train_idx.size < 2:
-        raise ValueError(
-            f"the training half has {train_idx.size} row(s); the alternation split needs >= 2"
+        raise Refusal(
+            f"the training half has {train_idx.size} row(s); the alternation split of the token "
+            f"prior needs >= 2 (expected a candidate table, rerank.features, with more rows at "
+            f"each temperature)"
         )
     full = TokenPrior(pseudo_count).fit(tokens[train_idx], labels[train_idx])
     out = np.empty(tokens.shape, dtype=np.float32)
