@@ -98,7 +98,7 @@ class DataConfig:
         1,
         "split the prompts into this many chunks, prompt i (in source order) in chunk "
         "i % chunks, so each chunk keeps the task mix; a long run is then one process per "
-        "chunk, pooled by `python -m decode.pooled`. 1: every prompt",
+        "chunk, pooled by the `decode.pooled` command. 1: every prompt",
     )
     chunk: int = setting(
         0, "the chunk this process decodes, 0 .. data.chunks - 1 (one value per process)"

@@ -21,7 +21,7 @@ from specrank import settings_doc
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # Sections whose every field carries its meaning in the schema's metadata
-# (specrank.fields.setting): all of them, so a new section or field must bring its own.
+# (specrank.fields.setting), checked section by section.
 DESCRIBED = (
     "paths", "mlflow", "trace", "run", "features", "head", "model", "data", "parallel",
     "pocket", "pocket_eagle3", "pocket_block", "rerank", "transfer", "synth", "synth_job",
@@ -48,10 +48,9 @@ def test_described_sections_carry_a_meaning_per_setting(section):
     assert rows and all(not r.endswith("| — |") for r in rows), rows
 
 
-def test_every_section_is_described():
+def test_every_setting_carries_a_meaning():
+    """Sections beyond DESCRIBED included: a new section or field brings its meaning."""
     text = settings_doc.reference()
-    sections = re.findall(r"^## `(\w+)`$", text, re.M)
-    assert sorted(sections) == sorted(DESCRIBED)
     assert not [r for r in text.splitlines() if r.startswith("| `") and r.endswith("| — |")]
 
 
