@@ -68,6 +68,17 @@ def test_the_site_builds_strictly(tmp_path):
     assert (tmp_path / "site" / "method" / "index.html").is_file()
 
 
+def test_the_changelog_has_one_source():
+    """CHANGELOG.md at the root is the changelog; the site's page is a link to it, not a copy."""
+    page, source = DOCS / "changelog.md", ROOT / "CHANGELOG.md"
+    assert page.is_symlink() and page.resolve() == source.resolve()
+    lines = source.read_text().splitlines()
+    assert len(lines) < 80 and lines[0] == "# Changelog"
+    headings = {line for line in lines if line.startswith("## ")}
+    others = [p for p in DOCS.rglob("*.md") if not p.is_symlink()]
+    assert headings and not [p for p in others if headings & set(p.read_text().splitlines())]
+
+
 def _python_blocks() -> list[tuple[str, str]]:
     found = []
     for page in sorted(DOCS.rglob("*.md")):
