@@ -49,8 +49,8 @@ from features.extract import extract
 from features.schema import candidate_store
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.boosting import Capacity, fit_estimator
-from rerank.fit.crossfit import prompt_halves
 from rerank.fit.design import design_matrix, task_categories
+from rerank.fit.folds import prompt_halves
 from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.token_prior import token_prior_features
 from selection.rules import MODEL_KINDS

@@ -94,7 +94,7 @@ def wrap_stages(peaks: StagePeaks) -> None:
     """The job's stages, wrapped where the job looks them up (module attributes)."""
     import rerank.evaluate.policy as policy
     import rerank.evaluate.reports as reports
-    import rerank.fit.halves as halves
+    import rerank.fit.out_of_fold as halves
     import rerank.job.evaluation as evaluation
     import rerank.job.fitting as fitting
     import rerank.train as train

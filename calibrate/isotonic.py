@@ -17,7 +17,7 @@ millions of edges and smooths the step function.
 Outputs are clipped to [PROB_FLOOR, 1]: the selector takes their log (must be
 finite; an isotonic fit of a 0/1 label can return exactly 0), and factors
 <= 1 keep path scores non-increasing so the top-B set stays ancestor-closed.
-Cross-fitting them over prompt halves is `rerank.crossfit.crossfit_calibrate`.
+Cross-fitting them over prompt halves is `rerank.fit.folds.crossfit_calibrate`.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Ranks beyond the deepest rank seen in training share that rank's means. With
 equal-count bins on the training rows (fewer when a rank has fewer distinct
 values); a prediction takes its rank's bin by searchsorted on those edges.
 Outputs are clipped to [PROB_FLOOR, 1] like every factor the selector logs.
-Cross-fitting it over prompt halves is `rerank.crossfit.crossfit_rank_control`.
+Cross-fitting it over prompt halves is `rerank.fit.folds.crossfit_rank_control`.
 """
 
 from __future__ import annotations

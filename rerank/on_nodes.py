@@ -40,8 +40,8 @@ from rerank.fit.data_parallel import (
     predict_share,
     train_share,
 )
-from rerank.fit.halves import CrossfitResult, LawFits
 from rerank.fit.models import FittedReranker
+from rerank.fit.out_of_fold import CrossfitResult, LawFits
 from specrank import faults
 from specrank.laws import law_kind
 from specrank.parallel import ParallelConfig, connect

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from rerank.evaluate.pool_chunks import iter_trace_chunks
-from rerank.fit.halves import CrossfitResult, LawFits
+from rerank.fit.out_of_fold import CrossfitResult, LawFits
 from specrank import faults
 from specrank.parallel import ParallelConfig, deal
 

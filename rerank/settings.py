@@ -21,7 +21,7 @@ from rerank.config import (
 )
 from rerank.evaluate.values import RETAINED_ROWS
 from rerank.fit.boosting import Capacity
-from rerank.fit.crossfit import SCHEMES
+from rerank.fit.folds import SCHEMES
 from rerank.fit.models import FEATURE_SETS
 from rerank.fit.token_prior import PRIOR_SPLITS
 from rerank.report.comparisons import DEFAULT_COMPARISONS, check_comparisons, parse_comparisons

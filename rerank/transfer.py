@@ -211,7 +211,7 @@ def predict_store(rerank: RerankConfig, loaded: Loaded, fold: int, seen: str,
 
 
 def _phat(model: FittedReranker, frame: pd.DataFrame, n_threads: int | None) -> np.ndarray:
-    """The model's phat of `frame`'s rows, as rerank.fit.halves.crossfit_predict predicts a
+    """The model's phat of `frame`'s rows, as rerank.fit.out_of_fold.crossfit_predict predicts a
     held-out row (the training half's token prior, the batch route)."""
     prior = model.token_prior.transform(frame["token"].to_numpy())
     X = design_matrix(frame, model.features, model.categories, prior)

@@ -33,7 +33,7 @@ def test_a_stage_s_peak_holds_what_it_allocated_and_after_what_it_kept():
 def test_every_stage_the_bench_names_exists(monkeypatch):
     import rerank.evaluate.policy as policy
     import rerank.evaluate.reports as reports
-    import rerank.fit.halves as halves
+    import rerank.fit.out_of_fold as halves
     import rerank.job.evaluation as evaluation
     import rerank.job.fitting as fitting
     import rerank.train as train

@@ -12,7 +12,7 @@ from calibrate.isotonic import (
     EqualCountIsotonic,
     PerDepthIsotonic,
 )
-from rerank.fit.crossfit import crossfit_calibrate, prompt_halves
+from rerank.fit.folds import crossfit_calibrate, prompt_halves
 
 
 def _draws(n: int, seed: int = 0, power: float = 2.0) -> tuple[np.ndarray, np.ndarray]:

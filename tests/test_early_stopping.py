@@ -10,11 +10,11 @@ from hydra import compose
 from omegaconf import OmegaConf
 
 from rerank.fit.boosting import Capacity, fit_estimator
-from rerank.fit.crossfit import check_grouped, inner_validation, prompt_halves
 from rerank.fit.design import design_matrix
-from rerank.fit.halves import crossfit_predict
+from rerank.fit.folds import check_grouped, inner_validation, prompt_halves
 from rerank.fit.law_memo import LawMemo
 from rerank.fit.models import LABEL_OF_LAW, feature_list
+from rerank.fit.out_of_fold import crossfit_predict
 from rerank.fit.token_prior import token_prior_features
 from rerank.settings import model_capacity
 from tests.candidate_frames import make_candidate_frame

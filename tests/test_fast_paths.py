@@ -26,8 +26,8 @@ from rerank.evaluate.reports import ReportAccumulators
 from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.fit.boosting import Capacity
 from rerank.fit.design import design_matrix
-from rerank.fit.halves import crossfit_predict
 from rerank.fit.models import fit_reranker
+from rerank.fit.out_of_fold import crossfit_predict
 from rerank.fit.predict import (
     EDGE_COLUMNS,
     fit_per_depth_maps,
@@ -93,8 +93,8 @@ def test_crossfit_predictions_do_not_depend_on_the_route(kind):
 
 
 def test_a_model_builds_its_forest_once_for_all_its_blocks(monkeypatch):
-    from rerank.fit import halves as halves_module
     from rerank.fit import models as models_module
+    from rerank.fit import out_of_fold as halves_module
 
     frame = make_candidate_frame(n_prompts=24, rounds=5, temperature=1.0, seed=11)
     folds = np.asarray(frame["prompt_id"].str[-1].astype(int) % 2, dtype=np.int8)

@@ -17,7 +17,7 @@ import pytest
 from rerank.fit.boosting import Capacity
 from rerank.fit.data_parallel import crossfit_on_nodes, key_columns
 from rerank.fit.design import task_categories
-from rerank.fit.halves import LawFits
+from rerank.fit.out_of_fold import LawFits
 from rerank.fit.predict import fold_map
 from rerank.job.fitting import fit_columns, law_frame
 from rerank.on_nodes import RayNodes
@@ -66,7 +66,7 @@ def test_two_nodes_are_within_tolerance_of_one_process_and_a_rerun_takes_their_f
     rule = learned[0]
     assert not np.array_equal(preds[0][rule], preds[1][rule])  # two nodes did train it
     # a rerun of the same store and settings takes the kept fits: no worker group starts
-    caplog.set_level(logging.INFO, logger="rerank.fit.halves")
+    caplog.set_level(logging.INFO, logger="rerank.fit.out_of_fold")
     with lean_ray():
         again = _run(stores, tmp_path / "again", 2, ray, fits=tmp_path / "two" / "fits")
     taken = [r.getMessage() for r in caplog.records if "fits taken from" in r.getMessage()]

@@ -14,7 +14,7 @@ import pytest
 from rerank.evaluate import joined
 from rerank.evaluate.joined import joined_columns, joined_rows, law_major_order, law_spans
 from rerank.fit.design import codes_in, same_values, shared_strings
-from rerank.fit.halves import frame_folds, prompt_folds
+from rerank.fit.out_of_fold import frame_folds, prompt_folds
 from specrank import memory
 from specrank.memory import GrowthTrim, heap_retained, return_freed_heap
 
@@ -196,8 +196,8 @@ def test_a_growth_trim_without_procfs_returns_the_heap_every_few_calls(monkeypat
 def test_a_crossfit_returns_no_heap_between_its_fits_and_predictions(monkeypatch):
     """The held-out predictions follow both halves' fits with no return of the heap between
     them (the job keeps it from its entry point), so they reuse the fits' freed blocks."""
-    from rerank.fit import halves
-    from rerank.fit.crossfit import prompt_halves
+    from rerank.fit import out_of_fold
+    from rerank.fit.folds import prompt_halves
     from tests.candidate_frames import FAST, make_candidate_frame
 
     events: list[str] = []
@@ -209,13 +209,13 @@ def test_a_crossfit_returns_no_heap_between_its_fits_and_predictions(monkeypatch
         def mallopt(self, *args):
             return 1
 
-    fit, predict = halves.fit_estimator, halves.predict_blocks
+    fit, predict = out_of_fold.fit_estimator, out_of_fold.predict_blocks
     monkeypatch.setattr(memory, "_libc", lambda: Libc())
-    monkeypatch.setattr(halves, "fit_estimator",
+    monkeypatch.setattr(out_of_fold, "fit_estimator",
                         lambda *a, **k: events.append("fit") or fit(*a, **k))  # fmt: skip
-    monkeypatch.setattr(halves, "predict_blocks",
+    monkeypatch.setattr(out_of_fold, "predict_blocks",
                         lambda *a, **k: events.append("predict") or predict(*a, **k))  # fmt: skip
     frame = make_candidate_frame(n_prompts=8, rounds=3, temperature=1.0, seed=3)
     folds = prompt_halves(frame["prompt_id"].to_numpy())
-    halves.crossfit_predict(frame, "base", "hgb", "sampling", folds, n_threads=1, capacity=FAST)
+    out_of_fold.crossfit_predict(frame, "base", "hgb", "sampling", folds, n_threads=1, capacity=FAST)
     assert events == ["fit", "fit", "predict", "predict"]

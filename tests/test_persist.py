@@ -14,9 +14,9 @@ import skops.io as sio
 from sklearn.preprocessing import FunctionTransformer
 
 from features.schema import CANDIDATE_VERSION
-from rerank.fit.crossfit import prompt_halves
-from rerank.fit.halves import crossfit_predict
+from rerank.fit.folds import prompt_halves
 from rerank.fit.models import FittedReranker, feature_list
+from rerank.fit.out_of_fold import crossfit_predict
 from rerank.fit.persist import (
     MODEL_FILES,
     SIDECAR,

@@ -1,4 +1,4 @@
-"""The draft-rank control (calibrate.rank_control, rerank.crossfit.crossfit_rank_control)."""
+"""The draft-rank control (calibrate.rank_control, rerank.fit.folds.crossfit_rank_control)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from calibrate.isotonic import PROB_FLOOR
 from calibrate.rank_control import DraftRankMeans
-from rerank.fit.crossfit import crossfit_rank_control
+from rerank.fit.folds import crossfit_rank_control
 
 
 def test_means_by_rank_and_by_q_bin_by_hand():

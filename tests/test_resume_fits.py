@@ -17,9 +17,9 @@ from features.extract import extract
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
 from rerank.config import RerankConfig, RerankModelConfig
-from rerank.fit import halves
-from rerank.fit.halves import SavedFit
+from rerank.fit import out_of_fold
 from rerank.fit.models import fit_reranker
+from rerank.fit.out_of_fold import SavedFit
 from rerank.fit.persist import RerankerLoadError
 from rerank.fit.resume import FitFolder
 from rerank.train import train_and_evaluate
@@ -71,8 +71,8 @@ def test_a_stopped_run_resumes_from_its_finished_fits(stores, tmp_path, monkeypa
     monkeypatch.delenv(faults.FAULTS_ENV)
     assert len(_saved(fits)) == 3
     calls = []
-    fit = halves.fit_estimator
-    monkeypatch.setattr(halves, "fit_estimator", lambda *a, **k: calls.append(1) or fit(*a, **k))
+    fit = out_of_fold.fit_estimator
+    monkeypatch.setattr(out_of_fold, "fit_estimator", lambda *a, **k: calls.append(1) or fit(*a, **k))
     resumed = _run(_config(stores, fits), tmp_path, "resumed")
     assert len(calls) == 4 - 3  # only the fit the stopped run had not finished
     assert len(_saved(fits)) == 4

@@ -9,7 +9,7 @@ the same content fingerprint as an uninterrupted one.
 Shard s is decoded at temperature `temperatures[s % len(temperatures)]`, and
 prompt i has task `tasks[(i // 2) % len(tasks)]` so both halves of the even/odd
 prompt split (docs/method.md#cross-fitting) see every task and temperature, and each task's halves
-stay balanced (`rerank.fit.crossfit` refuses lopsided even/odd halves). The toy
+stay balanced (`rerank.fit.folds` refuses lopsided even/odd halves). The toy
 prompts have no finer label: their category is their task.
 """
 

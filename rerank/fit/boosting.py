@@ -7,7 +7,7 @@ its own split: it holds out a random (not prompt-grouped) share of the rows,
 which leaks rounds of a prompt into the loss that picks the capacity.
 
 Early stopping (`Capacity.early_stopping`) chooses the number of iterations on
-the training half alone. `rerank.crossfit.inner_validation` holds out
+the training half alone. `rerank.fit.folds.inner_validation` holds out
 `validation_share` of the half's prompts (grouped by prompt, stratified by
 task, seeded); the library fits the other prompts for at most `n_iter`
 iterations while following the held-out loss (log loss or squared error,
@@ -20,7 +20,7 @@ held-out loss (the first on ties). Then, by `Capacity.refit`:
   refit=False  the inner model cut to the chosen count. Both libraries fit
                without randomness here (no row or feature sampling; binning
                is seeded), so the cut model is exactly a fixed fit of that many
-               iterations on the inner rows (`tests/test_crossfit.py`).
+               iterations on the inner rows (`tests/test_folds.py`).
   refit=True   a fixed fit of the chosen count on the whole half.
 
 Threads. `n_threads=None` is the library default (every core), except for fits
@@ -41,8 +41,8 @@ from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostin
 from threadpoolctl import threadpool_limits
 
 from rerank.fit.binned import BinnedRuns
-from rerank.fit.crossfit import inner_validation
 from rerank.fit.design import CATEGORICAL, DesignColumns, DesignRows
+from rerank.fit.folds import inner_validation
 from rerank.fit.law_memo import LawMemo, rows_key
 from rerank.fit.token_prior import PriorColumn, split_priors
 from specrank.errors import Refusal

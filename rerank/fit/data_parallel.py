@@ -41,7 +41,6 @@ import numpy as np
 import pandas as pd
 
 from rerank.fit.boosting import Capacity, _cut, lgbm_params
-from rerank.fit.crossfit import check_grouped, inner_validation
 from rerank.fit.design import (
     CATEGORICAL,
     TOKEN_PRIOR,
@@ -52,16 +51,7 @@ from rerank.fit.design import (
     hash_rows,
     shared_strings,
 )
-from rerank.fit.halves import (
-    CrossfitResult,
-    LawFits,
-    SavedFit,
-    _fit_keys,
-    _taken,
-    _training_masks,
-    frame_folds,
-    predict_blocks,
-)
+from rerank.fit.folds import check_grouped, inner_validation
 from rerank.fit.models import (
     BATCH_ROUTE,
     LABEL_OF_LAW,
@@ -70,6 +60,16 @@ from rerank.fit.models import (
     _prior_groups,
     _prompts,
     feature_list,
+)
+from rerank.fit.out_of_fold import (
+    CrossfitResult,
+    LawFits,
+    SavedFit,
+    _fit_keys,
+    _taken,
+    _training_masks,
+    frame_folds,
+    predict_blocks,
 )
 from rerank.fit.token_prior import (
     DEFAULT_PSEUDO_COUNT,

@@ -273,7 +273,7 @@ class BlockDataset(lgb.Dataset):
     paper scale, docs/benchmarks.md). This replaces its private `Dataset.__sample` with one
     that takes the same rows (`_create_sample_indices`, LightGBM's own) in one gather and
     keeps what LightGBM keeps of each column (the entries beyond its ZERO_THRESHOLD, and
-    NaN); the fit is the same bits as from the rows' matrix (tests/test_crossfit.py, which
+    NaN); the fit is the same bits as from the rows' matrix (tests/test_folds.py, which
     also fails if LightGBM renames the method).
     """
 

@@ -31,13 +31,13 @@ from rerank.fit.boosting import (
     estimator_iterations,
     fit_estimator,
 )
-from rerank.fit.crossfit import distinct_strings
 from rerank.fit.design import (
     TOKEN_PRIOR,
     design_matrix,
     frame_fingerprint,
     task_categories,
 )
+from rerank.fit.folds import distinct_strings
 from rerank.fit.token_prior import (
     DEFAULT_PSEUDO_COUNT,
     PRIOR_SPLITS,
@@ -143,7 +143,7 @@ class FittedReranker:
     @cached_property
     def _batch_forest(self) -> JitForest | None:
         """The estimator's trees in the batch walk's layout, built once per model, not once
-        per block of its held-out half (`rerank.fit.halves.predict_blocks`: two blocks a model
+        per block of its held-out half (`rerank.fit.out_of_fold.predict_blocks`: two blocks a model
         at paper scale, about twenty at 10x; building them per block was a visible share of
         `experiment=paper`'s fitting, docs/benchmarks.md). None where the
         walk cannot represent them exactly (the library predicts)."""

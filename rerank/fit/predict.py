@@ -4,7 +4,7 @@ For each decoding law separately (greedy rows are never mixed with sampled rows)
 rerankers (one per feature set: Base, Rows and those beyond the paper), the isotonic control of
 the first draft factor and the draft-rank control give phat for every first-level candidate;
 per-depth isotonic maps of every draft factor are fitted on pool edges of the training half.
-Every prediction of a prompt comes from a model fitted on the other half (`rerank.fit.crossfit`).
+Every prediction of a prompt comes from a model fitted on the other half (`rerank.fit.folds`).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from rerank.evaluate.matched import SimulatedPredictions
 from rerank.evaluate.pool_chunks import ROUND_KEYS, iter_trace_chunks
 from rerank.fit.binned import BinnedRuns
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
-from rerank.fit.crossfit import crossfit_calibrate, crossfit_rank_control, prompt_halves
 from rerank.fit.design import same_values
-from rerank.fit.halves import CrossfitResult, FitStore, LawFits, frame_folds, prompt_folds
+from rerank.fit.folds import crossfit_calibrate, crossfit_rank_control, prompt_halves
 from rerank.fit.law_memo import LawMemo
 from rerank.fit.models import LABEL_OF_LAW, FittedReranker
+from rerank.fit.out_of_fold import CrossfitResult, FitStore, LawFits, frame_folds, prompt_folds
 from selection.pool_batch import PoolBatch
 from selection.ranking import pool_levels
 from selection.rules import learned
@@ -50,7 +50,7 @@ def fold_map(
     """prompt id -> fold (0/1), computed once over ALL prompts so chunks agree.
 
     ``tasks`` (aligned with ``prompt_ids``) balances the halves within each task
-    (`rerank.crossfit.prompt_halves`); without it all prompts count as one task.
+    (`rerank.fit.folds.prompt_halves`); without it all prompts count as one task.
     """
     if tasks is None:
         unique = np.unique(prompt_ids)
@@ -154,7 +154,7 @@ def predict_first_factors(
     `task` and `temperature` (the job reads one law's features at a time that way); by
     default each law's rows are taken from ``candidates``. ``fits``: where finished fits are
     kept and taken from (`rerank.fit.resume`). ``train_share``: the share of each training
-    half's prompts a model is fitted on (`rerank.fit.crossfit.prompt_subsample`).
+    half's prompts a model is fitted on (`rerank.fit.folds.prompt_subsample`).
     ``prefit(settings, jobs, folds)``, when given, cross-fits every (temperature, feature
     set) of ``jobs`` elsewhere first (Ray workers: `rerank.on_ray`), each as
     ``settings.crossfit`` would here. ``simulated``: its sets' held-out phat with and without

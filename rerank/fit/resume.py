@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rerank.fit.halves import SavedFit
+from rerank.fit.out_of_fold import SavedFit
 from rerank.fit.persist import load_reranker, save_reranker
 from specrank import faults
 from specrank.errors import Refusal

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rerank.fit.crossfit import check_grouped, fold_masks, prompt_halves, prompt_subsample
-from rerank.fit.halves import crossfit_predict
+from rerank.fit.folds import check_grouped, fold_masks, prompt_halves, prompt_subsample
 from rerank.fit.models import fit_reranker
+from rerank.fit.out_of_fold import crossfit_predict
 from rerank.fit.token_prior import (
     PriorColumn,
     TokenPrior,
@@ -232,7 +232,7 @@ def test_crossfit_model_equals_a_model_fitted_on_the_training_half_alone(samplin
 
 
 def test_distinct_values_are_numpys_unique_of_the_strings():
-    from rerank.fit.crossfit import distinct_strings
+    from rerank.fit.folds import distinct_strings
 
     rng = np.random.default_rng(5)
     words = np.array(["b-10", "b-9", "a", "é", "B", "b-1"], dtype=object)
@@ -314,7 +314,7 @@ def test_row_hashes_and_held_out_predictions_do_not_depend_on_the_block(
     monkeypatch, sampling_frame
 ) -> None:
     from rerank.fit import design as design_module
-    from rerank.fit import halves as halves_module
+    from rerank.fit import out_of_fold as halves_module
     from rerank.fit.design import hash_rows
 
     frame = sampling_frame

@@ -9,7 +9,7 @@ from hydra import compose
 
 from pairs.prompts import load_prompts
 from rerank.config import RerankConfig
-from rerank.fit.crossfit import balance_tolerance, check_grouped, prompt_halves
+from rerank.fit.folds import balance_tolerance, check_grouped, prompt_halves
 from rerank.fit.predict import fold_map, halves_table
 from tests.test_tasks import _data
 

@@ -19,7 +19,6 @@ import pandas as pd
 
 from rerank.fit.binned import BinnedRuns
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity, fit_estimator
-from rerank.fit.crossfit import check_grouped, fold_masks, prompt_subsample
 from rerank.fit.design import (
     TOKEN_PRIOR,
     DesignColumns,
@@ -30,6 +29,7 @@ from rerank.fit.design import (
     shared_strings,
     task_categories,
 )
+from rerank.fit.folds import check_grouped, fold_masks, prompt_subsample
 from rerank.fit.law_memo import LawMemo, rows_key
 from rerank.fit.models import (
     BATCH_ROUTE,
@@ -89,7 +89,7 @@ def crossfit_predict(
 ) -> CrossfitResult:
     """Out-of-fold phat (float64 in [PROB_FLOOR, 1]) for every row of one law's frame.
 
-    ``folds`` come from `rerank.crossfit.prompt_halves` (checked constant
+    ``folds`` come from `rerank.fit.folds.prompt_halves` (checked constant
     within each prompt). Task categories are fixed from the whole frame
     unless declared. The token prior is computed inside each fold, and so is
     early stopping's inner split (`rerank.fit.boosting`): neither reads the
