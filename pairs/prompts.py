@@ -163,10 +163,10 @@ def load_prompts(data: DataConfig) -> list[Prompt]:
         raise Refusal(
             f"data '{data.name}': duplicate prompt ids {dupes[:5]} (ids must be unique across sources)"
         )
-    return chunk_of(data, prompts)
+    return prompt_chunk(data, prompts)
 
 
-def chunk_of(data: DataConfig, prompts: list[Prompt]) -> list[Prompt]:
+def prompt_chunk(data: DataConfig, prompts: list[Prompt]) -> list[Prompt]:
     """Prompt i is in chunk i % data.chunks: the one this process decodes (data.chunk)."""
     if data.chunks < 1 or not 0 <= data.chunk < data.chunks:
         raise Refusal(

@@ -47,7 +47,7 @@ RULE_KINDS = ("factor", "draw", "control", "learned", "derived")
 MODEL_KINDS = ("hgb", "lgbm")  # the model kinds a learned rule's name carries
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # entries name every field they set
 class Rule:
     name: str
     family: str  # plot panel (rerank.report.plot_style.FAMILIES)
@@ -84,15 +84,24 @@ class Rule:
 
 
 _FIXED = (
-    Rule("draft", "draft", "factor", "draft", "draft", records=True),
-    # the online decoder's fitted reranker; offline each is `<feature set>_<model kind>`
-    Rule("reranker", "learned", "learned", None, "first_factor", predictor=True),
     Rule(
-        "root",
-        "exact",
-        "factor",
-        "lead",
-        "first_factor",
+        name="draft", family="draft", kind="factor", offline="draft", online="draft", records=True
+    ),
+    # the online decoder's fitted reranker; offline each is `<feature set>_<model kind>`
+    Rule(
+        name="reranker",
+        family="learned",
+        kind="learned",
+        offline=None,
+        online="first_factor",
+        predictor=True,
+    ),
+    Rule(
+        name="root",
+        family="exact",
+        kind="factor",
+        offline="lead",
+        online="first_factor",
         root_pass=True,
         rows=("root",),
         lead_depth=1,
@@ -100,54 +109,98 @@ _FIXED = (
     ),
     # greedy rounds ranked by the unit-temperature softmax of the root row (docs/method.md#rule-values)
     Rule(
-        "root_softmax", "exact", "factor", "lead", rows=("root",), lead_depth=1, lead_softmax=True
+        name="root_softmax",
+        family="exact",
+        kind="factor",
+        offline="lead",
+        rows=("root",),
+        lead_depth=1,
+        lead_softmax=True,
     ),
-    Rule("depth_two", "exact", "factor", "lead", rows=("root", "depth 1"), lead_depth=2),
-    Rule("oracle", "exact", "factor", "oracle", rows=("every scored row",)),
     Rule(
-        "root_draw",
-        "draw",
-        "draw",
-        "draw",
-        "draw",
+        name="depth_two",
+        family="exact",
+        kind="factor",
+        offline="lead",
+        rows=("root", "depth 1"),
+        lead_depth=2,
+    ),
+    Rule(
+        name="oracle", family="exact", kind="factor", offline="oracle", rows=("every scored row",)
+    ),
+    Rule(
+        name="root_draw",
+        family="draw",
+        kind="draw",
+        offline="draw",
+        online="draw",
         root_pass=True,
         rows=("root",),
         draw_tree="descendants",
         compare=("pearl", "pearl_matched"),
     ),
     Rule(
-        "pearl",
-        "draw",
-        "draw",
-        "pearl",
-        "draw",
+        name="pearl",
+        family="draw",
+        kind="draw",
+        offline="pearl",
+        online="draw",
         root_pass=True,
         rows=("root",),
         draw_tree="draft_tree",
         compare=("pearl_commit",),
     ),
     # commits to the drafter's top first token instead of drawing it
-    Rule("pearl_commit", "draw", "draw", "draw", rows=("root",), draw_tree="descendants"),
+    Rule(
+        name="pearl_commit",
+        family="draw",
+        kind="draw",
+        offline="draw",
+        rows=("root",),
+        draw_tree="descendants",
+    ),
     # PEARL with its pre-draw budget raised until its mean tree size is root-draw's
-    Rule("pearl_matched", "draw", "derived", "derived", rows=("root",)),
+    Rule(name="pearl_matched", family="draw", kind="derived", offline="derived", rows=("root",)),
     # root selection after a covered round, draft otherwise: a decoder without a root pass,
     # covered as its own trees are under the policy (App. D.10)
     Rule(
-        "root_if_covered",
-        "exact",
-        "control",
-        "policy",
+        name="root_if_covered",
+        family="exact",
+        kind="control",
+        offline="policy",
         rows=("matched",),
         compare=("draft_scored",),
     ),
     # draft selection's tree as large as the prefixes the policy's pass scores: the decoder
     # that is never covered and scores no more prefixes (App. D.10's Theorem 2)
-    Rule("draft_scored", "exact", "control", "policy"),  # plotted beside root_if_covered
+    Rule(
+        name="draft_scored", family="exact", kind="control", offline="policy"
+    ),  # plotted beside root_if_covered
     # App. D.10's covering decoder: its rounds emit a tree leaf as the continuation
-    Rule("covering", "draw", "control", None, "covering", draw_tree="descendants", traces=False),
-    Rule("iso_q1", "calibrators", "control", "first_factor", compare=("rank_control",)),
-    Rule("per_depth", "calibrators", "control", "scores", compare=("rank_control",)),
-    Rule("rank_control", "learned", "control", "first_factor"),
+    Rule(
+        name="covering",
+        family="draw",
+        kind="control",
+        offline=None,
+        online="covering",
+        draw_tree="descendants",
+        traces=False,
+    ),
+    Rule(
+        name="iso_q1",
+        family="calibrators",
+        kind="control",
+        offline="first_factor",
+        compare=("rank_control",),
+    ),
+    Rule(
+        name="per_depth",
+        family="calibrators",
+        kind="control",
+        offline="scores",
+        compare=("rank_control",),
+    ),
+    Rule(name="rank_control", family="learned", kind="control", offline="first_factor"),
 )
 RULES: dict[str, Rule] = {r.name: r for r in _FIXED}
 BASELINE = "draft"  # every gain is relative to it
@@ -169,13 +222,13 @@ def learned(feature_set: str, model_kind: str, compare: tuple[str, ...] = ()) ->
     """The learned reranker of a feature set and model kind (`rows_lgbm`)."""
     if model_kind not in MODEL_KINDS:
         raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {model_kind!r}")
-    return Rule(f"{feature_set}_{model_kind}", "learned", "learned", "first_factor",
+    return Rule(name=f"{feature_set}_{model_kind}", family="learned", kind="learned", offline="first_factor",
                 compare=compare, params={"feature_set": feature_set, "model_kind": model_kind})  # fmt: skip
 
 
 def substitution(row: str) -> Rule:
     """Direct substitution of a retained row's first factor (`sub_cache`)."""
-    return Rule(f"sub_{row}", "substitutions", "control", "first_factor", rows=(row,),
+    return Rule(name=f"sub_{row}", family="substitutions", kind="control", offline="first_factor", rows=(row,),
                 params={"row": row})  # fmt: skip
 
 
@@ -183,7 +236,14 @@ def mixture(row: str, weight: float | None = None) -> Rule:
     """Geometric mixture with draft (`mix_cache`; `mix_cache_w0.5` at one weight)."""
     name = f"mix_{row}" if weight is None else f"mix_{row}_w{weight:g}"
     params = {"row": row} | ({} if weight is None else {"weight": f"{weight:g}"})
-    return Rule(name, "mixtures", "control", "first_factor", rows=(row,), params=params)
+    return Rule(
+        name=name,
+        family="mixtures",
+        kind="control",
+        offline="first_factor",
+        rows=(row,),
+        params=params,
+    )
 
 
 _LEARNED = re.compile(

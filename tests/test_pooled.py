@@ -15,7 +15,7 @@ from decode.pooled import main as pooled_main
 from decode.pooled import pooled_report, read_chunks
 from decode.run import run_online
 from pairs.config import DataConfig, PromptSource
-from pairs.prompts import chunk_of, load_prompts
+from pairs.prompts import load_prompts, prompt_chunk
 from specrank.config import MlflowConfig
 from specrank.errors import Refusal
 from tests.online_fixtures import PROMPTS, settings
@@ -36,7 +36,7 @@ def test_chunks_split_the_prompts_in_turn_and_bad_ones_are_refused(tmp_path):
     assert parts == [every[0::3], every[1::3], every[2::3]]
     for chunks, chunk in ((2, 2), (0, 0), (2, -1)):
         with pytest.raises(Refusal, match=r"data\.chunk"):
-            chunk_of(_data(tmp_path, chunks, chunk), [])
+            prompt_chunk(_data(tmp_path, chunks, chunk), [])
 
 
 def _decode(tmp_path: Path, folder: Path, data: DataConfig, run: RunConfig) -> None:

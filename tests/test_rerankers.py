@@ -198,8 +198,9 @@ class _Stub:
 
 def test_regressor_outputs_are_clipped_to_floor_and_one() -> None:
     model = FittedReranker(
-        "lgbm", "sampling", "base", ["x"], [], _Stub(), TokenPrior().fit([1], [0.5]), "fp"
-    )
+        kind="lgbm", law="sampling", feature_set="base", features=["x"], categories=[],
+        estimator=_Stub(), token_prior=TokenPrior().fit([1], [0.5]), train_fingerprint="fp",
+    )  # fmt: skip
     got = model.predict_matrix(np.zeros((4, 1), np.float32))
     np.testing.assert_array_equal(got, [PROB_FLOOR, PROB_FLOOR, 0.3, 1.0])
     assert got.dtype == np.float64

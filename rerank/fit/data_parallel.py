@@ -294,9 +294,12 @@ def crossfit_on_nodes(keys: pd.DataFrame, settings: LawFits, temperature: float,
             t0 = time.perf_counter()
             est = _fit_half(half, train, prior, by_prompt is not None, features, settings, nodes,
                             runner)  # fmt: skip
-            model = FittedReranker("lgbm", law, feature_set, features, list(settings.categories),
-                                   est, full, prints[i][0], settings.seed, settings.capacity,
-                                   _prompts(prompt_ids[train]))  # fmt: skip
+            model = FittedReranker(
+                kind="lgbm", law=law, feature_set=feature_set, features=features,
+                categories=list(settings.categories), estimator=est, token_prior=full,
+                train_fingerprint=prints[i][0], seed=settings.seed, capacity=settings.capacity,
+                train_prompts=_prompts(prompt_ids[train]),
+            )  # fmt: skip
             seconds = time.perf_counter() - t0
             rows = [np.isin(codes, g) for g in node_prompts(codes, predict, nodes)]
             shares = node_shares(codes, half.names, half.hashes, law, rows,

@@ -90,7 +90,7 @@ def law_of(frame: pd.DataFrame) -> str:
     return law_kind(float(temps[0]))
 
 
-@dataclass
+@dataclass(kw_only=True)  # eleven fields: built by name, never by position
 class FittedReranker:
     """A fitted first-level model with everything needed to apply it to new rows."""
 
@@ -224,8 +224,10 @@ def fit_reranker(
     fp = frame_fingerprint(frame, _fingerprint_columns(frame, features, law))
     prompts = () if groups is None else _prompts(groups)
     return FittedReranker(
-        kind, law, feature_set, features, cats, est, full, fp, seed, capacity, prompts
-    )
+        kind=kind, law=law, feature_set=feature_set, features=features, categories=cats,
+        estimator=est, token_prior=full, train_fingerprint=fp, seed=seed, capacity=capacity,
+        train_prompts=prompts,
+    )  # fmt: skip
 
 
 def _prompts(prompt_ids: np.ndarray) -> tuple[str, ...]:
