@@ -1,9 +1,10 @@
 """`python -m bench.bench_drafters`: every drafter kind on the same prompts, in one run.
 
-The pocket target with its standalone drafter, its EAGLE-3 head and its block drafters
-(DFlash's recipe and DCore's; conf/model/pocket*.yaml), each as a tree and a chain, at the temperature pairs T_t|T_d 0|0,
-1|0 and 1|1 and the paper's budgets B = 8 and 16 (verified tokens, root included; shapes in
-`bench.drafters`). Online decoding with the draft rule (`run.score=tree`), every prompt
+The pocket target with its standalone drafter, its EAGLE-3 head, its block drafters (DFlash's
+recipe and DCore's) and its semi-AR drafters (DSpark, Domino; conf/model/pocket*.yaml), each
+as a tree and a chain, at the temperature pairs T_t|T_d 0|0, 1|0 and 1|1 and the paper's
+budgets B = 8 and 16 (verified tokens, root included; shapes in `bench.drafters`). Online
+decoding with the draft rule (`run.score=tree`), every prompt
 decoded by every variant and target-only in an order rotating with the prompt (one run per
 target temperature; 1|0 and 1|1 share their baseline). Prints, per pair and budget:
 
@@ -14,6 +15,8 @@ target temperature; 1|0 and 1|1 share their baseline). Prints, per pair and budg
 - the paper's stage split in ms per round (which of our stages merge: `bench.drafters`);
 - the low/high-entropy halves (tasks split by the target's entropy on the baseline decodes);
 - the budget elasticity B = 8 -> 16: 100 x d ln tau, d ln TPS, d ln eta, paired intervals;
+- each kind's tau against `--versus`'s (default: the DFlash-recipe block drafter) at the same
+  shape, pair and budget: ratio and difference, paired prompt-bootstrap intervals;
 - then, on traces recorded with each kind (disjoint prompts of the same suite, tree pool,
   B = 59, `run.score=record`, both laws at T_d = 0), the offline gain of the cross-fitted
   rerankers over draft at B = 8 and 16 (`rerank.train`'s job, in-process).
@@ -42,7 +45,16 @@ import transformers
 from omegaconf import OmegaConf
 
 from bench.common import suite_prompts, warmup_count
-from bench.drafters import KINDS, PAIRS, PAPER_STAGES, Variant, decode_law, variant_tables, variants
+from bench.drafters import (
+    KINDS,
+    PAIRS,
+    PAPER_STAGES,
+    Variant,
+    decode_law,
+    tau_versus,
+    variant_tables,
+    variants,
+)
 from bench.drafters_offline import offline_gains, offline_text
 from pairs.block.drafter import BlockDrafter
 from pairs.config import ModelConfig
@@ -69,7 +81,11 @@ def load_kind(kind: str, device: str, dtype: str) -> ModelPair:
 
 
 def max_depth(pair: ModelPair) -> int | None:
-    """The deepest pool a drafter drafts: a block drafter's block_size - 1, else unbounded."""
+    """The deepest pool a drafter drafts: a block drafter's block_size - 1, a semi-AR
+    drafter's rows (`SemiARSpec.depth`), else unbounded."""
+    semi = getattr(pair.drafter, "semi", None)
+    if semi is not None:
+        return semi.depth
     if isinstance(pair.drafter, BlockDrafter):
         return pair.drafter.spec.block_size - 1
     return None
@@ -131,9 +147,24 @@ def elasticity_text(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def versus_text(table: pd.DataFrame, base: str) -> str:
+    lines = [f"\n== tau against {base} (same shape, pair, budget and prompts; paired prompt "
+             "bootstrap, 95%)"]  # fmt: skip
+    if table.empty:
+        lines.append(f"  none: {base} did not run beside another kind (--kinds, --versus)")
+    for _, r in table.iterrows():
+        ratio = f"{r['tau_ratio']:.3f}x [{r['tau_ratio_lo']:.3f}, {r['tau_ratio_hi']:.3f}]"
+        diff = f"{r['tau_diff']:+.3f} [{r['tau_diff_lo']:+.3f}, {r['tau_diff_hi']:+.3f}]"
+        lines.append(f"  {r['pair']} B={r['budget']:<3} {r['kind'] + '/' + r['shape']:<26} "
+                     f"tau {r['tau']:.3f} vs {r['base_tau']:.3f}: ratio {ratio}, "
+                     f"difference {diff}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def run_online(pairs: dict[str, ModelPair], prompts, chosen: list[Variant], args) -> dict:
     """Both target temperatures' runs; their tables, keyed by table name."""
-    frames: dict[str, list[pd.DataFrame]] = {"groups": [], "elasticity": [], "halves": []}
+    frames: dict[str, list[pd.DataFrame]] = {"groups": [], "elasticity": [], "halves": [],
+                                             "versus": []}  # fmt: skip
     warmup = warmup_count(args.warmup_prompts, args.device, len(prompts))
     for t_t in sorted({v.temperatures[0] for v in chosen}):
         law = [v for v in chosen if v.temperatures[0] == t_t]
@@ -149,7 +180,9 @@ def run_online(pairs: dict[str, ModelPair], prompts, chosen: list[Variant], args
         groups, elasticity, halves = variant_tables(timings, eos, args.resamples)
         print(f"T_t={t_t:g}: {len(law)} decoders x {len(prompts)} prompts in "
               f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
-        for name, frame in zip(frames, (groups, elasticity, halves.assign(T_t=t_t)), strict=True):
+        versus = tau_versus(timings, args.versus, args.resamples)
+        tables = (groups, elasticity, halves.assign(T_t=t_t), versus)
+        for name, frame in zip(frames, tables, strict=True):
             frames[name].append(frame)
     return {k: pd.concat(v, ignore_index=True) for k, v in frames.items()}
 
@@ -171,6 +204,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--offline-prompts", type=int, default=24,
                     help="prompts recorded per kind for the offline gains (0: skip that half)")  # fmt: skip
     ap.add_argument("--resamples", type=int, default=1000)
+    ap.add_argument("--versus", default="block", choices=list(KINDS),
+                    help="the kind every other kind's tau is compared with, paired")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--warmup-prompts", type=int, default=None,
@@ -204,6 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(groups_text(tables["groups"], args.device))
     print(halves_text(tables["groups"], tables["halves"]))
     print(elasticity_text(tables["elasticity"]))
+    print(versus_text(tables["versus"], args.versus))
     out = {k: v.to_dict("records") for k, v in tables.items()}
     if args.offline_prompts > 0:
         gains = offline_gains(pairs, fit, args.max_new_tokens, [b - 1 for b in args.budgets],

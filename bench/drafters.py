@@ -8,14 +8,17 @@ eagle_topk / num_draft_tokens):
   chain : pool.top_k=1 pool.expand=1 pool.steps=B - 2, every node verified: (B-1)/1/B;
   tree  : the default 710-candidate pool (depth 8, 10 children a node) and the draft rule's
           best B - 1 nodes of it: 8/10/B.
-A block drafter's pool is at most block_size - 1 deep, so its chain stops there (the paper
-uses budget-specific DFlash checkpoints; the pocket block drafter has one block size).
+A block drafter's pool is at most as deep as its block drafts (block_size - 1; a semi-AR
+drafter's rows), so its chain stops there (the paper uses budget-specific DFlash
+checkpoints; the pocket block drafters have one block size each).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from decode.baseline import row_entropies
@@ -36,12 +39,15 @@ from decode.settings import OnlineSettings
 from decode.stream import DecodeSettings
 from pairs.models import ModelPair
 from pairs.prompts import Prompt, encode_prompt
+from specrank.bootstrap import percentile_interval, resample_weights
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 # kind -> conf/model/<name>.yaml; dcore: the block drafter of the DCore recipe (DFlare's
-# per-draft-layer mixing, D-PACE's weights)
+# per-draft-layer mixing, D-PACE's weights); dspark, domino: the semi-AR drafters (a DFlash
+# backbone corrected from the drafted path: DeepSpec's Markov head, SpecForge's GRU)
 KINDS = {"standalone": "pocket", "eagle3": "pocket_eagle3", "block": "pocket_block",
-         "dcore": "pocket_block_dcore"}  # fmt: skip
+         "dcore": "pocket_block_dcore", "dspark": "pocket_dspark",
+         "domino": "pocket_domino"}  # fmt: skip
 PAIRS = ("0|0", "1|0", "1|1")  # T_t|T_d, the paper's three
 # The paper's latency stages (its Tab. 6) on this decoder's (decode.round.STAGES). Ours merge:
 # setup, rollout and the drafter's resync are one draft step (the drafter first takes the
@@ -105,7 +111,8 @@ def variants(kinds: list[str], shapes: list[str], pairs: list[str], budgets: lis
              ) -> tuple[list[Variant], list[str]]:  # fmt: skip
     """Every (kind, shape, pair, budget) a drafter can draft, and a note for each it cannot.
 
-    max_depth: kind -> the deepest pool it drafts (a block drafter's block_size - 1).
+    max_depth: kind -> the deepest pool it drafts (a block drafter's block_size - 1, a
+    semi-AR drafter's rows).
     chain_verifiers: the verifiers of a chain drafted at T_d > 0, each its own variant (over
     deterministic drafts coupling is the default's rule, so it is not run there)."""
     out, skipped = [], []
@@ -115,7 +122,7 @@ def variants(kinds: list[str], shapes: list[str], pairs: list[str], budgets: lis
                 depth = Variant(kind, shape, "0|0", b).pool().steps + 1
                 if depth > max_depth.get(kind, depth):
                     skipped.append(f"{kind}/{shape} at B={b}: depth {depth} > its "
-                                   f"{max_depth[kind]} (block_size - 1)")  # fmt: skip
+                                   f"{max_depth[kind]} (the positions a block drafts)")  # fmt: skip
                     continue
                 for p in pairs:
                     sampled_chain = (
@@ -233,4 +240,31 @@ def _elasticity(tables: dict, n_resamples: int, seed: int) -> pd.DataFrame:
         e = budget_elasticity(per_budget, n_resamples, seed)
         for _, r in e.iterrows():
             rows.append({"kind": kind, "shape": shape, "pair": pair, **r.to_dict()})
+    return pd.DataFrame(rows)
+
+
+def tau_versus(timings: dict[Variant, list[PromptTiming]], base_kind: str, n_resamples: int,
+               seed: int = 0) -> pd.DataFrame:  # fmt: skip
+    """Each variant's tau against `base_kind`'s at the same shape, pair, budget and verifier,
+    on the same prompts: the ratio and the difference with paired prompt-bootstrap intervals
+    (one resample draws prompts for both; tau is tokens per round over the drawn prompts'
+    rounds). Empty without `base_kind`."""
+    sums = {v: {p.prompt_id: (sum(len(r.emitted) for r in p.run.rounds), len(p.run.rounds))
+                for p in t} for v, t in timings.items()}  # fmt: skip
+    rows = []
+    for v in timings:
+        base = dataclasses.replace(v, kind=base_kind)
+        if v.kind == base_kind or base not in timings:
+            continue
+        ids = sorted(sums[v].keys() & sums[base].keys())
+        w = np.vstack([np.ones(len(ids)), resample_weights(len(ids), n_resamples, seed)])
+        taus = []
+        for arm in (v, base):
+            emitted, rounds = (np.array([sums[arm][i][k] for i in ids], float) for k in (0, 1))
+            taus.append((w @ emitted) / (w @ rounds))
+        ratio, diff = taus[0] / taus[1], taus[0] - taus[1]
+        rows.append({**_keys(v), "versus": base_kind, "prompts": len(ids), "tau": taus[0][0],
+                     "base_tau": taus[1][0],
+                     **percentile_interval(ratio[0], ratio[1:]).columns("tau_ratio"),
+                     **percentile_interval(diff[0], diff[1:]).columns("tau_diff")})  # fmt: skip
     return pd.DataFrame(rows)

@@ -4,14 +4,16 @@ never asserted; greedy losslessness is checked by the bench itself (it stops oth
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
 
 import bench.drafters as drafters
-from bench.bench_drafters import elasticity_text, load_kind, main
+from bench.bench_drafters import elasticity_text, load_kind, main, max_depth
 from bench.common import suite_prompts
-from bench.drafters import Variant, decode_law, variants
+from bench.drafters import Variant, decode_law, tau_versus, variants
 from tests.tiny_models import one_thread
 
 
@@ -25,7 +27,7 @@ def test_shapes_follow_the_papers_triples_and_a_block_chain_stops_at_its_block()
                                {"block": 8})  # fmt: skip
     assert Variant("block", "chain", "0|0", 16) not in chosen
     assert Variant("eagle3", "chain", "0|0", 16) in chosen and len(chosen) == 7
-    assert skipped == ["block/chain at B=16: depth 15 > its 8 (block_size - 1)"]
+    assert skipped == ["block/chain at B=16: depth 15 > its 8 (the positions a block drafts)"]
     both = ("exhaustive", "coupling")
     sampled, _ = variants(["block"], ["tree", "chain"], ["1|0", "1|1"], [8], {"block": 8}, both)
     # coupling only where the chain is drawn (T_d > 0); a tree keeps the default verifier
@@ -34,6 +36,41 @@ def test_shapes_follow_the_papers_triples_and_a_block_chain_stops_at_its_block()
         "block/tree 1|1"]  # fmt: skip
     coupled = next(v for v in sampled if v.verifier == "coupling")
     assert coupled.settings(8).base.decode.verifier == "coupling"
+
+
+def _timings(per_prompt: dict[str, list[int]]) -> list:
+    """Prompts whose rounds emit the given token counts (what `tau_versus` reads)."""
+    return [SimpleNamespace(prompt_id=pid, run=SimpleNamespace(
+        rounds=[SimpleNamespace(emitted=[0] * n) for n in counts]))
+        for pid, counts in per_prompt.items()]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["block", "dspark", "domino"])
+def test_a_block_kind_s_chain_stops_where_its_block_does(kind):
+    """The shipped block and semi-AR drafters draft depth 8 (DSpark: block_size 8 rows;
+    Domino and DFlash: 9 positions after the root): B = 16's chain is skipped for each."""
+    depth = max_depth(load_kind(kind, "cpu", "float32"))
+    assert depth == 8
+    chosen, skipped = variants([kind], ["chain"], ["0|0"], [8, 16], {kind: depth})
+    assert [v.budget for v in chosen] == [8] and len(skipped) == 1
+
+
+def test_tau_against_a_kind_is_paired_on_the_same_prompts():
+    """tau = tokens per round over all rounds; ratio and difference against the base kind at
+    the same shape, pair and budget, the point inside its paired interval; no base, no row."""
+    block, dspark = Variant("block", "tree", "0|0", 8), Variant("dspark", "tree", "0|0", 8)
+    timings = {block: _timings({"a": [1, 2], "b": [1, 1, 1]}),
+               dspark: _timings({"a": [4], "b": [3, 3]}),
+               Variant("dspark", "chain", "0|0", 8): _timings({"a": [2]})}  # fmt: skip
+    table = tau_versus(timings, "block", 200)
+    assert len(table) == 1
+    r = table.iloc[0]
+    assert (r["kind"], r["tau"], r["base_tau"]) == ("dspark", 10 / 3, 6 / 5)
+    assert r["tau_ratio"] == pytest.approx((10 / 3) / (6 / 5))
+    assert r["tau_diff"] == pytest.approx(10 / 3 - 6 / 5)
+    for q in ("tau_ratio", "tau_diff"):
+        assert r[f"{q}_lo"] <= r[q] <= r[f"{q}_hi"]
+    assert tau_versus(timings, "eagle3", 10).empty
 
 
 def test_kinds_shapes_and_pairs_decode_and_the_tables_hold_their_identities(tmp_path):

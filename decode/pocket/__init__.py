@@ -1,2 +1,2 @@
-"""`python -m decode.pocket`, `.eagle3` and `.block`: the entry points of the pocket
-recipes (`recipes.pocket`), kept at their command names."""
+"""`python -m decode.pocket`, `.eagle3`, `.block`, `.dspark` and `.domino`: the entry points
+of the pocket recipes (`recipes.pocket`), kept at their command names."""

@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from safetensors.torch import save_file
+from torch import Tensor, nn
 
 from pairs.block.layout import (
     DRAFTER_SETTING,
+    WEIGHTS,
     BlockSpec,
     block_spec_of,
     placed,
@@ -197,3 +199,39 @@ def read_semiar_weights(folder: Path, spec: SemiARSpec) -> dict[str, Tensor]:
     return read_checked_weights(
         folder, semiar_shapes(spec), what, lambda key: key.removeprefix(LEGACY_PREFIX)
     )
+
+
+def semiar_config(spec: SemiARSpec, extra: dict | None = None) -> dict:
+    """config.json of a drafter of `spec` in its reference's layout (the inverse of `READERS`);
+    `extra`: further top-level keys (e.g. DeepSpec's `num_anchors`, read by its trainer)."""
+    fields = spec.block.layer.to_dict()
+    for key in ("is_causal", "transformers_version", "dtype", "torch_dtype", "architectures"):
+        fields.pop(key, None)
+    b = spec.block
+    fields |= {"model_type": "qwen3", "architectures": [KINDS[spec.kind]],
+               "block_size": b.block_size, "vocab_size": spec.vocab_size,
+               "tie_word_embeddings": False}  # fmt: skip
+    if b.num_target_layers is not None:
+        fields["num_target_layers"] = b.num_target_layers
+    if spec.kind == "dspark":
+        fields |= {"target_layer_ids": list(b.target_layer_ids), "mask_token_id": b.mask_token_id,
+                   "markov_rank": spec.rank, "markov_head_type": spec.variant,
+                   "enable_confidence_head": spec.confidence != "none",
+                   "confidence_head_with_markov": spec.confidence == "hidden+markov"}  # fmt: skip
+    else:
+        fields["dflash_config"] = {
+            "mask_token_id": b.mask_token_id, "target_layer_ids": list(b.target_layer_ids),
+            "projector_type": "domino", "emb_dim": spec.emb_dim, "gru_hidden_dim": spec.rank,
+            "shift_label": spec.shift, "pure_draft_prefix_len": spec.plain_rows,
+        }  # fmt: skip
+    return fields | (extra or {})
+
+
+def save_semiar_drafter(folder: Path, module: nn.Module, spec: SemiARSpec,
+                        extra: dict | None = None) -> None:  # fmt: skip
+    """config.json and model.safetensors in `spec.kind`'s reference layout (the pocket
+    drafters); read back, they give `spec` (`READERS`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(semiar_config(spec, extra), indent=2) + "\n")
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    save_file(state, folder / WEIGHTS)

@@ -91,6 +91,18 @@ class SemiARModule(BlockDrafterModule):
             return None, s
         return self.embed_proj(torch.cat([hidden.expand(n, -1), s], -1)), s
 
+    def path_bias(self, hidden: Tensor, prev: Tensor, embed: nn.Module | None) -> Tensor:
+        """Teacher-forced corrections [A, D, V] of rows `hidden` [A, D, H] along given paths
+        `prev` [A, D] (row j's node is prev[:, j], its path prev[:, :j + 1], the root first):
+        what `correct` gives node by node down each path, for training in one call."""
+        if self.kind == "dspark":
+            flat = self.markov_head.bias(prev.reshape(-1), hidden.reshape(-1, hidden.shape[-1]))
+            return flat.view(*prev.shape, -1)
+        states, _ = self.prefix_gru(embed(prev))  # [A, D, G]: the state after each path prefix
+        bias = self.embed_proj(torch.cat([hidden, states], -1))
+        keep = torch.arange(prev.shape[1], device=prev.device) >= self.plain_rows
+        return bias * keep[:, None].to(bias.dtype)
+
     def confidence(self, hidden: Tensor, prev: Tensor) -> Tensor | None:
         """DSpark's acceptance logits [n] of rows `hidden` [n, H] after tokens `prev` [n]."""
         head = getattr(self, "confidence_head", None)

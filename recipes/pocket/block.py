@@ -37,6 +37,7 @@ import logging
 import math
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -60,20 +61,25 @@ POSITION_WEIGHTS = ("decayed", "dpace")
 LABELS = ("target", "data")
 
 
-def make_block_spec(pc: PocketBlockConfig, target) -> BlockSpec:
-    if pc.context_mixing not in CONTEXT_MIXING:
-        raise ValueError(f"pocket_block.context_mixing: expected one of {list(CONTEXT_MIXING)}, "
-                         f"found {pc.context_mixing!r}")  # fmt: skip
+def backbone_layer(pc, target) -> Qwen3Config:
+    """The drafter's decoder layers at the target's width (`pc`: any pocket block-kind config)."""
     t = target.config
-    layer = Qwen3Config(
+    return Qwen3Config(
         hidden_size=t.hidden_size, intermediate_size=pc.intermediate,
         num_attention_heads=pc.heads, num_key_value_heads=pc.kv_heads,
         head_dim=t.hidden_size // pc.heads, num_hidden_layers=1, vocab_size=t.vocab_size,
         max_position_embeddings=t.max_position_embeddings, rms_norm_eps=t.rms_norm_eps,
         rope_parameters=dict(t.rope_parameters),
     )  # fmt: skip
-    return BlockSpec(layer, tuple(pc.target_layer_ids), pc.block_size, int(t.pad_token_id),
-                     t.num_hidden_layers, pc.context_mixing)  # fmt: skip
+
+
+def make_block_spec(pc: PocketBlockConfig, target) -> BlockSpec:
+    if pc.context_mixing not in CONTEXT_MIXING:
+        raise ValueError(f"pocket_block.context_mixing: expected one of {list(CONTEXT_MIXING)}, "
+                         f"found {pc.context_mixing!r}")  # fmt: skip
+    t = target.config
+    return BlockSpec(backbone_layer(pc, target), tuple(pc.target_layer_ids), pc.block_size,
+                     int(t.pad_token_id), t.num_hidden_layers, pc.context_mixing)  # fmt: skip
 
 
 def block_batch(anchors: torch.Tensor, size: int, length: int, mask_id: int, x: torch.Tensor):
@@ -87,15 +93,20 @@ def block_batch(anchors: torch.Tensor, size: int, length: int, mask_id: int, x: 
     return ids.reshape(-1), positions, torch.cat([ctx, block[:, None] == block[None]], 1)
 
 
-def block_logits(module: BlockDrafterModule, target, feats: torch.Tensor, x: torch.Tensor,
+def block_hidden(module: BlockDrafterModule, embed, feats: torch.Tensor, x: torch.Tensor,
                  anchors: torch.Tensor, spec: BlockSpec) -> torch.Tensor:  # fmt: skip
-    """Rows 1 .. bs - 1 of every anchor's block: [A, bs - 1, V] logits."""
+    """Every row of every anchor's block, `embed` embedding its ids: [A, bs, H] hidden states."""
     length, bs = feats.shape[0], spec.block_size
     ids, positions, mask = block_batch(anchors, bs, length, spec.mask_token_id, x)
     ctx = module.context(feats, torch.arange(length))
-    embeds = target.get_input_embeddings()(ids)
-    hidden = module(embeds, positions, ctx, mask)
-    return target.get_output_embeddings()(hidden).view(len(anchors), bs, -1)[:, 1:]
+    return module(embed(ids), positions, ctx, mask).view(len(anchors), bs, -1)
+
+
+def block_logits(module: BlockDrafterModule, target, feats: torch.Tensor, x: torch.Tensor,
+                 anchors: torch.Tensor, spec: BlockSpec) -> torch.Tensor:  # fmt: skip
+    """Rows 1 .. bs - 1 of every anchor's block: [A, bs - 1, V] logits."""
+    hidden = block_hidden(module, target.get_input_embeddings(), feats, x, anchors, spec)
+    return target.get_output_embeddings()(hidden[:, 1:])
 
 
 def decayed_weights(size: int, gamma: float) -> torch.Tensor:
@@ -130,83 +141,135 @@ class BlockLoss:
         return decayed_weights(self.spec.block_size, self.pc.decay_gamma)
 
     def __call__(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        feats, logp = target_view(self.target, x, self.spec.capture_ids)
-        bs, length = self.spec.block_size, x.shape[1]
+        bs = self.spec.block_size
         w, total, gold_p = self.weights(), torch.zeros(()), []
-        for b in range(x.shape[0]):
-            anchors = torch.randint(1, length - bs + 1, (self.pc.anchors,), generator=self.rng)
-            logits = block_logits(self.module, self.target, feats[b], x[b], anchors, self.spec)
-            rows = anchors[:, None] + torch.arange(bs - 1)  # the position predicting row k's token
-            held = m[b][rows].float()  # m aligns with x[1:]: the token at row k is trained on
+        for win in training_windows(
+            self.target, self.spec, x, m, bs - 1, self.pc.anchors, self.rng
+        ):
+            logits = block_logits(self.module, self.target, win.feats, win.x, win.anchors,
+                                  self.spec)  # fmt: skip
             logq = logits.float().log_softmax(-1)  # [A, bs - 1, V]
-            if self.pc.labels == "target":  # the target's own row at that position
-                ce = -(logp[b][rows].exp() * logq).sum(-1)
-                gold = logp[b][rows].argmax(-1)
-            else:  # the window's next tokens
-                gold = x[b][rows + 1]
-                ce = -logq.gather(-1, gold[..., None])[..., 0]
-            total = total + (ce * held * w).sum() / held.sum().clamp(min=1)
+            ce, gold = row_ce(logq, win, self.pc.labels)
+            total = total + (ce * win.held * w).sum() / win.held.sum().clamp(min=1)
             q_gold = logq.detach().gather(-1, gold[..., None])[..., 0].exp()
-            gold_p.append((q_gold * held).sum(0) / held.sum(0).clamp(min=1))
+            gold_p.append((q_gold * win.held).sum(0) / win.held.sum(0).clamp(min=1))
         s = self.pc.dpace_smoothing
         self.confidence = s * self.confidence + (1 - s) * torch.stack(gold_p).mean(0)
         return total / x.shape[0]
 
 
-@torch.no_grad()
-def agreement(module, target, spec: BlockSpec, data: TrainingData, max_tokens: int) -> dict:
-    """Held-out, teacher-forced: per row, drafter argmax == target argmax; the leading run."""
-    module.eval()
-    bs, hits, runs, n = spec.block_size, torch.zeros(spec.block_size - 1), [], 0
+@dataclass
+class Window:
+    """One training window's anchors and what their rows are trained on: row j of anchor a
+    drafts the token at a + j + 1, whose target row is logp[a + j] (`rows`)."""
+
+    feats: torch.Tensor  # [L, k*H] the target's states
+    logp: torch.Tensor  # [L, V] the target's log-rows
+    x: torch.Tensor  # [L] the window's tokens
+    anchors: torch.Tensor  # [A]
+    rows: torch.Tensor  # [A, D] a + j
+    held: torch.Tensor  # [A, D] 1 where the token at a + j + 1 is trained on
+
+    def labels(self) -> torch.Tensor:
+        """[A, D, V] the target's rows at `rows`."""
+        return self.logp[self.rows]
+
+
+def training_windows(target, spec: BlockSpec, x: torch.Tensor, m: torch.Tensor, depth: int,
+            n_anchors: int, rng: torch.Generator):  # fmt: skip
+    """Each window of a batch with `n_anchors` random anchors whose `depth` rows fit in it."""
+    feats, logp = target_view(target, x, spec.capture_ids)
+    length = x.shape[1]
+    for b in range(x.shape[0]):
+        anchors = torch.randint(1, length - depth, (n_anchors,), generator=rng)
+        rows = anchors[:, None] + torch.arange(depth)  # the position predicting row j's token
+        held = m[b][rows].float()  # m aligns with x[1:]: the token at row j is trained on
+        yield Window(feats[b], logp[b], x[b], anchors, rows, held)
+
+
+def row_ce(logq: torch.Tensor, win: Window, labels: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cross-entropy [A, D] of draft log-rows `logq` against the labels (`labels=target`: the
+    target's rows; `data`: the window's next tokens), and the gold token [A, D] (the target's
+    argmax, or the data token)."""
+    if labels == "target":
+        p = win.labels().exp()
+        return -(p * logq).sum(-1), p.argmax(-1)
+    gold = win.x[win.rows + 1]
+    return -logq.gather(-1, gold[..., None])[..., 0], gold
+
+
+def heldout_windows(target, spec: BlockSpec, depth: int, data: TrainingData, max_tokens: int):
+    """The validation text's windows, anchors every depth + 1 positions whose first drafted
+    token is a trained one (a fixed held-out set)."""
     for x, m in train.val_windows(data.val_ids, data.val_mask, 128, max_tokens):
         feats, logp = target_view(target, x, spec.capture_ids)
-        anchors = torch.arange(1, x.shape[1] - bs + 1, bs)
-        anchors = anchors[m[0][anchors].bool()]  # the anchor's next token is a trained one
-        if not len(anchors):
-            continue
-        got = block_logits(module, target, feats[0], x[0], anchors, spec).argmax(-1)
-        want = logp[0].argmax(-1)[anchors[:, None] + torch.arange(bs - 1)]
-        same = got == want
-        hits += same.float().sum(0)
+        anchors = torch.arange(1, x.shape[1] - depth, depth + 1)
+        anchors = anchors[m[0][anchors].bool()]
+        if len(anchors):
+            rows = anchors[:, None] + torch.arange(depth)
+            yield Window(feats[0], logp[0], x[0], anchors, rows, m[0][rows].float())
+
+
+@torch.no_grad()
+def agreement(module, logits_of, wins) -> dict:
+    """Held-out, teacher-forced: per row, drafter argmax (`logits_of(window)` [A, D, V]) ==
+    target argmax; the mean leading run of such matches."""
+    module.eval()
+    hits, runs, n = 0.0, [], 0
+    for win in wins:
+        same = logits_of(win).argmax(-1) == win.logp.argmax(-1)[win.rows]
+        hits = hits + same.float().sum(0)
         runs.append(same.long().cumprod(1).sum(1))
-        n += len(anchors)
+        n += len(win.anchors)
     module.train()
-    out = {f"agree_row{k + 1}": float(h) / max(n, 1) for k, h in enumerate(hits)}
+    out = {f"agree_row{k + 1}": float(h) / max(n, 1) for k, h in enumerate(hits)} if n else {}
     return out | {"chain_run": float(torch.cat(runs).float().mean()) if runs else math.nan}
 
 
-def export(module: BlockDrafterModule, spec: BlockSpec, out: Path, dtype: str) -> dict[str, int]:
-    """config.json + model.safetensors in DFlash's layout (`dtype` weights); their sizes."""
+def block_agreement(module, target, spec: BlockSpec, data: TrainingData) -> dict:
+    def logits_of(win: Window) -> torch.Tensor:
+        return block_logits(module, target, win.feats, win.x, win.anchors, spec)
+
+    return agreement(
+        module, logits_of, heldout_windows(target, spec, spec.block_size - 1, data, 8192)
+    )
+
+
+def export(module, save, out: Path, dtype: str) -> dict[str, int]:
+    """`save(out, module)` with `dtype` weights (config.json + model.safetensors in the kind's
+    reference layout); their sizes. The module is float32 again after."""
     cast = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    save_block_drafter(out, module.to(cast), spec)
+    save(out, module.to(cast))
     module.float()
     (out / "model.safetensors").chmod(0o644)  # safetensors writes 0600; the folder is shared
     return {p.name: p.stat().st_size for p in (out / "config.json", out / "model.safetensors")}
 
 
-def run(pc: PocketBlockConfig, log: Log = print) -> dict:
-    """Data, training and export; writes `recipe.json` and `MODEL_CARD.md` beside the drafter."""
+def start(pc, section: str):
+    """(frozen target, tokenizer, output folder, start time) of a pocket block-kind recipe,
+    its export dtype checked (`section`: its settings' name) and torch on `pc.threads`."""
     if pc.export_dtype not in ("float16", "bfloat16"):
-        raise ValueError(f"pocket_block.export_dtype: expected float16 or bfloat16, found "
+        raise ValueError(f"{section}.export_dtype: expected float16 or bfloat16, found "
                          f"{pc.export_dtype!r}")  # fmt: skip
     torch.set_num_threads(pc.threads)
     t0 = time.time()
-    target_dir, out = corpus.resolve(pc.target), corpus.resolve(pc.out_dir)
-    target, tok = load_target(target_dir)
-    spec = make_block_spec(pc, target)
-    torch.manual_seed(pc.seed)
-    module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids), spec.context_mixing)
-    loss = BlockLoss(module, target, spec, pc)  # the settings refused before the data is made
+    target, tok = load_target(corpus.resolve(pc.target))
+    return target, tok, corpus.resolve(pc.out_dir), t0
+
+
+def make_data(pc, target, tok, t0: float, log: Log) -> tuple[TrainingData, float]:
+    """The pocket EAGLE-3 head's data (`training_data`) and the minutes since `t0`."""
     data = training_data(pc, target, tok)
-    data_minutes = (time.time() - t0) / 60
+    minutes = (time.time() - t0) / 60
     log(f"data: {len(data.streams.code_ids)} text tokens, {len(data.streams.chat_ids)} "
-        f"rollout tokens, {data_minutes:.1f} min")  # fmt: skip
-    res = train.train_loop(module, loss, data.streams,
-                           lambda: agreement(module, target, spec, data, 8192), pc.train,
-                           pc.seed, log)  # fmt: skip
-    module.eval()
-    sizes = export(module, spec, out, pc.export_dtype)
-    facts = {
+        f"rollout tokens, {minutes:.1f} min")  # fmt: skip
+    return data, minutes
+
+
+def recipe_facts(pc, module, spec: BlockSpec, data: TrainingData, data_minutes: float,
+                 res: dict, sizes: dict[str, int]) -> dict:  # fmt: skip
+    """What `recipe.json` and the card record of a trained and exported block-kind drafter."""
+    return {
         "config": {k: getattr(pc, k) for k in pc.__dataclass_fields__ if k != "train"}
         | {"train": vars(pc.train)},
         "mask_token_id": spec.mask_token_id, "hidden": spec.layer.hidden_size,
@@ -217,6 +280,22 @@ def run(pc: PocketBlockConfig, log: Log = print) -> dict:
         "train": res, "val": res["history"][-1] if res["history"] else {}, "sizes": sizes,
         "python": platform.python_version(), "torch": torch.__version__,
     }  # fmt: skip
+
+
+def run(pc: PocketBlockConfig, log: Log = print) -> dict:
+    """Data, training and export; writes `recipe.json` and `MODEL_CARD.md` beside the drafter."""
+    target, tok, out, t0 = start(pc, "pocket_block")
+    spec = make_block_spec(pc, target)
+    torch.manual_seed(pc.seed)
+    module = BlockDrafterModule(spec.layer, len(spec.target_layer_ids), spec.context_mixing)
+    loss = BlockLoss(module, target, spec, pc)  # the settings refused before the data is made
+    data, data_minutes = make_data(pc, target, tok, t0, log)
+    res = train.train_loop(module, loss, data.streams,
+                           lambda: block_agreement(module, target, spec, data), pc.train,
+                           pc.seed, log)  # fmt: skip
+    module.eval()
+    sizes = export(module, lambda o, m: save_block_drafter(o, m, spec), out, pc.export_dtype)
+    facts = recipe_facts(pc, module, spec, data, data_minutes, res, sizes)
     write_card(out, facts)
     log(f"block drafter: {facts['params']:,} parameters, {sum(sizes.values()):,} bytes in {out}")
     return facts

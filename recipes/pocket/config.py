@@ -246,8 +246,121 @@ class PocketBlockConfig:
     )  # fmt: skip
 
 
-SECTIONS = {  # python -m decode.pocket, .eagle3, .block (see specrank.config)
+def _semiar_train() -> TrainConfig:
+    """The pocket block drafter's schedule (10 CPU minutes at most)."""
+    return TrainConfig(steps=3000, batch=8, seq_len=128, lr=3e-3, warmup=30, weight_decay=0.0,
+                       code_share=0.5, eval_every=100, max_minutes=10.0)  # fmt: skip
+
+
+@dataclass
+class PocketSemiARConfig:
+    """What the pocket semi-autoregressive drafters share with the pocket block drafter: its
+    DFlash backbone, data and schedule (`recipes.pocket.semiar`)."""
+
+    target: str = setting("models/pocket/target", "the shipped target the drafter drafts for")
+    out_dir: str = setting(
+        "models/pocket/semiar", "the shipped drafter: config.json, model.safetensors, model card"
+    )
+    seed: int = setting(0, "data order, split and initialisation")
+    threads: int = setting(1, "torch intra-op threads")
+    export_dtype: str = setting("float16", "float16 | bfloat16: the shipped weights")
+    target_layer_ids: list[int] = setting(
+        [0, 1, 2],
+        "target layers whose LEAVING hidden states feed the backbone (output convention, HF "
+        "hidden_states[i + 1]): the pocket block drafter's",
+    )
+    block_size: int = setting(9, "block positions (bonus token + placeholders)")
+    intermediate: int = setting(432, "MLP intermediate size of the backbone's layer")
+    heads: int = setting(2, "attention heads")
+    kv_heads: int = setting(2, "key/value heads")
+    anchors: int = setting(16, "blocks trained per window, at random anchor positions")
+    decay_gamma: float = setting(
+        4.0, "decayed loss weights' scale along the block (the pocket block drafter's)"
+    )
+    labels: str = setting(
+        "target",
+        "target | data: cross-entropy against the target's own rows (the corpus is not "
+        "target-generated), or against the window's next tokens (the references' hard labels)",
+    )
+    code_chars: int = setting(
+        3_000_000, "standard-library characters tokenized (the training side)"
+    )
+    rollout_prompts: int = setting(
+        512, "training-side prompts the target continues (self-distillation)"
+    )
+    rollout_tokens: int = setting(96, "tokens per continuation, sampled at T=1")
+    heldout_prompts: int = setting(
+        8, "default-suite prompts decoded for the card's held-out tau (B=8, T=0; 0: none)"
+    )
+    heldout_tokens: int = setting(48, "tokens decoded per held-out prompt")
+    train: TrainConfig = field(default_factory=_semiar_train)
+
+
+@dataclass
+class PocketDSparkConfig(PocketSemiARConfig):
+    """The pocket DSpark drafter (`python -m decode.pocket.dspark`): a DFlash backbone plus
+    DeepSpec's Markov head and confidence head, in DeepSpec's layout (`recipes.pocket.dspark`)."""
+
+    out_dir: str = setting(
+        "models/pocket/dspark", "the shipped drafter: config.json, model.safetensors, model card"
+    )
+    block_size: int = setting(
+        8, "rows per block, row k drafting the token at r + k + 1: depth 8, the default pool's"
+    )
+    markov_rank: int = setting(64, "rank of the Markov head's W2 W1 (a low-rank bigram)")
+    markov_head_type: str = setting(
+        "vanilla", "vanilla | gated: W2 W1[x_prev], or gated by the row's hidden state"
+    )
+    confidence_with_markov: bool = setting(
+        True, "the confidence head reads [h ; W1[x_prev]] (DeepSpec's released configs)"
+    )
+    ce_alpha: float = setting(0.1, "weight of the decayed cross-entropy (DeepSpec's configs)")
+    l1_alpha: float = setting(
+        0.9, "weight of the L1 distance sum |q - p| = 2 TV to the target's row (DeepSpec's)"
+    )
+    confidence_alpha: float = setting(
+        1.0, "weight of the confidence BCE towards 1 - TV(q, p) (DeepSpec's configs)"
+    )
+    calibration_tokens: int = setting(
+        32_768,
+        "validation tokens whose blocks calibrate the confidence head (sequential temperature "
+        "scaling on alternate windows; the others report the calibration)",
+    )
+    calibration_bins: int = setting(
+        20, "equal-width bins of the calibration error (ECE; DeepSpec's evaluator's 20)"
+    )
+
+
+@dataclass
+class PocketDominoConfig(PocketSemiARConfig):
+    """The pocket Domino drafter (`python -m decode.pocket.domino`): a DFlash backbone plus
+    SpecForge's GRU correction, in SpecForge's layout (`recipes.pocket.domino`)."""
+
+    out_dir: str = setting(
+        "models/pocket/domino", "the shipped drafter: config.json, model.safetensors, model card"
+    )
+    block_size: int = setting(
+        9, "the bonus token + 8 placeholders: depth 8, the default pool's (shift_label false)"
+    )
+    gru_hidden_dim: int = setting(64, "the prefix GRU's state width")
+    emb_dim: int = setting(128, "embed_proj's inner width ([h ; s] -> emb_dim -> vocabulary)")
+    pure_draft_prefix_len: int = setting(
+        1, "first drafted rows left uncorrected (SpecForge's released config)"
+    )
+    lambda_base_start: float = setting(
+        1.0, "the base cross-entropy's weight at the start (the final one's: 1 - it)"
+    )
+    lambda_base_decay_ratio: float = setting(
+        0.5,
+        "share of the run over which the base weight falls linearly to 0 (SpecForge's "
+        "default); the final cross-entropy alone after it",
+    )
+
+
+SECTIONS = {  # python -m decode.pocket, .eagle3, .block, .dspark, .domino (specrank.config)
     "pocket": PocketConfig,
     "pocket_eagle3": PocketEagle3Config,
     "pocket_block": PocketBlockConfig,
+    "pocket_dspark": PocketDSparkConfig,
+    "pocket_domino": PocketDominoConfig,
 }
