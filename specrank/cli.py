@@ -111,6 +111,8 @@ READS: dict[str, tuple[str, ...]] = {
     "decode.pocket": ("pocket",),
     "decode.pocket.eagle3": ("pocket_eagle3",),
     "decode.pocket.block": ("pocket_block",),
+    "decode.pocket.dspark": ("pocket_dspark",),
+    "decode.pocket.domino": ("pocket_domino",),
     "decode.train_head": ("model", "head"),
 }  # fmt: skip
 EVERY_COMMAND = ("paths", "seed", "hydra")
