@@ -35,7 +35,7 @@ from pairs.prompts import Prompt, encode_prompt
 
 
 def policies(top_ms: list[int]) -> list[tuple[str, str, int]]:
-    """(label, run.score, run.top_m) of every policy the bench times; `tree` first."""
+    """(label, run.score, run.score_top_m) of every policy the bench times; `tree` first."""
     top = [(f"top_m{m}", "top_m", m) for m in top_ms]
     return [("tree", "tree", 100), *top, *((p, p, 100) for p in ("frontier", "record", "pool"))]
 

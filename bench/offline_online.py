@@ -25,7 +25,7 @@ Each step is the project's own command (a subprocess), in one folder (--out):
    (`draft_scored`); --no-draft-at-b-plus-m leaves it out.
 `--overrides` go to every command (`--overrides model=smollm2 experiment=smollm2`: the real
 pair), `--extra-rules` join the online rules (`draft@-4`: draft at B - 4 in the same run).
-`--chunks N` runs steps 2-4 per prompt chunk (`data.chunks`: every chunk its own recording,
+`--chunks N` runs steps 2-4 per prompt chunk (`data.prompt_chunks`: every chunk its own recording,
 transfer and `decode.run` folder; `--offline-chunks K`: steps 2-3 for the first K chunks
 only) and pools the online runs with `python -m decode.pooled`, the offline prediction
 over the chunks that have one. Rerunning the same
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.score == "top_m" and a.draft_at_b_plus_m:
         rules.append(f"draft@+{a.top_m}")
     online = ["decode.run", f"run.rules=[{','.join(rules)}]", *common, f"run.score={a.score}",
-              f"run.top_m={a.top_m}", "run.progress=false"]  # fmt: skip
+              f"run.score_top_m={a.top_m}", "run.progress=false"]  # fmt: skip
     if a.chunks == 1:
         _offline_prediction(a, common, out)
         _run([*online, f"run.offline={out / 'transfer'}", f"hydra.run.dir={out / 'online'}"],
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     folders = [out / "online" / f"chunk{i}" for i in range(a.chunks)]
     for i, folder in enumerate(folders):
-        chunk = [f"data.chunks={a.chunks}", f"data.chunk={i}"]
+        chunk = [f"data.prompt_chunks={a.chunks}", f"data.prompt_chunk={i}"]
         offline = []
         if i < a.offline_chunks:
             where = out / f"chunk{i}"

@@ -45,7 +45,7 @@ class RuleSpec:
     rule: str
     reranker: str | None = None
     # `<rule>@+N` / `<rule>@-N`: decoded at each of the run's budgets + N (or - N), scoring
-    # its tree only; at run.score=top_m with +N = run.top_m it scores as many prefixes a pass
+    # its tree only; at run.score=top_m with +N = run.score_top_m it scores as many prefixes a pass
     # as the others (draft at B + M: the practical baseline of the paper's App. D.10,
     # Theorem 2); `draft@-4` beside draft at B=8 is draft at B=4 in the same run
     extra_budget: int = 0

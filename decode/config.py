@@ -110,11 +110,15 @@ class RunConfig:
         "tree",
         "tree | top_m | frontier | record | pool: what each target pass scores beside the "
         "verified tree (docs/method.md#scored-set). tree: nothing else (speed runs); top_m: the "
-        "run.top_m best-ranked candidates outside it; frontier: every child of a tree node; "
+        "run.score_top_m best-ranked candidates outside it; frontier: every child of a tree node; "
         "record: like decode.record; pool: all. record and pool are needed to record traces and "
         "for offline values",
     )
-    top_m: int = setting(100, "M of run.score=top_m: candidates scored outside the tree")
+    score_top_m: int = setting(
+        100,
+        "M of run.score=top_m: candidates scored outside the tree; the same M as "
+        "rerank.score_top_m offline (formerly run.top_m)",
+    )
     allow_missing_features: bool = setting(
         False,
         "decode, with a warning, a reranker whose trees split on features the scored set never "

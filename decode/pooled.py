@@ -1,15 +1,15 @@
 """`python -m decode.pooled <run folder>...`: one report of an online run decoded in chunks.
 
     for i in 0 1 2 3; do
-      python -m decode.run data.chunks=4 data.chunk=$i hydra.run.dir=runs/chunk$i ...
+      python -m decode.run data.prompt_chunks=4 data.prompt_chunk=$i hydra.run.dir=runs/chunk$i ...
     done
     python -m decode.pooled runs/chunk0 runs/chunk1 runs/chunk2 runs/chunk3
 
-A run too long for one process is split over prompt chunks (`data.chunks`, `data.chunk`:
+A run too long for one process is split over prompt chunks (`data.prompt_chunks`, `data.prompt_chunk`:
 prompt i goes to chunk i % chunks, so each keeps the task mix). Each chunk is an ordinary
 `decode.run` with the same settings and seed, in its own folder; an interrupted chunk is
 rerun whole, and a finished one (its `online_prompts.csv` written) need not be. Pooling
-checks that the chunks' resolved configs agree except for `data.chunk`, `run.offline` and
+checks that the chunks' resolved configs agree except for `data.prompt_chunk`, `run.offline` and
 the run's name and folders, and that no prompt is in two chunks. Then, as one interleaved run reports
 them: per rule and budget the groups table (`decode.metrics.run_groups`: tau, tokens/s,
 speedup over target-only with its paired prompt-bootstrap interval, ms a round per stage,
@@ -36,7 +36,7 @@ from specrank.errors import Refusal
 from specrank.files import atomic_write
 
 # Keys that differ between the chunks of one run by design (dotted paths of the config).
-_PER_CHUNK = ("data.chunk", "mlflow.run_name", "hydra", "paths", "run.offline")
+_PER_CHUNK = ("data.prompt_chunk", "mlflow.run_name", "hydra", "paths", "run.offline")
 
 
 def chunk_config(folder: Path) -> dict:
@@ -64,7 +64,7 @@ def read_chunks(folders: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
         if c != configs[0]:
             diff = sorted(k for k in set(c) | set(configs[0]) if c.get(k) != configs[0].get(k))
             raise Refusal(f"{f} was decoded with other settings than {folders[0]} (sections "
-                          f"{diff} differ); chunks of one run differ only in data.chunk")  # fmt: skip
+                          f"{diff} differ); chunks of one run differ only in data.prompt_chunk")  # fmt: skip
     unfinished = [str(f) for f in folders if not (f / "online_prompts.csv").is_file()]
     if unfinished:
         raise Refusal(f"chunks not finished (no online_prompts.csv): {unfinished}; rerun them")
@@ -86,7 +86,7 @@ def read_chunks(folders: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     owners = p_all.groupby("prompt_id")["chunk"].nunique()
     if (owners > 1).any():
         raise Refusal(f"prompts decoded in more than one chunk: {owners[owners > 1].index[:5].tolist()}"
-                      " (chunks of one run need the same data.chunks and distinct data.chunk)")  # fmt: skip
+                      " (chunks of one run need the same data.prompt_chunks and distinct data.prompt_chunk)")  # fmt: skip
     return p_all, r_all, configs[0]
 
 

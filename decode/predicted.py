@@ -104,7 +104,7 @@ def offline_prompt_sums(values: pd.DataFrame, rule: str, budget: int, temperatur
 
 def offline_rule(spec: RuleSpec, name: str | None, score: str, top_m: int) -> str | None:
     """A rule's name in the offline values (``name``: its own, for a rule at the run's
-    budgets). `draft@+M` under `run.score=top_m` with M = run.top_m is App. D.10's draft at
+    budgets). `draft@+M` under `run.score=top_m` with M = run.score_top_m is App. D.10's draft at
     B + M scored prefixes, whose offline value is `draft_scored` (draft's tree of B + M nodes
     at the recorded rounds); another `<rule>@+N` has none (the recording is at the run's
     budgets)."""
@@ -118,7 +118,7 @@ def offline_rule(spec: RuleSpec, name: str | None, score: str, top_m: int) -> st
 def check_draft_scored(values: pd.DataFrame, budget: int, top_m: int, temperature: float,
                        source: str) -> None:  # fmt: skip
     """`draft_scored@B` predicts draft@+M only where the offline run scored B + M prefixes a
-    pass (its `rerank.score=top_m` with `rerank.score_top_m` = run.top_m): its draft's
+    pass (its `rerank.score=top_m` with `rerank.score_top_m` = run.score_top_m): its draft's
     largest count must be B + M (fewer only where a pool holds fewer candidates)."""
     col = value_key(f"scored/{BASELINE}", budget)
     part = _law_rows(values, temperature, source)

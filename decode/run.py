@@ -140,7 +140,7 @@ def run_online(model: ModelConfig, data: DataConfig, s: OnlineSettings, run: Run
     arms, names, prompts = _plan_arms(specs, settings, run, uri, prompts)
     if offline is not None:  # every rule, budget and prompt must have its prediction: checked now
         check_offline(offline, list(names.values()), run_budgets(s, run),
-                      s.base.decode.temperature, [p.id for p in prompts], run.top_m, run.offline)  # fmt: skip
+                      s.base.decode.temperature, [p.id for p in prompts], run.score_top_m, run.offline)  # fmt: skip
     keys = ("model", "data", "pool", "select", "decode", "run")
     manifest = manifest_view({k: config.get(k) for k in keys})
 
@@ -217,12 +217,12 @@ def _plan_arms(specs: list[RuleSpec], settings: list[OnlineSettings], run: RunCo
         check_feature_availability(f, run.score, run.allow_missing_features)
         fitted.append(f)
     # `<rule>@+N` / `@-N` is labelled <rule>_plus<N> / _minus<N> (MLflow keys take no '@',
-    # '+' or '-'); only draft@+<run.top_m> under top_m has an offline prediction (`offline_rule`)
+    # '+' or '-'); only draft@+<run.score_top_m> under top_m has an offline prediction (`offline_rule`)
     labels = unique_labels([rule_label(p.rule, f) + _budget_suffix(p.extra_budget)
                             for p, f in zip(specs, fitted, strict=True)])  # fmt: skip
     arms = [Arm(label, st, p.reranker, f, extra_budget=p.extra_budget)
             for label, st, p, f in zip(labels, settings, specs, fitted, strict=True)]  # fmt: skip
-    names = {a.label: offline_rule(p, offline_name(p.rule, f), run.score, run.top_m)
+    names = {a.label: offline_rule(p, offline_name(p.rule, f), run.score, run.score_top_m)
              for a, p, f in zip(arms, specs, fitted, strict=True)}  # fmt: skip
     return arms, names, prompts
 
@@ -343,7 +343,7 @@ def main(cfg: DictConfig) -> None:
     # run.score=record reports realized vs offline expected values, which are computed from
     # each round's trace row: for_rule builds the rows then too (written only with
     # record_traces). An unknown rule is refused by check_run, naming the choices.
-    s = for_rule(OnlineSettings(base, run.rule, run.score, False, run.top_m), run.rule,
+    s = for_rule(OnlineSettings(base, run.rule, run.score, False, run.score_top_m), run.rule,
                  run.record_traces)  # fmt: skip
     try:
         report = run_online(

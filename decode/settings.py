@@ -22,7 +22,7 @@ class OnlineSettings:
     rule: str = "draft"
     score: str = "tree"  # SCORE_MODES (selection.policies)
     record: bool = False  # build trace rows (TRACE_SCHEMA) for every round
-    top_m: int = 100  # M of score=top_m
+    score_top_m: int = 100  # M of score=top_m (run.score_top_m)
 
     @property
     def entry(self) -> Rule:
@@ -39,8 +39,9 @@ class OnlineSettings:
             raise Refusal(
                 f"The 'run.score' must be one of {list(SCORE_MODES)}. Got {self.score!r} instead."
             )
-        if self.score == "top_m" and self.top_m < 1:
-            raise Refusal(f"The 'run.top_m' must be >= 1 under run.score=top_m. Got {self.top_m}.")
+        if self.score == "top_m" and self.score_top_m < 1:
+            raise Refusal(f"The 'run.score_top_m' must be >= 1 under run.score=top_m. Got "
+                          f"{self.score_top_m}.")  # fmt: skip
         if self.record and self.score not in EDGE_MODES:
             raise Refusal(
                 "run.record_traces=true needs run.score=record or pool: a trace row holds the target "

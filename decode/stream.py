@@ -55,7 +55,7 @@ class DecodeSettings:
                 f"got pool.top_k={self.pool.top_k}. Use exhaustive or eagle3 for trees"
             )
         check_int("select.budget", self.select.budget, 1, n_pool)
-        check_int("select.top_m", self.select.top_m, 0)  # M past the pool: all of it
+        check_int("select.record_top_m", self.select.record_top_m, 0)  # M past the pool: all of it
         check_int("decode.max_new_tokens", self.decode.max_new_tokens, 1)
         check_int("decode.seed", self.decode.seed)
 

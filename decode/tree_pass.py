@@ -88,15 +88,15 @@ def scored_set(
     tree: the tree alone; under the root rule nothing when X1 labels no first-level tree
         node (X1 is then the continuation and no row of the pass would be read, so the
         pass is skipped).
-    top_m: the tree and the `run.top_m` highest-ranked candidates outside it, in the
+    top_m: the tree and the `run.score_top_m` highest-ranked candidates outside it, in the
         rule's own order (`rank`; App. D.10).
     frontier: the tree and every candidate whose parent is in it (Table 21).
-    record: the recorder's set, tree + expanded + the draft top `select.top_m` (every
+    record: the recorder's set, tree + expanded + the draft top `select.record_top_m` (every
         pool edge's target probability).
     pool: every candidate.
     """
     if s.score == "record":
-        return in_tree | pool.expanded | (draft_rank < s.base.select.top_m)
+        return in_tree | pool.expanded | (draft_rank < s.base.select.record_top_m)
     if s.score == "pool":
         return torch.ones_like(in_tree)
     if s.score == "frontier":
@@ -104,7 +104,7 @@ def scored_set(
         return in_tree | parent_in | (pool.parent < 0)  # the root is in every tree
     if s.score == "top_m":
         order = torch.argsort(draft_rank if rank is None else rank)
-        outside = order[~in_tree[order]][: s.top_m]  # best-ranked first
+        outside = order[~in_tree[order]][: s.score_top_m]  # best-ranked first
         return in_tree | torch.zeros_like(in_tree).index_fill_(0, outside, True)
     if draw is None or uses_draw_tree(s.entry, draw):
         return in_tree  # a draw tree lacks X1 only when X1 is off the pool: X1 alone

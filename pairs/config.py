@@ -94,14 +94,14 @@ class DataConfig:
         "+ decode.max_new_tokens + pool depth): refuse the whole run before the first decode, "
         "listing them, or decode the others and log the count",
     )
-    chunks: int = setting(
+    prompt_chunks: int = setting(
         1,
         "split the prompts into this many chunks, prompt i (in source order) in chunk "
         "i % chunks, so each chunk keeps the task mix; a long run is then one process per "
         "chunk, pooled by the `decode.pooled` command. 1: every prompt",
     )
-    chunk: int = setting(
-        0, "the chunk this process decodes, 0 .. data.chunks - 1 (one value per process)"
+    prompt_chunk: int = setting(
+        0, "the chunk this process decodes, 0 .. data.prompt_chunks - 1 (one value per process)"
     )
 
 

@@ -163,17 +163,19 @@ def load_prompts(data: DataConfig) -> list[Prompt]:
         raise Refusal(
             f"data '{data.name}': duplicate prompt ids {dupes[:5]} (ids must be unique across sources)"
         )
-    return prompt_chunk(data, prompts)
+    return chunk_prompts(data, prompts)
 
 
-def prompt_chunk(data: DataConfig, prompts: list[Prompt]) -> list[Prompt]:
-    """Prompt i is in chunk i % data.chunks: the one this process decodes (data.chunk)."""
-    if data.chunks < 1 or not 0 <= data.chunk < data.chunks:
+def chunk_prompts(data: DataConfig, prompts: list[Prompt]) -> list[Prompt]:
+    """Prompt i is in chunk i % data.prompt_chunks; the one this process decodes is
+    data.prompt_chunk."""
+    if data.prompt_chunks < 1 or not 0 <= data.prompt_chunk < data.prompt_chunks:
         raise Refusal(
-            f"The 'data.chunk' must be in 0..data.chunks-1 with data.chunks >= 1. Got "
-            f"data.chunk={data.chunk}, data.chunks={data.chunks} instead."
+            f"The 'data.prompt_chunk' must be in 0..data.prompt_chunks-1 with "
+            f"data.prompt_chunks >= 1. Got data.prompt_chunk={data.prompt_chunk}, "
+            f"data.prompt_chunks={data.prompt_chunks} instead."
         )
-    return prompts[data.chunk :: data.chunks]
+    return prompts[data.prompt_chunk :: data.prompt_chunks]
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

@@ -127,10 +127,12 @@ class RerankConfig:
     sweep: bool = setting(
         False,
         f"also evaluate the budget sweep ({', '.join(map(str, SWEEP_BUDGETS))}) up to the "
-        "pool's size or rerank.top_m",
+        "pool's size or rerank.draft_top_m",
     )
-    top_m: int = setting(
-        0, "restrict every rule to the M highest-ranked candidates (0: the whole pool)"
+    draft_top_m: int = setting(
+        0,
+        "restrict every rule to the M candidates draft ranks highest (0: the whole pool); "
+        "formerly rerank.top_m",
     )
     # Under top_m, frontier and pool a set reading the matched row (rows_matched) is
     # simulated on its own trees, fitted on draft's at budgets[0] (rerank.evaluate.matched).
@@ -140,7 +142,9 @@ class RerankConfig:
         "figures are for (as run.score): what each pass scores beside its tree, in the rule's "
         "own order; experiment=paper: top_m",
     )
-    score_top_m: int = setting(100, "M of score=top_m")
+    score_top_m: int = setting(
+        100, "M of score=top_m: the same M as run.score_top_m online (the policy of run.score)"
+    )
     reports: bool = setting(
         True,
         "report tables beside the rule values: retained-row agreement, coverage of scored "

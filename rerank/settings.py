@@ -97,14 +97,14 @@ def check_settings(rerank: RerankConfig) -> None:
     check_choice("rerank.prior_split", rerank.prior_split, PRIOR_SPLITS)
     check_real("rerank.train_share", rerank.train_share, 0.0, 1.0, low_open=True)
     check_ints("rerank.budgets", rerank.budgets, 1)
-    check_int("rerank.top_m", rerank.top_m, 0)
+    check_int("rerank.draft_top_m", rerank.draft_top_m, 0)
     check_choice("rerank.score", rerank.score, SCORE_MODES)
     check_int("rerank.score_top_m", rerank.score_top_m, 1)
-    if rerank.top_m and rerank.score != "tree":
+    if rerank.draft_top_m and rerank.score != "tree":
         raise Refusal(
             f"rerank.score={rerank.score} prices a decoder's own trees over the whole pool, but "
-            f"rerank.top_m={rerank.top_m} restricts every rule to the draft top {rerank.top_m}: "
-            f"set one of them (rerank.score=tree or rerank.top_m=0)"
+            f"rerank.draft_top_m={rerank.draft_top_m} restricts every rule to the draft top {rerank.draft_top_m}: "
+            f"set one of them (rerank.score=tree or rerank.draft_top_m=0)"
         )
     check_int("rerank.n_resamples", rerank.n_resamples, 1)
     check_int("rerank.calibration_edges", rerank.calibration_edges, 1)
@@ -132,13 +132,16 @@ def store_pool_size(manifest: Mapping[str, Any], store: object) -> int:
 def evaluated_budgets(rerank: RerankConfig, n_pool: int, store: object) -> list[int]:
     """The budgets the job evaluates on a store whose pools hold `n_pool` candidates.
 
-    `rerank.budgets` past the pool (or past `rerank.top_m` when set: every rule then keeps
+    `rerank.budgets` past the pool (or past `rerank.draft_top_m` when set: every rule then keeps
     at most M candidates) are refused, naming both: every rule would equal draft there.
     Sweep budgets past them are left out, and the log says which.
     """
     limit, why = n_pool, f"the pool size {n_pool} of {store} (its manifest's pool section)"
-    if 0 < rerank.top_m < n_pool:
-        limit, why = rerank.top_m, f"rerank.top_m={rerank.top_m} (the pool holds {n_pool})"
+    if 0 < rerank.draft_top_m < n_pool:
+        limit, why = (
+            rerank.draft_top_m,
+            f"rerank.draft_top_m={rerank.draft_top_m} (the pool holds {n_pool})",
+        )
     beyond = [b for b in rerank.budgets if b > limit]
     if beyond:
         raise Refusal(

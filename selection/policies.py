@@ -4,7 +4,7 @@ paper's words (one vocabulary for recording, offline evaluation and online decod
   tree      nothing else (Q = T): never covered (Theorem 1)
   top_m     the M highest-ranked candidates outside T, in the rule's own order (App. D.10)
   frontier  every candidate outside T whose parent is in T or is the root (Table 21)
-  record    the recording pass's set: expanded nodes and the draft top `select.top_m`
+  record    the recording pass's set: expanded nodes and the draft top `select.record_top_m`
   pool      every candidate
 """
 

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
 from specrank.errors import Refusal
+from specrank.renames import renamed_message
 
 REFUSED = 2  # exit status of a refused setting or input (argparse's for a bad argument)
 
@@ -205,6 +206,10 @@ def checked_argv(argv: list[str], aliases: Mapping[str, str], stage: str | None)
     from specrank.config import schema
 
     argv = expand_short_overrides(argv, aliases)
+    for arg in argv:
+        renamed = renamed_message(arg.partition("=")[0], arg)
+        if renamed:
+            raise Refusal(renamed)
     root = schema()
     top = None
     if stage is not None:

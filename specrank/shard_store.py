@@ -38,6 +38,7 @@ from specrank import claims as claims_
 from specrank import faults
 from specrank.claims import Claim, ClaimLost, ShardRun, new_owner
 from specrank.files import named_os_error
+from specrank.renames import migrated_config
 from specrank.tables import SchemaError, TableSpec, check_columns, fingerprint_json, sha256_file
 
 MANIFEST = "manifest.json"
@@ -119,7 +120,8 @@ class ShardStore:
         self._check_version(old)
         # Compared as JSON (what the manifest stores: tuples are lists there).
         want = {"config": _as_json(config), "models": _as_json(models or {})}
-        got = {"config": old.get("config", {}), "models": old.get("models", {})}
+        # a store written before a setting was renamed compares under the new name
+        got = {"config": migrated_config(old.get("config", {})), "models": old.get("models", {})}
         if models is None:
             want["models"] = got["models"]
         if fingerprint_json(want) != fingerprint_json(got):

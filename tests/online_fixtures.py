@@ -49,11 +49,11 @@ def settings(
     max_new_tokens: int = 24,
     verifier: str = "exhaustive",
     pool: PoolConfig = SMALL_POOL,
-    top_m: int = 4,  # run.top_m: fewer than the pool holds, so top_m scores a part of it
+    top_m: int = 4,  # run.score_top_m: fewer than the pool holds, so top_m scores a part of it
 ) -> OnlineSettings:
     base = DecodeSettings(
         pool=pool,
-        select=SelectConfig(budget=budget, top_m=12),
+        select=SelectConfig(budget=budget, record_top_m=12),
         decode=DecodeConfig(
             temperature=temperature, max_new_tokens=max_new_tokens, verifier=verifier
         ),

@@ -59,7 +59,7 @@ PAPER = {
     "pool.expand": 10,
     "select.rule": "draft",
     "select.budget": 59,
-    "select.top_m": 160,
+    "select.record_top_m": 160,
     "rerank.model.kind": "hgb",
     "rerank.model.n_iter": 400,  # fixed: no early stopping
     "rerank.model.learning_rate": 0.05,
@@ -73,7 +73,7 @@ PAPER = {
     "rerank.substitutions": ["cache", "same", "prev"],
     "rerank.mixture_weights": [0.25, 0.5, 0.75],
     "rerank.n_resamples": 2000,
-    "rerank.top_m": 0,
+    "rerank.draft_top_m": 0,
 }
 
 

@@ -177,7 +177,7 @@ def assert_samples_follow_the_target_law(target, drafter, verifier: str, n: int,
     )
     s = DecodeSettings(
         pool=pool,
-        select=SelectConfig(budget=3 if chain else 5, top_m=8),
+        select=SelectConfig(budget=3 if chain else 5, record_top_m=8),
         decode=DecodeConfig(
             temperature=1.0,
             verifier=verifier,
@@ -203,7 +203,7 @@ def assert_sampling_is_seeded_per_prompt(target, drafter) -> None:
     """The same prompt id gives the same sampled output, another id another one."""
     s = DecodeSettings(
         pool=PoolConfig(top_k=3, steps=2, expand=2),
-        select=SelectConfig(budget=5, top_m=8),
+        select=SelectConfig(budget=5, record_top_m=8),
         decode=DecodeConfig(temperature=1.0, max_new_tokens=30),
     )
     with one_thread():

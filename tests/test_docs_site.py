@@ -25,7 +25,7 @@ DOCS = ROOT / "docs"
 DESCRIBED = (
     "paths", "mlflow", "trace", "run", "features", "head", "model", "data", "parallel",
     "pocket", "pocket_eagle3", "pocket_block", "rerank", "transfer", "synth", "synth_job",
-    "pool", "select", "decode",
+    "pool", "select", "decode", "pocket_dspark", "pocket_domino",
 )  # fmt: skip
 
 

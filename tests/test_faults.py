@@ -196,8 +196,8 @@ def _prompts(tmp_path: Path, lines: list[dict]) -> DataConfig:
             r"The 'select.budget' must be an int in the range \[1, 710\]. Got 1000 instead.",
         ),
         (
-            DecodeSettings(select=SelectConfig(top_m=-5)),
-            r"The 'select.top_m' must be an int in the range \[0, inf\). Got -5 instead.",
+            DecodeSettings(select=SelectConfig(record_top_m=-5)),
+            r"The 'select.record_top_m' must be an int in the range \[0, inf\). Got -5 instead.",
         ),
         (
             DecodeSettings(decode=DecodeConfig(temperature=-1.0)),

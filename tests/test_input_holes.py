@@ -61,7 +61,7 @@ def no_fits(monkeypatch):
     monkeypatch.setattr(train_module, "fit", refuse)
 
 
-# -- 1. rerank.budgets bounded by the store's pool (and by rerank.top_m) --------------------------
+# -- 1. rerank.budgets bounded by the store's pool (and by rerank.draft_top_m) --------------------------
 
 
 def test_a_budget_past_the_pool_is_refused_naming_both(stores, no_fits, tmp_path):
@@ -72,8 +72,8 @@ def test_a_budget_past_the_pool_is_refused_naming_both(stores, no_fits, tmp_path
 
 
 def test_a_budget_past_top_m_is_refused_naming_both(stores, no_fits, tmp_path):
-    rerank = _rerank(stores, budgets=[8], top_m=5)
-    msg = rf"'rerank.budgets' must be at most 5, rerank.top_m=5 \(the pool holds {N_POOL}\)"
+    rerank = _rerank(stores, budgets=[8], draft_top_m=5)
+    msg = rf"'rerank.budgets' must be at most 5, rerank.draft_top_m=5 \(the pool holds {N_POOL}\)"
     with pytest.raises(ValueError, match=msg):
         train_module.train_and_evaluate(rerank, MlflowConfig(), {}, 0, tmp_path / "out")
 

@@ -217,5 +217,7 @@ def test_a_crossfit_returns_no_heap_between_its_fits_and_predictions(monkeypatch
                         lambda *a, **k: events.append("predict") or predict(*a, **k))  # fmt: skip
     frame = make_candidate_frame(n_prompts=8, rounds=3, temperature=1.0, seed=3)
     folds = prompt_halves(frame["prompt_id"].to_numpy())
-    out_of_fold.crossfit_predict(frame, "base", "hgb", "sampling", folds, n_threads=1, capacity=FAST)
+    out_of_fold.crossfit_predict(
+        frame, "base", "hgb", "sampling", folds, n_threads=1, capacity=FAST
+    )
     assert events == ["fit", "fit", "predict", "predict"]

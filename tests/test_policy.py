@@ -152,8 +152,8 @@ def test_policy_settings_are_checked():
         check_settings(RerankConfig(score="everything"))
     with pytest.raises(ValueError, match=r"rerank.score_top_m"):
         check_settings(RerankConfig(score="top_m", score_top_m=0))
-    with pytest.raises(ValueError, match=r"rerank.top_m=50 restricts"):
-        check_settings(RerankConfig(score="pool", top_m=50, feature_sets=["base", "rows"]))
+    with pytest.raises(ValueError, match=r"rerank.draft_top_m=50 restricts"):
+        check_settings(RerankConfig(score="pool", draft_top_m=50, feature_sets=["base", "rows"]))
 
 
 def test_under_tree_the_matched_and_token_only_rows_are_absent_online_and_offline(tmp_path):

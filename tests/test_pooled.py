@@ -1,4 +1,4 @@
-"""`data.chunks` and `python -m decode.pooled`: a run decoded in prompt chunks, pooled, reports
+"""`data.prompt_chunks` and `python -m decode.pooled`: a run decoded in prompt chunks, pooled, reports
 what the whole run reports (tau exactly, under greedy decoding), and bad chunks are refused."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from decode.pooled import main as pooled_main
 from decode.pooled import pooled_report, read_chunks
 from decode.run import run_online
 from pairs.config import DataConfig, PromptSource
-from pairs.prompts import load_prompts, prompt_chunk
+from pairs.prompts import chunk_prompts, load_prompts
 from specrank.config import MlflowConfig
 from specrank.errors import Refusal
 from tests.online_fixtures import PROMPTS, settings
@@ -27,7 +27,7 @@ def _data(tmp_path: Path, chunks: int = 1, chunk: int = 0) -> DataConfig:
     path.write_text("".join(json.dumps({"id": p.id, "task": p.task, "prompt": p.text}) + "\n"
                             for p in PROMPTS[:4]))  # fmt: skip
     return DataConfig(name="tiny", sources=[PromptSource(kind="jsonl", path=str(path))],
-                      chunks=chunks, chunk=chunk)  # fmt: skip
+                      prompt_chunks=chunks, prompt_chunk=chunk)  # fmt: skip
 
 
 def test_chunks_split_the_prompts_in_turn_and_bad_ones_are_refused(tmp_path):
@@ -35,8 +35,8 @@ def test_chunks_split_the_prompts_in_turn_and_bad_ones_are_refused(tmp_path):
     parts = [[p.id for p in load_prompts(_data(tmp_path, 3, i))] for i in range(3)]
     assert parts == [every[0::3], every[1::3], every[2::3]]
     for chunks, chunk in ((2, 2), (0, 0), (2, -1)):
-        with pytest.raises(Refusal, match=r"data\.chunk"):
-            prompt_chunk(_data(tmp_path, chunks, chunk), [])
+        with pytest.raises(Refusal, match=r"data\.prompt_chunk"):
+            chunk_prompts(_data(tmp_path, chunks, chunk), [])
 
 
 def _decode(tmp_path: Path, folder: Path, data: DataConfig, run: RunConfig) -> None:

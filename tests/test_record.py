@@ -67,7 +67,7 @@ SMALL = [
     "pool.steps=3",
     "pool.expand=3",
     "select.budget=8",
-    "select.top_m=12",
+    "select.record_top_m=12",
     "decode.max_new_tokens=10",
 ]
 

@@ -72,7 +72,9 @@ def test_a_stopped_run_resumes_from_its_finished_fits(stores, tmp_path, monkeypa
     assert len(_saved(fits)) == 3
     calls = []
     fit = out_of_fold.fit_estimator
-    monkeypatch.setattr(out_of_fold, "fit_estimator", lambda *a, **k: calls.append(1) or fit(*a, **k))
+    monkeypatch.setattr(
+        out_of_fold, "fit_estimator", lambda *a, **k: calls.append(1) or fit(*a, **k)
+    )
     resumed = _run(_config(stores, fits), tmp_path, "resumed")
     assert len(calls) == 4 - 3  # only the fit the stopped run had not finished
     assert len(_saved(fits)) == 4

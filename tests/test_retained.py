@@ -163,7 +163,7 @@ def recorded(tmp_path_factory):
     prompt = encode_prompt(pair.tokenizer, "aaaa bbbb aaaa bbbb")
     s = DecodeSettings(
         pool=PoolConfig(top_k=6, steps=4, expand=6),
-        select=SelectConfig(budget=20, top_m=40),
+        select=SelectConfig(budget=20, record_top_m=40),
         decode=DecodeConfig(temperature=1.0, max_new_tokens=40),
     )
     with one_thread():

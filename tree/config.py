@@ -26,8 +26,10 @@ class SelectConfig:
 
     rule: str = setting("draft", "selection rule of the verified tree (selection/rules.py)")
     budget: int = setting(59, "B: non-root nodes of the verified tree")
-    top_m: int = setting(
-        160, "the M highest-ranked candidates a recording pass scores too (0: tree + expanded only)"
+    record_top_m: int = setting(
+        160,
+        "the M highest-ranked draft candidates a recording pass scores beside the tree and the "
+        "expanded nodes (0: tree + expanded only); formerly select.top_m",
     )
 
 

@@ -296,7 +296,7 @@ def synth_rounds(
     # so one ranking serves both: top_b(score, n) == (rank < n).
     rank = rank_candidates(torch.from_numpy(grown.draft_score)).numpy()  # [R, P]
     in_tree = rank < select.budget
-    scored = in_tree | grown.expanded | (rank < select.top_m)
+    scored = in_tree | grown.expanded | (rank < select.record_top_m)
     # Argmax at scored prefixes: expanded nodes have their own row. A scored
     # non-expanded prefix gets the argmax of a fresh exchangeable row, i.e. a
     # uniform token; the one where a traversal ends uses the exit row instead.

@@ -66,7 +66,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
     extra = _per_depth_factors(rerank, dataset, folds, seed)
     rerankers = [learned(fs, rerank.model.kind).name for fs in rerank.feature_sets]
     plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
-                    mixture_weights=list(rerank.mixture_weights), top_m=rerank.top_m,
+                    mixture_weights=list(rerank.mixture_weights), top_m=rerank.draft_top_m,
                     curve_rules=["root", *(r for r in rerankers if r not in policy.simulated)])  # fmt: skip
     curves = PromptCurves()  # per-prompt curves: matched-size PEARL, node-equivalent budgets
     # retained rows, coverage, draw-rule sizes: fed by the same pass over the traces

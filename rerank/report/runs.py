@@ -32,6 +32,7 @@ from rerank.fit.models import FEATURE_SETS
 from selection.rules import learned, parse_value_key, value_key
 from specrank.bootstrap import WEIGHTINGS, fill_notes
 from specrank.config import MlflowConfig
+from specrank.renames import migrated_params
 from specrank.tracking import resolve_tracking_uri
 
 # Tables every `rerank.train` run logs under `tables/` (CSV), and the larger
@@ -348,11 +349,12 @@ def download_plots(
 
 
 def differing_params(runs: pd.DataFrame, tracking_uri: str) -> pd.DataFrame:
-    """Logged params (resolved config) whose values differ between the runs: params x runs."""
+    """Logged params (resolved config) whose values differ between the runs: params x runs.
+    A run logged before a setting was renamed shows it under the new name."""
     c = client(tracking_uri)
     table = pd.DataFrame(
         {
-            label: pd.Series(c.get_run(rid).data.params, dtype=object)
+            label: pd.Series(migrated_params(c.get_run(rid).data.params), dtype=object)
             for label, rid in zip(runs["run"], runs["run_id"], strict=True)
         }
     )
