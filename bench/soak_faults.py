@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.mlflow_server import mlflow_server, stop_server
-from bench.soak import ROOT, read_phase, run, same_store, stage_commands, start
+from bench.soak_stages import ROOT, read_phase, run, same_store, stage_commands, start
 from specrank.trace_schema import trace_store
 
 
