@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,9 +74,11 @@ def heldout_subset(n: int) -> list[Prompt]:
 
 def _run(args: list[str], log: Path) -> None:
     """One project command, its output to `log`; a failure stops the bench naming the log."""
+    # as under `make run`: every step keeps the --overrides it reads (SPECRANK_ROUTED)
+    env = {**os.environ, "SPECRANK_ROUTED": "1"}
     with log.open("w") as f:
         rc = subprocess.run(
-            [sys.executable, "-m", *args], stdout=f, stderr=subprocess.STDOUT
+            [sys.executable, "-m", *args], stdout=f, stderr=subprocess.STDOUT, env=env
         ).returncode
     if rc != 0:
         sys.exit(f"{args[0]} failed (exit {rc}); its output: {log}")
