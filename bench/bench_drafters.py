@@ -27,6 +27,7 @@ the online half on CUDA.
 
     python -m bench.bench_drafters                                 # 12 prompts, 48 tokens, 24 recorded per kind
     python -m bench.bench_drafters --prompts 4 --max-new-tokens 32 --offline-prompts 0
+    python -m bench.bench_drafters --kinds dspark domino block --prompts 0 --offline-prompts 24  # offline half only
     python -m bench.bench_drafters --kinds eagle3 block --pairs '1|0' '1|1' --device cuda --dtype bfloat16
 """
 
@@ -199,7 +200,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="verifiers of a chain drafted at T_d > 0, each its own decoder")  # fmt: skip
     ap.add_argument("--budgets", nargs="+", type=int, default=[8, 16],
                     help="the paper's B: verified tokens, root included")  # fmt: skip
-    ap.add_argument("--prompts", type=int, default=12, help="the default suite's first N, in turn")
+    ap.add_argument("--prompts", type=int, default=12,
+                    help="the default suite's first N, in turn (0: skip the online half)")  # fmt: skip
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--offline-prompts", type=int, default=24,
                     help="prompts recorded per kind for the offline gains (0: skip that half)")  # fmt: skip
@@ -213,18 +215,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", type=Path, default=None, help="write every table as JSON here")
     args = ap.parse_args(argv)
+    if args.prompts < 0 or args.offline_prompts < 0:
+        ap.error("--prompts, --offline-prompts: expected >= 0")
+    if args.prompts == 0 and args.offline_prompts == 0:
+        ap.error("--prompts 0 --offline-prompts 0: neither half would run")
     if min(args.budgets) < 3:
         ap.error(f"--budgets: a chain of B - 1 drafted nodes needs B >= 3; got {args.budgets}")
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    transformers.utils.logging.disable_progress_bar()
-    load_before = machine_load()
-    prompts, fit = suite_prompts(args.prompts, args.offline_prompts)
-    pairs = {k: load_kind(k, args.device, args.dtype) for k in args.kinds}
+def online_half(pairs: dict[str, ModelPair], prompts, args, load_before: str,
+                ) -> tuple[dict, list[str]]:  # fmt: skip
+    """The online half, printed; its tables as records, and the variants not run."""
     depth = {k: d for k, p in pairs.items() if (d := max_depth(p)) is not None}
     chosen, skipped = variants(args.kinds, args.shapes, args.pairs, args.budgets, depth,
                                tuple(args.chain_verifiers))  # fmt: skip
@@ -240,11 +242,26 @@ def main(argv: list[str] | None = None) -> dict:
     print(halves_text(tables["groups"], tables["halves"]))
     print(elasticity_text(tables["elasticity"]))
     print(versus_text(tables["versus"], args.versus))
-    out = {k: v.to_dict("records") for k, v in tables.items()}
+    return {k: v.to_dict("records") for k, v in tables.items()}, skipped
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    transformers.utils.logging.disable_progress_bar()
+    load_before = machine_load()
+    prompts, fit = suite_prompts(args.prompts, args.offline_prompts)
+    pairs = {k: load_kind(k, args.device, args.dtype) for k in args.kinds}
+    out, skipped = online_half(pairs, prompts, args, load_before) if prompts else ({}, [])
+    if not prompts:
+        print(f"online half not run (--prompts 0); {args.threads} thread(s); {load_before}")
     if args.offline_prompts > 0:
+        t0 = time.perf_counter()
         gains = offline_gains(pairs, fit, args.max_new_tokens, [b - 1 for b in args.budgets],
                               CACHE, args.resamples)  # fmt: skip
         print(offline_text(gains))
+        print(f"offline half: {len(fit)} prompts a kind, <= {args.max_new_tokens} new tokens, "
+              f"{time.perf_counter() - t0:.0f} s (recordings cached in {CACHE})")  # fmt: skip
         out["offline"] = gains.to_dict("records")
     load_after = machine_load()
     print(f"\n{load_after}")

@@ -11,6 +11,7 @@ Only its summary is read here; its tables and MLflow run stay in the cache folde
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,8 +35,11 @@ RECORD_BUDGET = 59
 
 def kind_store(pair: ModelPair, kind: str, fit: list[Prompt], max_new: int, cache: Path) -> Path:
     """The kind's trace store and candidate table (recorded once, then reused). Returns the
-    folder holding `traces/` and `features/`."""
-    root = cache / f"{kind}-{len(fit)}x{max_new}"
+    folder holding `traces/` and `features/`, named for the kind, the prompts (their number
+    and a digest of their ids: another --prompts takes other fitting prompts) and the new
+    tokens. The drafter's weights are not: after retraining a kind, delete its folder."""
+    ids = hashlib.sha256("\n".join(p.id for p in fit).encode()).hexdigest()[:8]
+    root = cache / f"{kind}-{len(fit)}x{max_new}-{ids}"
     traces, features = root / "traces", root / "features"
     if (features / "manifest.json").exists():
         return root
@@ -78,8 +82,8 @@ def offline_gains(
 
 def offline_text(gains: pd.DataFrame) -> str:
     """Per law and budget (the paper's B = drafted + 1), each kind's gains over draft."""
-    lines = ["\n== offline, on traces recorded with each kind (cross-fitted; gain in expected "
-             "accepted tokens over draft [95% CI])"]  # fmt: skip
+    lines = ["\n== offline, on traces recorded with each kind (cross-fitted; relative gain in "
+             "expected accepted tokens over draft, rule / draft - 1 [paired 95% CI])"]  # fmt: skip
     for (law, b), part in gains.groupby(["law", "budget"], sort=False):
         pair = part["pair"].iloc[0] if "pair" in part else ""
         lines.append(f"  {law} {pair} B={b + 1} ({b} drafted):")

@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 
 import bench.drafters as drafters
-from bench.bench_drafters import elasticity_text, load_kind, main, max_depth
+from bench.bench_drafters import elasticity_text, load_kind, main, max_depth, parse_args
 from bench.common import suite_prompts
 from bench.drafters import Variant, decode_law, tau_versus, variants
+from specrank.trace_schema import trace_store
 from tests.tiny_models import one_thread
 
 
@@ -133,7 +134,31 @@ def test_the_offline_half_fits_rerankers_on_a_kinds_own_traces(tmp_path, monkeyp
     assert {r["budget"] for r in rows} == {7, 15}  # drafted nodes at the paper's B = 8, 16
     assert {r["pair"] for r in rows} == {"0|0", "1|0"}
     assert all(r["gain_lo"] - 1e-9 <= r["gain"] <= r["gain_hi"] + 1e-9 for r in rows)
-    assert (tmp_path / "cache" / "block-8x12" / "features" / "manifest.json").exists()
+    (store,) = (tmp_path / "cache").glob("block-8x12-*")  # kind, prompts x tokens, their ids
+    assert (store / "features" / "manifest.json").exists()
+
+
+@pytest.mark.slow
+def test_the_offline_half_runs_alone_on_a_semi_ar_kind(tmp_path, monkeypatch):
+    """`--prompts 0`: no online decoding, the rerankers fitted on DSpark's own traces (the
+    manifest names the kind), rows_lgbm's gain over draft at B = 8 for both laws."""
+    import bench.bench_drafters as B
+
+    monkeypatch.setattr(B, "CACHE", tmp_path / "cache")
+    with one_thread():
+        out = main(["--prompts", "0", "--kinds", "dspark", "--offline-prompts", "8",
+                    "--max-new-tokens", "12", "--budgets", "8", "--resamples", "50"])  # fmt: skip
+    assert "groups" not in out and not out["skipped"]
+    rows = [r for r in out["offline"] if r["rule"] == "rows_lgbm"]
+    assert sorted((r["kind"], r["law"], r["budget"]) for r in rows) == [
+        ("dspark", "greedy", 7), ("dspark", "sampling", 7)]  # fmt: skip
+    (store,) = (tmp_path / "cache").glob("dspark-8x12-*")
+    assert trace_store(store / "traces").manifest()["models"]["drafter_kind"] == "dspark"
+
+
+def test_neither_half_is_refused():
+    with pytest.raises(SystemExit):
+        parse_args(["--prompts", "0", "--offline-prompts", "0"])
 
 
 def test_one_budget_says_why_there_is_no_elasticity():
