@@ -199,7 +199,7 @@ def test_draft_at_b_plus_m_is_predicted_by_draft_scored(tmp_path, recorded):
     frame["scored/draft@B6"] = 10.0
     path = tmp_path / "offline.parquet"
     frame.to_parquet(path)
-    run = RunConfig(rules=["draft", "draft@+2"], score="top_m", top_m=2, offline=str(path),
+    run = RunConfig(rules=["draft", "draft@+2"], score="top_m", score_top_m=2, offline=str(path),
                     warmup_prompts=0, baseline=False, bootstrap_resamples=100, progress=False)  # fmt: skip
     s, data = settings("draft", score="top_m", top_m=2), _data(tmp_path, PROMPTS)
     with pytest.raises(ValueError, match=r"draft@\+2 is predicted by draft_scored@B6, .* B \+ M "
@@ -332,7 +332,7 @@ def test_draft_at_b_plus_m_scores_its_tree_in_the_same_run(tmp_path, monkeypatch
 
     monkeypatch.setattr(session, "decode_prompt", spy)
     s = settings("draft", score="top_m", max_new_tokens=12)
-    run = RunConfig(rules=["draft", "draft@+4"], score="top_m", top_m=4, warmup_prompts=0,
+    run = RunConfig(rules=["draft", "draft@+4"], score="top_m", score_top_m=4, warmup_prompts=0,
                     bootstrap_resamples=50, progress=False)  # fmt: skip
     with one_thread():
         report = run_online(model_cfg, _data(tmp_path, PROMPTS[:2]), s, run, None, {},

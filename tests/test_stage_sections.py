@@ -38,6 +38,8 @@ MAINS = {
     "decode.pocket": "decode/pocket/__main__.py",
     "decode.pocket.eagle3": "recipes/pocket/eagle3.py",
     "decode.pocket.block": "recipes/pocket/block.py",
+    "decode.pocket.dspark": "decode/pocket/dspark.py",
+    "decode.pocket.domino": "decode/pocket/domino.py",
     "decode.train_head": "decode/train_head.py",
 }
 

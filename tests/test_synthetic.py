@@ -119,14 +119,14 @@ def test_tree_is_draft_top_b_and_scored_set(fixture, request):
     closed = torch.where(pool.parent >= 0, torch.gather(in_tree, 1, pool.parent.clamp(min=0)), True)
     assert (closed | ~in_tree).all()  # ancestor-closed
     expanded = torch.from_numpy(_col(table, "cand_expanded"))
-    assert torch.equal(scored, in_tree | expanded | top_b(score, SELECT.top_m))
+    assert torch.equal(scored, in_tree | expanded | top_b(score, SELECT.record_top_m))
     argmax = torch.from_numpy(_col(table, "cand_target_argmax"))
     assert torch.equal(argmax >= 0, scored)  # -1 exactly where unscored
 
 
 @pytest.mark.parametrize("cfg", [PoolConfig(top_k=10, steps=3, expand=4), PoolConfig(4, 5, 3)])
 def test_other_pool_shapes(cfg):
-    select = SelectConfig(budget=12, top_m=20)
+    select = SelectConfig(budget=12, record_top_m=20)
     rounds = synth_rounds(np.random.default_rng(2), 40, 1.0, cfg, select, SYNTH)
     lay, g = pool_layout(cfg), rounds.pool
     for d, (n, n_exp) in enumerate(zip(lay.n_cand, lay.n_expand, strict=True), start=1):

@@ -19,7 +19,7 @@ from tree.config import PoolConfig, SelectConfig
 TINY = dict(
     job=SynthJobConfig(prompts=2, rounds_per_prompt=3, prompts_per_shard=2, temperatures=[1.0]),
     pool=PoolConfig(top_k=3, steps=2, expand=2),
-    select=SelectConfig(budget=4, top_m=6),
+    select=SelectConfig(budget=4, record_top_m=6),
     synth=SynthConfig(vocab=8),
     seed=0,
 )

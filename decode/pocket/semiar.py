@@ -16,9 +16,8 @@ import dataclasses
 import logging
 from pathlib import Path
 
-import hydra
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 import specrank.config  # noqa: F401  (registers the root schema)
 from decode.baseline import autoregressive_decode
@@ -30,7 +29,6 @@ from pairs.models import load_model_pair
 from pairs.prompts import Prompt, encode_prompt, load_prompts
 from recipes.pocket import domino, dspark
 from recipes.pocket.config import PocketSemiARConfig
-from specrank.cli import exits_on_refusal
 from specrank.paths import CONF_DIR, project_path
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
@@ -86,15 +84,3 @@ def train_and_measure(kind: str, pc: PocketSemiARConfig) -> dict:
     measure = (lambda out: heldout_tau(pc, kind, out)) if pc.heldout_prompts > 0 else None
     recipe = {"dspark": dspark.run, "domino": domino.run}[kind]
     return recipe(pc, log.info, measure)
-
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pocket")
-@exits_on_refusal
-def main_dspark(cfg: DictConfig) -> None:
-    train_and_measure("dspark", OmegaConf.to_object(cfg.pocket_dspark))
-
-
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pocket")
-@exits_on_refusal
-def main_domino(cfg: DictConfig) -> None:
-    train_and_measure("domino", OmegaConf.to_object(cfg.pocket_domino))

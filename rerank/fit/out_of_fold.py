@@ -140,11 +140,9 @@ def crossfit_predict(
     for i, ((_, _, predict), (prior, full)) in enumerate(zip(masks, priors, strict=True)):
         if saved[i] is None:
             est, secs = fitted[i]
-            model = FittedReranker(
-                kind=kind, law=law, feature_set=feature_set, features=features, categories=cats,
-                estimator=est, token_prior=full, train_fingerprint=prints[i][0], seed=seed,
-                capacity=capacity, train_prompts=trained[i],
-            )  # fmt: skip
+            model = FittedReranker(kind=kind, law=law, feature_set=feature_set, features=features,
+                categories=cats, estimator=est, token_prior=full, train_fingerprint=prints[i][0],
+                seed=seed, capacity=capacity, train_prompts=trained[i])  # fmt: skip
             # the other fold's rows, with this fold's prior
             rows = DesignRows(design, np.flatnonzero(predict), prior[predict], column.column)
             saved[i] = SavedFit(model, predict_blocks(model, rows, n_threads, route), secs)

@@ -44,9 +44,8 @@ Prefit = Callable[
 ]
 
 
-def fold_map(
-    prompt_ids: np.ndarray, scheme: str, seed: int, tasks: np.ndarray | None = None
-) -> dict[str, int]:
+def fold_map(prompt_ids: np.ndarray, scheme: str, seed: int,
+             tasks: np.ndarray | None = None) -> dict[str, int]:  # fmt: skip
     """prompt id -> fold (0/1), computed once over ALL prompts so chunks agree.
 
     ``tasks`` (aligned with ``prompt_ids``) balances the halves within each task
@@ -320,9 +319,8 @@ class _FlatEdges:
         )
 
 
-def fit_per_depth_maps(
-    dataset: ds.Dataset, folds: dict[str, int], max_edges: int, seed: int, chunk_rounds: int
-) -> dict[tuple[float, int], PerDepthIsotonic]:
+def fit_per_depth_maps(dataset: ds.Dataset, folds: dict[str, int], max_edges: int, seed: int,
+                       chunk_rounds: int) -> dict[tuple[float, int], PerDepthIsotonic]:  # fmt: skip
     """Per-depth isotonic maps of every draft factor, one per (temperature, predicted fold).
 
     The map for fold f is fitted on pool edges of fold 1-f prompts: at most
@@ -377,11 +375,9 @@ def per_depth_factors(
     for t in np.unique(temps):
         for f in np.unique(fold[temps == t]):
             if (float(t), int(f)) not in maps:
-                raise Refusal(
-                    f"no per-depth map for T={t:g} fold {f}: the other half has no rounds at "
-                    f"T={t:g} (expected a trace store, rerank.traces, with rounds at each "
-                    f"temperature in both rerank.halves halves)"
-                )
+                raise Refusal(f"no per-depth map for T={t:g} fold {f}: the other half has no "
+                              f"rounds at T={t:g} (expected a trace store, rerank.traces, with "
+                              f"rounds at each temperature in both rerank.halves halves)")  # fmt: skip
     for (t, f), iso in maps.items():
         rows = np.flatnonzero((temps == np.float32(t)) & (fold == f))
         if rows.size == 0:
@@ -391,11 +387,10 @@ def per_depth_factors(
             cal = np.empty_like(q)
             for d, (lo, hi) in enumerate(levels, start=1):
                 if d not in iso.maps_:  # as PerDepthIsotonic.predict refuses it
-                    raise Refusal(
-                        f"no map for depth(s) [{d}]: the training half had edges at depths "
-                        f"{sorted(iso.maps_)} only (expected a trace store, rerank.traces, "
-                        f"with edges at every pool depth in both halves: record more prompts)"
-                    )
+                    raise Refusal(f"no map for depth(s) [{d}]: the training half had edges "
+                                  f"at depths {sorted(iso.maps_)} only (expected a trace store, "
+                                  f"rerank.traces, with edges at every pool depth in both "
+                                  f"halves: record more prompts)")  # fmt: skip
                 cal[:, lo:hi] = iso.maps_[d].predict(q[:, lo:hi].ravel()).reshape(rows.size, -1)
         else:
             cal = iso.predict(q.reshape(-1), depth[rows].reshape(-1)).reshape(rows.size, -1)
