@@ -63,7 +63,7 @@ def build_store(store: Path) -> None:
         return
     _run(["decode.record", "-m", *SUITE, f"paths.traces={store / 'traces'}",
           f"hydra.sweep.dir={store / 'h'}"])  # fmt: skip
-    _run(["decode.synth", "debug=default", f"paths.synthetic={store / 'synth'}",
+    _run(["decode.synth_traces", "debug=default", f"paths.synthetic={store / 'synth'}",
           f"hydra.run.dir={store / 'h_synth'}"])  # fmt: skip
 
 

@@ -5,7 +5,7 @@ memory of each stage from `/usr/bin/time -v` (10x the default job).
     python -m bench.tenfold --scale 3 --scale 10       # 1.1 M and 3.66 M rounds
 
 Synthetic traces of `--scale` x 1402 prompts x 261 rounds (both laws, 710-candidate pools,
-`decode.synth`'s generator) are generated once into bench/.cache/ (about 6.4 GB per million
+`decode.synth_traces`'s generator) are generated once into bench/.cache/ (about 6.4 GB per million
 rounds on disk; 10x is 23 GB), by `--generators` processes at once (default: the cores;
 one process took 1,320 s at 3x beside other work, two took 27 min at 10x beside a test run;
 an interrupted generation resumes). Then two child

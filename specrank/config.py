@@ -33,7 +33,9 @@ class PathsConfig:
     """Where stages read and write. Relative paths resolve against the project root."""
 
     traces: str = setting("data_out/traces", "trace store written by decode.record")
-    synthetic: str = setting("data_out/synthetic_traces", "trace store written by decode.synth")
+    synthetic: str = setting(
+        "data_out/synthetic_traces", "trace store written by decode.synth_traces"
+    )
     features: str = setting("data_out/features", "candidate table written by features.extract")
     # beside the table they fit on, so a rerun of the same store finds them
     fits: str = setting(

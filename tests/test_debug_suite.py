@@ -1,5 +1,5 @@
-"""`debug=default` end to end: `decode.synth`, then `features.extract` on its traces, then
-`rerank.train` on both, each as `python -m` runs it from another folder (`decode.synth`'s
+"""`debug=default` end to end: `decode.synth_traces`, then `features.extract` on its traces, then
+`rerank.train` on both, each as `python -m` runs it from another folder (`decode.synth_traces`'s
 `@hydra.main` lives in `recipes.synth.job`), every output in a temporary folder.
 
 The debug suite must hold enough prompts for the default training settings (the token
@@ -20,7 +20,7 @@ from specrank.trace_schema import trace_store
 def test_the_debug_suite_synthesizes_extracts_and_trains(tmp_path):
     stores = [f"paths.traces={tmp_path}/t", f"paths.features={tmp_path}/f"]
     stages = {
-        "decode.synth": [f"paths.synthetic={tmp_path}/t"],
+        "decode.synth_traces": [f"paths.synthetic={tmp_path}/t"],
         "features.extract": stores,
         "rerank.train": [*stores, f"mlflow.tracking_uri=sqlite:///{tmp_path}/ml.db"],
     }
@@ -31,6 +31,6 @@ def test_the_debug_suite_synthesizes_extracts_and_trains(tmp_path):
         done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=240)  # fmt: skip
         assert done.returncode == 0, f"{stage}:\n{done.stderr[-3000:]}"
-        if stage == "decode.synth":  # debug: 8 prompts x 5 rounds
+        if stage == "decode.synth_traces":  # debug: 8 prompts x 5 rounds
             assert trace_store(tmp_path / "t").read(columns=["prompt_id"]).num_rows == 8 * 5
     assert (tmp_path / "rerank.train" / "summary.csv").is_file()

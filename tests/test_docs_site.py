@@ -39,7 +39,7 @@ def test_the_settings_page_lists_every_setting_with_its_readers():
     text = settings_doc.reference()
     for name in ("select.budget", "rerank.model.kind", "run.rule", "seed", "paths.traces"):
         assert f"| `{name}` |" in text
-    assert "Read by: `decode.record`, `decode.run`, `decode.synth`." in text  # pool
+    assert "Read by: `decode.record`, `decode.run`, `decode.synth_traces`." in text  # pool
 
 
 @pytest.mark.parametrize("section", DESCRIBED)

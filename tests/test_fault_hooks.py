@@ -109,7 +109,7 @@ def test_a_full_disk_while_a_results_table_is_written(tmp_path, inject, monkeypa
 def test_a_kill_while_a_shard_is_written_and_the_rerun(tmp_path):
     clean = _synth(tmp_path / "clean")
     out = tmp_path / "traces"
-    cmd = [sys.executable, "-m", "decode.synth", f"paths.synthetic={out}",
+    cmd = [sys.executable, "-m", "decode.synth_traces", f"paths.synthetic={out}",
            f"hydra.run.dir={tmp_path / 'h'}", "synth_job.prompts=8", "synth_job.rounds_per_prompt=4",
            "synth_job.prompts_per_shard=2", "pool.top_k=4", "pool.steps=2", "pool.expand=4",
            "select.budget=8"]  # fmt: skip

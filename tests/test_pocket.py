@@ -90,7 +90,7 @@ def test_model_card_states_the_measured_facts():
     recipe = json.loads((POCKET / "recipe.json").read_text())
     for key in ("val_ce_code", "val_ce_chat", "root_entropy_greedy", "val_agreement_chat"):
         assert f"{recipe['eval'][key]:.3f}" in card, key
-    assert "python -m decode.pocket" in card
+    assert "python -m decode.train_pocket" in card
 
 
 # ---------------------------------------------------------------- held-out prompts

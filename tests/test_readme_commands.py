@@ -24,7 +24,10 @@ EXEMPT = {"make dashboard": "browser: it serves the MLflow UI until Ctrl-C"}
 def test_the_readme_commands_are_found():
     cmds = readme_commands()
     lines = [c.line for c in cmds]
-    assert "python -m decode.synth synth_job.prompts=1402 synth_job.rounds_per_prompt=261" in lines
+    assert (
+        "python -m decode.synth_traces synth_job.prompts=1402 synth_job.rounds_per_prompt=261"
+        in lines
+    )
     assert any(line.startswith("python -m decode.record -m launcher=slurm") for line in lines)
     # and a line only the linked measurement log shows (`DOCS`)
     assert any(line.startswith("python -m bench.stage_memory ") for line in lines)

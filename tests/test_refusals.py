@@ -72,7 +72,7 @@ def test_a_bad_setting_exits_2_with_its_message_and_no_trace(tmp_path):
 
 def test_a_fault_keeps_its_trace_and_hydras_status(tmp_path):
     """A full disk while a shard is written (injected): not the user's setting, so a trace."""
-    done = _run(tmp_path, "decode.synth", "debug=default", f"paths.synthetic={tmp_path}/s",
+    done = _run(tmp_path, "decode.synth_traces", "debug=default", f"paths.synthetic={tmp_path}/s",
                 env={FAULTS_ENV: "shard_write@1=enospc"})  # fmt: skip
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Traceback" in done.stderr and "No space left on device (injected)" in done.stderr

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from decode.pocket.semiar import train_and_measure
 from decode.stream import DecodeSettings
+from decode.train_pocket.semiar import train_and_measure
 from pairs.models import load_model_pair
 from pairs.semiar.layout import READERS
 from recipes.pocket.block import Window

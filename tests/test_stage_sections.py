@@ -31,15 +31,15 @@ KNOWN = {f.name for f in dataclasses.fields(schema())}
 MAINS = {
     "decode.record": "decode/record.py",
     "decode.run": "decode/run.py",
-    "decode.synth": "recipes/synth/job.py",
+    "decode.synth_traces": "recipes/synth/job.py",
     "features.extract": "features/extract.py",
     "rerank.train": "rerank/train.py",
     "rerank.transfer": "rerank/transfer.py",
-    "decode.pocket": "decode/pocket/__main__.py",
-    "decode.pocket.eagle3": "recipes/pocket/eagle3.py",
-    "decode.pocket.block": "recipes/pocket/block.py",
-    "decode.pocket.dspark": "decode/pocket/dspark.py",
-    "decode.pocket.domino": "decode/pocket/domino.py",
+    "decode.train_pocket": "decode/train_pocket/__main__.py",
+    "decode.train_pocket.eagle3": "recipes/pocket/eagle3.py",
+    "decode.train_pocket.block": "recipes/pocket/block.py",
+    "decode.train_pocket.dspark": "decode/train_pocket/dspark.py",
+    "decode.train_pocket.domino": "decode/train_pocket/domino.py",
     "decode.train_head": "decode/train_head.py",
 }
 
@@ -61,6 +61,21 @@ def test_each_command_declares_exactly_the_sections_its_main_reads(stage: str) -
     assert set(READS[stage]) <= KNOWN, f"{stage}: sections the schema lacks"
     read = _sections_read(ROOT / MAINS[stage]) - set(EVERY_COMMAND)
     assert read == set(READS[stage]), stage
+
+
+def test_renamed_commands_are_declared_under_their_new_names() -> None:
+    import importlib.util
+
+    from decode.renamed import NEW_NAMES
+
+    assert set(MAINS) == set(READS)
+    assert not set(NEW_NAMES) & set(READS), "old names are aliases (decode.renamed), not stages"
+    for new in NEW_NAMES.values():
+        assert new in READS, new
+        spec = importlib.util.find_spec(new)
+        if spec.submodule_search_locations:  # a package: `python -m` runs its __main__
+            spec = importlib.util.find_spec(f"{new}.__main__")
+        assert f'stage="{new}"' in Path(spec.origin).read_text(), new
 
 
 def test_every_section_is_read_by_some_command() -> None:

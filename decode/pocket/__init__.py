@@ -1,2 +1,2 @@
-"""`python -m decode.pocket`, `.eagle3`, `.block`, `.dspark` and `.domino`: the entry points
-of the pocket recipes (`recipes.pocket`), kept at their command names."""
+"""`python -m decode.pocket` and its `.eagle3`, `.block`, `.dspark`, `.domino`: old names of
+`python -m decode.train_pocket` and its sub-commands, kept as aliases (`decode.renamed`)."""

@@ -1,7 +1,6 @@
-"""`python -m decode.pocket.block`: train and ship the pocket block drafter (`recipes.pocket.block`)."""
+"""`python -m decode.pocket.block`: the old name of `python -m decode.train_pocket.block`."""
 
-from recipes.pocket.block import main
-from specrank.cli import run_entry_point
+from decode.renamed import run_renamed
 
 if __name__ == "__main__":
-    run_entry_point(main, stage="decode.pocket.block")
+    run_renamed("decode.pocket.block")

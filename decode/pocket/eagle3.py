@@ -1,7 +1,6 @@
-"""`python -m decode.pocket.eagle3`: train and ship the pocket EAGLE-3 head (`recipes.pocket.eagle3`)."""
+"""`python -m decode.pocket.eagle3`: the old name of `python -m decode.train_pocket.eagle3`."""
 
-from recipes.pocket.eagle3 import main
-from specrank.cli import run_entry_point
+from decode.renamed import run_renamed
 
 if __name__ == "__main__":
-    run_entry_point(main, stage="decode.pocket.eagle3")
+    run_renamed("decode.pocket.eagle3")

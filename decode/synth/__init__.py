@@ -1,1 +1,2 @@
-"""`python -m decode.synth`: the entry point of the synthetic-trace recipe (`recipes.synth`)."""
+"""`python -m decode.synth`: the old name of `python -m decode.synth_traces`, kept as an alias
+(`decode.renamed`)."""

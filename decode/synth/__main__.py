@@ -1,6 +1,5 @@
-"""`python -m decode.synth`: synthetic traces (see `recipes.synth.job`)."""
+"""`python -m decode.synth`: the old name of `python -m decode.synth_traces`."""
 
-from recipes.synth.job import main
-from specrank.cli import run_entry_point
+from decode.renamed import run_renamed
 
-run_entry_point(main, stage="decode.synth")
+run_renamed("decode.synth")

@@ -1,4 +1,4 @@
-"""The pocket pair: a small target/drafter trained by the project (`python -m decode.pocket`).
+"""The pocket pair: a small target/drafter the project trains (`python -m decode.train_pocket`).
 
 Stages (each a plain function in `recipes.pocket.recipe`): corpus -> tokenizer ->
 target -> drafter -> export -> evaluate. The shipped result lives in

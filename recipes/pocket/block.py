@@ -1,8 +1,8 @@
 """The pocket block drafter: DFlash's recipe on the pocket target (`models/pocket/block/`).
 
-    python -m decode.pocket.block                                       # train and ship
-    python -m decode.pocket.block pocket_block.position_weights=dpace   # D-PACE's weights
-    python -m decode.pocket.block pocket_block=dcore                    # the DCore recipe
+    python -m decode.train_pocket.block                                       # train and ship
+    python -m decode.train_pocket.block pocket_block.position_weights=dpace   # D-PACE's weights
+    python -m decode.train_pocket.block pocket_block=dcore                    # the DCore recipe
 
 Data: the pocket EAGLE-3 head's (`recipes.pocket.eagle3.training_data`): CPython
 standard-library text and the target's own T=1 continuations of prompts from it, the

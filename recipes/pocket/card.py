@@ -29,7 +29,7 @@ load through `AutoModelForCausalLM.from_pretrained` like any other; the decoder
 does not know they are special. Do not read their figures as those of real
 models: rows are flatter, drafts weaker and outputs far less fluent.
 
-Recipe: `python -m decode.pocket` (Hydra config `conf/pocket.yaml`; the resolved
+Recipe: `python -m decode.train_pocket` (Hydra config `conf/pocket.yaml`; the resolved
 settings and every figure below are in `recipe.json`).
 """
 

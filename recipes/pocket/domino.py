@@ -1,7 +1,7 @@
 """The pocket Domino drafter: SpecForge's curriculum on the pocket target
 (`models/pocket/domino/`, `recipes.pocket.semiar`).
 
-    python -m decode.pocket.domino                       # train and ship
+    python -m decode.train_pocket.domino                       # train and ship
 
 Read from sgl-project/SpecForge at commit a6b6b0230009d15ec2a97a57384e6f53f0f96946
 (`specforge/modeling/draft/domino.py`, `specforge/algorithms/common/dflash_family_model.py`

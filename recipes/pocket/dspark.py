@@ -1,8 +1,8 @@
 """The pocket DSpark drafter: DeepSpec's losses and its confidence head's post-hoc
 calibration on the pocket target (`models/pocket/dspark/`, `recipes.pocket.semiar`).
 
-    python -m decode.pocket.dspark                                  # train, calibrate, ship
-    python -m decode.pocket.dspark pocket_dspark.markov_head_type=gated
+    python -m decode.train_pocket.dspark                                  # train, calibrate, ship
+    python -m decode.train_pocket.dspark pocket_dspark.markov_head_type=gated
 
 Read from deepseek-ai/DeepSpec at commit afdfa7c9382a3341a3e6f17756dd816da79f132c
 (`deepspec/modeling/dspark/loss.py`, `markov_head.py`, `config/dspark/dspark_qwen3_8b.py`,

@@ -1,7 +1,7 @@
 """The pocket EAGLE-3 head: data, training-time-test training, export (`models/pocket/eagle3/`).
 
-    python -m decode.pocket.eagle3                 # train and ship the head (a few CPU minutes)
-    python -m bench.bench_eagle3 --card            # tau and speed vs the standalone drafter -> card
+    python -m decode.train_pocket.eagle3   # train and ship the head (a few CPU minutes)
+    python -m bench.bench_eagle3 --card    # tau and speed vs the standalone drafter -> card
 
 Data, all offline and from the training side of the pocket corpus' split rule
 (`recipes.pocket.corpus`; held-out files and the default suite's prompts never enter):

@@ -45,7 +45,7 @@ def write_card(out: Path, facts: dict) -> None:
     text = f"""# Pocket EAGLE-3 head
 
 An EAGLE-3 draft head for the pocket target (`models/pocket/target`), trained by
-`python -m decode.pocket.eagle3` on this machine's CPU. Like the pocket pair it is a
+`python -m decode.train_pocket.eagle3` on this machine's CPU. Like the pocket pair it is a
 stand-in: its figures say nothing about heads for 8B-class targets. Select it with
 `model=pocket_eagle3` (`conf/model/pocket_eagle3.yaml`).
 

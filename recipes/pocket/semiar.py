@@ -2,8 +2,8 @@
 backbone, data, schedule and export (`recipes.pocket.block`) with a kind's correction head,
 trained teacher-forced and saved in its reference's layout (`pairs.semiar`).
 
-    python -m decode.pocket.dspark     # DeepSpec's DSpark: Markov head, confidence head
-    python -m decode.pocket.domino     # SpecForge's Domino: prefix GRU, embed_proj
+    python -m decode.train_pocket.dspark     # DeepSpec's DSpark: Markov head, confidence head
+    python -m decode.train_pocket.domino     # SpecForge's Domino: prefix GRU, embed_proj
 
 Rows: an anchor a gives the block's D drafted rows; row j drafts the token at a + j + 1 and
 its label is the target's row at a + j (`recipes.pocket.block.Window`). DSpark's block is

@@ -23,7 +23,7 @@ backbone whose block rows are corrected from the drafted path ({
         "DeepSpec's DSpark: a Markov head on the previous token, and a confidence head"
         if dspark
         else "SpecForge's Domino: a GRU over the path's tokens and embed_proj"
-    }), trained by `python -m decode.pocket.{facts["kind"]}` on this machine's CPU. Like the
+    }), trained by `python -m decode.train_pocket.{facts["kind"]}` on this machine's CPU. Like the
 pocket pair it is a stand-in: its figures say nothing about drafters for 8B-class targets.
 Decode it with `model=pocket_{facts["kind"]}` (`conf/model/pocket_{facts["kind"]}.yaml`), i.e.
 `model.drafter_kind={facts["kind"]} model.drafter=models/pocket/{facts["kind"]}`.

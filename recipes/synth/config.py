@@ -46,7 +46,7 @@ class SynthConfig:
 
 @dataclass
 class SynthJobConfig:
-    """`python -m decode.synth`: how many synthetic prompts and rounds to write.
+    """`python -m decode.synth_traces`: how many synthetic prompts and rounds to write.
 
     Shard s runs at temperatures[s % len]; paper scale (365,922 rounds) is
     `synth_job.prompts=1402 synth_job.rounds_per_prompt=261`.

@@ -1,4 +1,4 @@
-"""`python -m decode.synth`: write synthetic traces through the trace store.
+"""`python -m decode.synth_traces`: write synthetic traces through the trace store.
 
 One shard = `synth_job.prompts_per_shard` consecutive prompts, all rounds of
 each, generated together (vectorised over rounds) from a generator seeded by

@@ -1,4 +1,4 @@
-"""`python -m decode.pocket.dspark` and `.domino`: train and ship the pocket semi-AR drafters
+"""`python -m decode.train_pocket.dspark` and `.domino`: train and ship the pocket semi-AR drafters
 (`recipes.pocket.dspark`, `recipes.pocket.domino`), then decode held-out prompts with each
 for its card's tau.
 
@@ -32,7 +32,7 @@ from recipes.pocket.config import PocketSemiARConfig
 from specrank.paths import CONF_DIR, project_path
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
-log = logging.getLogger("decode.pocket.semiar")
+log = logging.getLogger("decode.train_pocket.semiar")
 BLOCK = "models/pocket/block"  # the DFlash-recipe block drafter, measured beside
 BUDGET = 8  # the paper's B: verified tokens, the root included
 

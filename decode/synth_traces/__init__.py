@@ -1,0 +1,2 @@
+"""`python -m decode.synth_traces`: the entry point of the synthetic-trace recipe
+(`recipes.synth`)."""
