@@ -17,11 +17,9 @@ def write_card(out: Path, facts: dict) -> None:
     text = f"""# Pocket block drafter{" (DCore recipe)" if per_layer else ""}
 
 A block-parallel drafter in DFlash's layout for the pocket target (`models/pocket/target`),
-trained by `python -m decode.train_pocket.block{
-        command
-    }` on this machine's CPU. Like the pocket pair
-it is a stand-in: its figures say nothing about drafters for 8B-class targets. Select it with
-`model=pocket_{name}` (`conf/model/pocket_{name}.yaml`).
+trained by `python -m decode.train_pocket.block{command}` on this machine's CPU. Like the
+pocket pair it is a stand-in: its figures say nothing about drafters for 8B-class targets.
+Select it with `model=pocket_{name}` (`conf/model/pocket_{name}.yaml`).
 
 ## Format
 
