@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,11 +209,20 @@ def _check_embeddings(name: str, model, n_tokens: int) -> None:
         )
 
 
+# transformers' from_pretrained swaps torch.nn.init's functions and
+# PreTrainedModel.init_weights for no-ops process-wide while it loads
+# (transformers.initialization.no_init_weights) and puts back what it found: two threads
+# loading at once (Ray actors in one process) can put back the no-ops, and every model
+# built afterwards would start uninitialized. So one pair loads at a time in a process.
+_LOADING = threading.Lock()
+
+
 def load_model_pair(cfg: ModelConfig) -> ModelPair:
     """Target, drafter and their shared tokenizer; refuses a drafter with another tokenizer."""
     kind = drafter_kind(cfg)
     _torch_dtype(cfg.dtype)  # every model setting refused before anything is read
-    return kind.load(cfg)
+    with _LOADING:
+        return kind.load(cfg)
 
 
 def load_standalone_pair(cfg: ModelConfig) -> ModelPair:

@@ -37,6 +37,8 @@ README = ROOT / "README.md"
 DOCS = (README, ROOT / "bench" / "SCALING.md", *sorted((ROOT / "docs").glob("*.md")))
 EXEMPT = re.compile(r"<!--\s*commands:\s*exempt\s*\((?P<why>[^)]+)\)\s*-->")
 HYDRA_MODULES = ("decode.", "features.", "rerank.")
+# argparse commands among them (no Hydra config): parsed like the bench scripts
+ARGPARSE_MODULES = ("decode.pooled",)
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ def plan(cmd: Command, tmp: Path) -> list[dict]:
     if words[:2] != ["python", "-m"]:
         raise ValueError(f"README command {cmd.line!r}: expected `python -m ...` or `make ...`")
     module, args = words[2], words[3:]
-    if module.startswith(HYDRA_MODULES):
+    if module.startswith(HYDRA_MODULES) and module not in ARGPARSE_MODULES:
         multirun = "-m" in args or "--multirun" in args
         args = [a for a in args if a not in ("-m", "--multirun")]
         runs = _sweeps(args) if multirun else [args]
