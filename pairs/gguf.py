@@ -26,6 +26,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from pairs.loading import LOADING
 from specrank.errors import Refusal
 
 CACHE_ENV = "SPECRANK_CACHE"  # the cache root; default $XDG_CACHE_HOME/specrank
@@ -132,8 +133,9 @@ def _convert(path: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kw = {"gguf_file": path.name, "local_files_only": True}
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, **kw)
-    loaded = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kw)
+    with LOADING:  # one load at a time in a process (pairs.loading)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, **kw)
+        loaded = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kw)
     config = loaded.config
     del config.quantization_config  # the saved folder holds plain weights
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from pairs.eagle3.capture import CONVENTIONS
 from pairs.eagle3.drafter import Eagle3Drafter, attach_head, head_ids, read_head
 from pairs.eagle3.layout import read_head_config
 from pairs.gguf import converted_folder, gguf_file
+from pairs.loading import LOADING
 from pairs.semiar.drafter import attach_semiar, check_semiar_depth, read_semiar, semiar_ids
 from pairs.semiar.layout import READERS as SEMIAR_READERS
 from specrank.checks import check_choice
@@ -209,19 +209,11 @@ def _check_embeddings(name: str, model, n_tokens: int) -> None:
         )
 
 
-# transformers' from_pretrained swaps torch.nn.init's functions and
-# PreTrainedModel.init_weights for no-ops process-wide while it loads
-# (transformers.initialization.no_init_weights) and puts back what it found: two threads
-# loading at once (Ray actors in one process) can put back the no-ops, and every model
-# built afterwards would start uninitialized. So one pair loads at a time in a process.
-_LOADING = threading.Lock()
-
-
 def load_model_pair(cfg: ModelConfig) -> ModelPair:
     """Target, drafter and their shared tokenizer; refuses a drafter with another tokenizer."""
     kind = drafter_kind(cfg)
     _torch_dtype(cfg.dtype)  # every model setting refused before anything is read
-    with _LOADING:
+    with LOADING:  # one load at a time (pairs.loading)
         return kind.load(cfg)
 
 
