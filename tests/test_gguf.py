@@ -14,7 +14,7 @@ import pytest
 import torch
 from hydra import compose
 from omegaconf import OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 import pairs.fetch
 import pairs.gguf
@@ -80,6 +80,7 @@ def test_writers_converting_at_once_leave_one_complete_folder(tiny_file, tmp_pat
     the other keeps the winner's folder and leaves no temporary behind."""
     _, path = tiny_file
     real, barrier = pairs.gguf._convert, threading.Barrier(2)
+    inits = (torch.nn.init.normal_, PreTrainedModel.init_weights)
 
     def convert_together(src, out):
         real(src, out)
@@ -102,6 +103,8 @@ def test_writers_converting_at_once_leave_one_complete_folder(tiny_file, tmp_pat
     assert not errors and len(set(found)) == 1
     assert [p.name for p in tmp_path.iterdir()] == [found[0].name]
     assert (found[0] / PROVENANCE).is_file() and (found[0] / "model.safetensors").is_file()
+    # the loads did not overlap (pairs.loading): transformers' no-op init swap is undone
+    assert (torch.nn.init.normal_, PreTrainedModel.init_weights) == inits
 
 
 def test_a_gguf_pair_loads_and_decodes_like_any_checkpoint(tmp_path, monkeypatch):
