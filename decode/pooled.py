@@ -113,12 +113,13 @@ def pooled_report(prompts: pd.DataFrame, rounds: pd.DataFrame, n_resamples: int,
     )
 
 
-def pooled_offline(folders: list[Path], tables: dict, n_resamples: int,
+def pooled_offline(folders: list[Path], prompts: pd.DataFrame, tables: dict, n_resamples: int,
                    seed: int) -> tuple[pd.DataFrame, str]:  # fmt: skip
     """Realized against offline tau over the prompts of the chunks decoded with `run.offline`
-    (each rule's offline name as their `online_offline.csv` gives it), and what it read."""
+    (each rule's offline name as their `online_offline.csv` gives it), and what it read.
+    `prompts`: `read_chunks`' stacked table (its `chunk` column names each row's folder)."""
     values, names, ids, sources = [], {}, set(), []
-    for f in folders:
+    for i, f in enumerate(folders):
         cfg = yaml.safe_load((f / ".hydra" / "config.yaml").read_text())
         if not cfg["run"].get("offline"):
             continue
@@ -126,7 +127,7 @@ def pooled_offline(folders: list[Path], tables: dict, n_resamples: int,
         values.append(v.assign(prompt_id=v["prompt_id"].astype(str)))
         named = pd.read_csv(f / "online_offline.csv")
         names |= dict(zip(named["rule"], named["offline_rule"], strict=True))
-        ids |= set(pd.read_csv(f / "online_prompts.csv")["prompt_id"].astype(str))
+        ids |= set(prompts.loc[prompts["chunk"] == i, "prompt_id"])
         sources.append(cfg["run"]["offline"])
     if not values:
         return pd.DataFrame(), ""
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         prompts, rounds, cfg = read_chunks(args.folders)
         n, seed = cfg["run"]["bootstrap_resamples"], cfg["seed"]
         groups, ratios, tables = pooled_report(prompts, rounds, n, seed)
-        offline, source = pooled_offline(args.folders, tables, n, seed)
+        offline, source = pooled_offline(args.folders, prompts, tables, n, seed)
     cols = ["rule", "budget", "group", "prompts", "rounds", "tau", "tokens_per_s",
             "baseline_tokens_per_s", "speedup", "speedup_lo", "speedup_hi", "break_even_tau"]  # fmt: skip
     every = groups[groups["group"] == "all"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 from hydra import compose
 from omegaconf import OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import pairs.fetch
 import pairs.gguf
@@ -80,7 +81,6 @@ def test_writers_converting_at_once_leave_one_complete_folder(tiny_file, tmp_pat
     the other keeps the winner's folder and leaves no temporary behind."""
     _, path = tiny_file
     real, barrier = pairs.gguf._convert, threading.Barrier(2)
-    inits = (torch.nn.init.normal_, PreTrainedModel.init_weights)
 
     def convert_together(src, out):
         real(src, out)
@@ -103,8 +103,37 @@ def test_writers_converting_at_once_leave_one_complete_folder(tiny_file, tmp_pat
     assert not errors and len(set(found)) == 1
     assert [p.name for p in tmp_path.iterdir()] == [found[0].name]
     assert (found[0] / PROVENANCE).is_file() and (found[0] / "model.safetensors").is_file()
-    # the loads did not overlap (pairs.loading): transformers' no-op init swap is undone
-    assert (torch.nn.init.normal_, PreTrainedModel.init_weights) == inits
+
+
+def test_two_threads_never_load_at_once(tiny_file, monkeypatch):
+    """from_pretrained swaps torch's init functions process-wide while it runs, so two
+    overlapping loads can leave them swapped (pairs.loading): conversions in two threads
+    load one after the other."""
+    _, path = tiny_file
+    active, most = [0], [0]
+
+    def slow_load(*args, **kwargs):
+        active[0] += 1
+        most[0] = max(most[0], active[0])
+        time.sleep(0.2)  # long enough for the other thread to arrive
+        active[0] -= 1
+        raise LookupError("stop after the load")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", slow_load)
+    errors = []
+
+    def convert():
+        try:
+            pairs.gguf._convert(path, path.parent / "unused")
+        except LookupError as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=convert) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 2 and most[0] == 1
 
 
 def test_a_gguf_pair_loads_and_decodes_like_any_checkpoint(tmp_path, monkeypatch):
