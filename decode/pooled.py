@@ -31,20 +31,24 @@ import yaml
 from decode.compare import ratios_of_tables, ratios_text
 from decode.metrics import entropy_halves, run_groups, task_entropy
 from decode.predicted import offline_comparison, offline_text, offline_values
-from specrank.cli import refusals_exit
+from specrank.cli import READS, refusals_exit
 from specrank.errors import Refusal
 from specrank.files import atomic_write
+from specrank.renames import migrated_config
 
 # Keys that differ between the chunks of one run by design (dotted paths of the config).
 _PER_CHUNK = ("data.prompt_chunk", "mlflow.run_name", "hydra", "paths", "run.offline")
 
 
 def chunk_config(folder: Path) -> dict:
-    """A chunk's resolved config (`.hydra/config.yaml`) without the per-chunk keys."""
+    """The settings decode.run read in a chunk (`.hydra/config.yaml`) but the per-chunk keys."""
     path = folder / ".hydra" / "config.yaml"
     if not path.is_file():
         raise Refusal(f"{folder} is not a decode.run folder: expected {path}, found none")
-    cfg = yaml.safe_load(path.read_text())
+    # a chunk decoded before a rename compares under the new names; sections decode.run does
+    # not read (the model recipes') may differ between code versions and do not matter
+    raw = migrated_config(yaml.safe_load(path.read_text()))
+    cfg = {k: v for k, v in raw.items() if k in (*READS["decode.run"], "seed")}
     for key in _PER_CHUNK:
         *parents, leaf = key.split(".")
         node = cfg

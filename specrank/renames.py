@@ -18,6 +18,8 @@ RENAMED: dict[str, str] = {
     "run.top_m": "run.score_top_m",
     "select.top_m": "select.record_top_m",
     "rerank.top_m": "rerank.draft_top_m",
+    "data.chunks": "data.prompt_chunks",
+    "data.chunk": "data.prompt_chunk",
 }
 
 

@@ -81,3 +81,25 @@ def test_pooled_chunks_give_the_whole_runs_tau_and_refuse_mismatches(tmp_path, c
     (chunks[1] / "online_prompts.csv").unlink()
     with pytest.raises(Refusal, match="not finished"):
         read_chunks(chunks)
+
+
+def test_a_chunk_decoded_before_the_renames_pools_with_one_after(tmp_path):
+    """Old setting names (`data.chunk`, `run.top_m`) compare under the new ones, and a section
+    decode.run does not read (a model recipe's) may differ; a setting it reads may not."""
+    run = RunConfig(rules=["draft"], warmup_prompts=0, bootstrap_resamples=200, progress=False)
+    chunks = [tmp_path / f"chunk{i}" for i in range(2)]
+    for i, folder in enumerate(chunks):
+        _decode(tmp_path, folder, _data(tmp_path, 2, i), run)
+    path = chunks[0] / ".hydra" / "config.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    cfg["data"]["chunks"] = cfg["data"].pop("prompt_chunks")
+    cfg["data"]["chunk"] = cfg["data"].pop("prompt_chunk")
+    cfg["run"]["top_m"] = cfg["run"].pop("score_top_m")
+    cfg["pocket_recipe_of_then"] = {"steps": 1}
+    path.write_text(yaml.safe_dump(cfg))
+    prompts, _, _ = read_chunks(chunks)
+    assert prompts["chunk"].nunique() == 2
+    cfg["run"]["top_m"] += 1
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(Refusal, match=r"other settings .*'run'"):
+        read_chunks(chunks)
