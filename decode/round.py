@@ -2,8 +2,10 @@
 
     draft     -> grow the pool below the root                (drafter, or an EAGLE-3 head)
     root pass -> root-pass rules only: the root row from a one-token target pass
-    features  -> rule=reranker only: first-level features -> log phat           (host)
-    select    -> the verified tree T and the scored set Q (T, or T + expanded + top-M)
+    features  -> first-factor routes only: rule=reranker's first-level features -> log phat
+                 (host), else the root row's log p(x1 | c)
+    select    -> the verified tree T (the rule's online route, `selection.routes`) and the
+                 scored set Q (T, or T + expanded + top-M)
     verify    -> one target pass over Q (the root too, unless already known; a draw
                  rule's X1 alone when X1 is off the pool); outcome at every row;
                  accepted path; continuation (docs/method.md#verification)
@@ -129,7 +131,7 @@ def commit_step(
     its row. X1's KV is kept either way; the drafter has not seen X1.
     """
     stream, root, sel = st.stream, st.stream.tokens[-1], plan.sel
-    covering = s.entry.online == "covering"
+    covering = s.entry.online.emits_leaf  # a leaf may be the continuation, its row held
     leaves = RP.tree_leaves(pool, sel.in_tree) if covering else sel.in_tree  # [P]
     small = torch.stack([v.accepted, leaves]).cpu().numpy()
     outcome_np = v.outcome.cpu().numpy()
@@ -220,7 +222,7 @@ def decode_round(
         first, feats = reranker_first_factor(
             stream, st.task, pool, predictor, ctx, law_temperature(temp), rows_needed
         )
-    elif s.entry.online == "first_factor":  # from the root row (the root pass)
+    elif s.entry.online.first_factor:  # from the root row (the root pass)
         first = RP.root_first_factor(root_logits, pool.token[: pool.n_first], temp)
     clock.mark()  # features
 

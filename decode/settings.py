@@ -59,7 +59,7 @@ class OnlineSettings:
         recording (the offline values assume a verifier that accepts c with p(c))."""
         if self.base.decode.verifier != "coupling":
             return
-        if self.entry.online not in ("draft", "first_factor"):
+        if self.entry.online.draws_x1:
             raise Refusal(
                 f"decode.verifier=coupling with run.rule={self.rule}: its rounds draw or hold "
                 "target rows outside the drafted chain; use rule=draft or reranker"

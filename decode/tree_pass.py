@@ -1,7 +1,9 @@
 """The select and verify steps of a round (`decode.round`): tree, Q, one target pass, outcomes.
 
     select -> the rule's verified tree T and the scored set Q; |Q|, |T| and "X1 alone" on the
-              host (the round's first host sync)
+              host (the round's first host sync). T is built by the tree function of the
+              rule's online route (`selection.routes`); the shipped routes' are registered
+              here, and the steps branch on the route's flags, never on its name.
     verify -> one target pass over Q (the root too, unless already known), the outcome token
               at every batch row, the accepted path (docs/method.md#verification)
 
@@ -29,6 +31,7 @@ from transformers import PreTrainedModel
 from decode.settings import OnlineSettings
 from decode.stream import DecodeSettings, Stream
 from selection.ranking import Levels
+from selection.routes import COVERING, DRAFT_TREE, DRAW_TREE, FACTOR_TREE, TreeInputs, register_tree
 from selection.rules import Rule
 from tree import root_pass as RP
 from tree.pool import Pool
@@ -47,7 +50,7 @@ from tree.verify import (
 
 def uses_draw_tree(entry: Rule, draw: Tensor | None) -> bool:
     """Whether the round's tree is built below the draw X1 (draw rules; covering with a held row)."""
-    return draw is not None and entry.online in ("draw", "covering")
+    return draw is not None and entry.online.draws_x1
 
 
 def rank_and_tree(
@@ -58,19 +61,43 @@ def rank_and_tree(
     first_logprob: Tensor | None,
     draw: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(in_tree, draft_rank, rank), each [P]: the rule's verified tree (pool nodes); the
-    draft rank, which picks the recording set's top M and the retained rows' prefixes
-    whatever the rule, as in the recorded traces a reranker is trained on (rule=draft); and
-    the rule's own rank (the draft rank for draft and draw rules), which orders the
-    `top_m` scored set."""
+    """(in_tree, draft_rank, rank), each [P]: the rule's verified tree (pool nodes), from its
+    online route's tree function (`selection.routes`); the draft rank, which picks the
+    recording set's top M and the retained rows' prefixes whatever the rule, as in the
+    recorded traces a reranker is trained on (rule=draft); and the rule's own rank (the draft
+    rank for draft and draw rules), which orders the `top_m` scored set."""
     draft_rank = RP.rank_of(pool.score)
-    if entry.online == "first_factor":
-        rank = RP.rank_of(RP.factor_scores(pool, first_logprob, levels))
-        return rank < budget, draft_rank, rank
-    if uses_draw_tree(entry, draw):  # draw rules; covering after a covered round
-        tree = RP.draw_tree(pool, entry.draw_tree, draw, pool.score, draft_rank, budget, levels)
-        return tree, draft_rank, draft_rank
-    return draft_rank < budget, draft_rank, draft_rank  # draft; covering otherwise
+    t = TreeInputs(entry, pool, budget, levels, draft_rank, first_logprob, draw)
+    in_tree, rank = entry.online.tree(t)
+    return in_tree, draft_rank, rank
+
+
+# -- the shipped online routes' trees (registered for selection.routes' entries) ------------
+
+
+@register_tree(DRAFT_TREE)
+def _draft_tree(t: TreeInputs) -> tuple[Tensor, Tensor]:
+    """Draft selection's top-B tree."""
+    return t.draft_rank < t.budget, t.draft_rank
+
+
+@register_tree(FACTOR_TREE)
+def _factor_tree(t: TreeInputs) -> tuple[Tensor, Tensor]:
+    """Top-B with the first-level factor replaced by the round's (reranker, root row)."""
+    rank = RP.rank_of(RP.factor_scores(t.pool, t.first_logprob, t.levels))
+    return rank < t.budget, rank
+
+
+@register_tree(DRAW_TREE)
+@register_tree(COVERING)
+def _tree_below_draw(t: TreeInputs) -> tuple[Tensor, Tensor]:
+    """The entry's draw tree below X1 (draw rules; covering after a covered round), else
+    draft selection's (covering otherwise)."""
+    if t.draw is None:
+        return _draft_tree(t)
+    tree = RP.draw_tree(t.pool, t.entry.draw_tree, t.draw, t.pool.score, t.draft_rank,
+                        t.budget, t.levels)  # fmt: skip
+    return tree, t.draft_rank
 
 
 def scored_set(

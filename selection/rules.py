@@ -5,8 +5,16 @@ Every consumer reads this table instead of comparing names: the offline evaluato
 (`selection.values`, `rerank.evaluate`) by an entry's `offline` route, the online decoder
 (`decode.round`, `decode.tree_pass`, `tree.root_pass`) by its `online` route and
 `root_pass`, the settings checks, the plots (`family`) and the default comparisons
-(`compare`). A new rule is one entry here plus its test; a rule that exists on one side
-only has `None` for the other route.
+(`compare`). Routes are `selection.routes` objects that hold the functions computing the
+rule (offline candidate scores, the online tree) and the flags consumers branch on; no
+layer compares route names. A rule that exists on one side only has `None` for the other.
+
+A new rule on a shipped route is one entry here plus its test. A new rule with a new
+ranking adds, in this module beside its entry, its score function and `OfflineRoute`, and
+for the decoder its `OnlineRoute` and tree function (`register_tree`, written with
+`selection.ranking`); with its test that is two files. The derived lists below
+(`POOL_RULES`, `FACTOR_RULES`, `online_rules()`) pick it up from the route's flags. A rule
+defined elsewhere (a test module) joins by being added to `RULES`.
 
 Parametrized rules are templates: a learned reranker `<feature set>_<model kind>`, a direct
 substitution `sub_<row>`, a geometric mixture `mix_<row>` (with the per-weight columns
@@ -22,27 +30,26 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from selection.routes import (
+    COVERING,
+    DERIVED,
+    DRAFT,
+    DRAFT_TREE,
+    DRAW,
+    DRAW_TREE,
+    FACTOR_TREE,
+    GIVEN_FIRST_FACTOR,
+    GIVEN_SCORES,
+    LEAD,
+    ORACLE,
+    PEARL_ROUTE,
+    POLICY,
+    OfflineRoute,
+    OnlineRoute,
+)
+
 # -- the entries ------------------------------------------------------------------------------
 
-# offline value routes (selection.values.evaluate_pools, rerank.evaluate.values):
-#   draft         the draft order itself
-#   oracle        ranked by the exact path probability
-#   lead          leading factors replaced by the exact root row (lead_depth, lead_softmax)
-#   draw          root-draw / PEARL-commit: X1 drawn from the root row (draw_values)
-#   pearl         PEARL: draft selection's tree below the draw (pearl_curves)
-#   first_factor  a first-level log factor given per round (learned, calibrated, substituted)
-#   scores        whole candidate scores given per round (per-depth calibration)
-#   derived       computed from other rules' curves in the summary (matched-size PEARL)
-#   policy        computed from draft's and root's trees under the scored-set policy
-#                 (rerank.evaluate.policy: App. D.10's decoder, draft at the scored count)
-OFFLINE_ROUTES = ("draft", "oracle", "lead", "draw", "pearl", "first_factor", "scores", "derived",
-                  "policy")  # fmt: skip
-# online tree routes (decode.tree_pass.rank_and_tree):
-#   draft         draft selection's top-B tree
-#   first_factor  top-B under a first-level factor computed before verification
-#   draw          X1 drawn from the root row, then the rule's tree below it (draw_tree)
-#   covering      App. D.10's decoder: draft trees, a draw tree after a covered round
-ONLINE_ROUTES = ("draft", "first_factor", "draw", "covering")
 RULE_KINDS = ("factor", "draw", "control", "learned", "derived")
 MODEL_KINDS = ("hgb", "lgbm")  # the model kinds a learned rule's name carries
 
@@ -52,8 +59,8 @@ class Rule:
     name: str
     family: str  # plot panel (rerank.report.plot_style.FAMILIES)
     kind: str  # factor | draw | control | learned | derived
-    offline: str | None  # OFFLINE_ROUTES; None: online only
-    online: str | None = None  # ONLINE_ROUTES; None: offline only
+    offline: OfflineRoute | None  # selection.routes; None: online only
+    online: OnlineRoute | None = None  # selection.routes; None: offline only
     root_pass: bool = False  # online: one target pass over the root before selection
     rows: tuple[str, ...] = ()  # target rows it reads before verification
     lead_depth: int = 0  # lead: the factors at depths <= this come from the root row
@@ -79,13 +86,18 @@ class Rule:
             raise ValueError(
                 f"rule {self.name}: kind must be one of {RULE_KINDS}, got {self.kind!r}"
             )
-        if self.offline not in (*OFFLINE_ROUTES, None) or self.online not in (*ONLINE_ROUTES, None):
-            raise ValueError(f"rule {self.name}: unknown route {self.offline!r} / {self.online!r}")
+        off, on = (
+            isinstance(self.offline, OfflineRoute | None),
+            isinstance(self.online, OnlineRoute | None),
+        )
+        if not (off and on):
+            raise ValueError(f"rule {self.name}: routes are selection.routes objects, got "
+                             f"{self.offline!r} / {self.online!r}")  # fmt: skip
 
 
 _FIXED = (
     Rule(
-        name="draft", family="draft", kind="factor", offline="draft", online="draft", records=True
+        name="draft", family="draft", kind="factor", offline=DRAFT, online=DRAFT_TREE, records=True
     ),
     # the online decoder's fitted reranker; offline each is `<feature set>_<model kind>`
     Rule(
@@ -93,15 +105,15 @@ _FIXED = (
         family="learned",
         kind="learned",
         offline=None,
-        online="first_factor",
+        online=FACTOR_TREE,
         predictor=True,
     ),
     Rule(
         name="root",
         family="exact",
         kind="factor",
-        offline="lead",
-        online="first_factor",
+        offline=LEAD,
+        online=FACTOR_TREE,
         root_pass=True,
         rows=("root",),
         lead_depth=1,
@@ -112,7 +124,7 @@ _FIXED = (
         name="root_softmax",
         family="exact",
         kind="factor",
-        offline="lead",
+        offline=LEAD,
         rows=("root",),
         lead_depth=1,
         lead_softmax=True,
@@ -121,19 +133,17 @@ _FIXED = (
         name="depth_two",
         family="exact",
         kind="factor",
-        offline="lead",
+        offline=LEAD,
         rows=("root", "depth 1"),
         lead_depth=2,
     ),
-    Rule(
-        name="oracle", family="exact", kind="factor", offline="oracle", rows=("every scored row",)
-    ),
+    Rule(name="oracle", family="exact", kind="factor", offline=ORACLE, rows=("every scored row",)),
     Rule(
         name="root_draw",
         family="draw",
         kind="draw",
-        offline="draw",
-        online="draw",
+        offline=DRAW,
+        online=DRAW_TREE,
         root_pass=True,
         rows=("root",),
         draw_tree="descendants",
@@ -143,8 +153,8 @@ _FIXED = (
         name="pearl",
         family="draw",
         kind="draw",
-        offline="pearl",
-        online="draw",
+        offline=PEARL_ROUTE,
+        online=DRAW_TREE,
         root_pass=True,
         rows=("root",),
         draw_tree="draft_tree",
@@ -155,26 +165,26 @@ _FIXED = (
         name="pearl_commit",
         family="draw",
         kind="draw",
-        offline="draw",
+        offline=DRAW,
         rows=("root",),
         draw_tree="descendants",
     ),
     # PEARL with its pre-draw budget raised until its mean tree size is root-draw's
-    Rule(name="pearl_matched", family="draw", kind="derived", offline="derived", rows=("root",)),
+    Rule(name="pearl_matched", family="draw", kind="derived", offline=DERIVED, rows=("root",)),
     # root selection after a covered round, draft otherwise: a decoder without a root pass,
     # covered as its own trees are under the policy (App. D.10)
     Rule(
         name="root_if_covered",
         family="exact",
         kind="control",
-        offline="policy",
+        offline=POLICY,
         rows=("matched",),
         compare=("draft_scored",),
     ),
     # draft selection's tree as large as the prefixes the policy's pass scores: the decoder
     # that is never covered and scores no more prefixes (App. D.10's Theorem 2)
     Rule(
-        name="draft_scored", family="exact", kind="control", offline="policy"
+        name="draft_scored", family="exact", kind="control", offline=POLICY
     ),  # plotted beside root_if_covered
     # App. D.10's covering decoder: its rounds emit a tree leaf as the continuation
     Rule(
@@ -182,7 +192,7 @@ _FIXED = (
         family="draw",
         kind="control",
         offline=None,
-        online="covering",
+        online=COVERING,
         draw_tree="descendants",
         traces=False,
     ),
@@ -190,46 +200,48 @@ _FIXED = (
         name="iso_q1",
         family="calibrators",
         kind="control",
-        offline="first_factor",
+        offline=GIVEN_FIRST_FACTOR,
         compare=("rank_control",),
     ),
     Rule(
         name="per_depth",
         family="calibrators",
         kind="control",
-        offline="scores",
+        offline=GIVEN_SCORES,
         compare=("rank_control",),
     ),
-    Rule(name="rank_control", family="learned", kind="control", offline="first_factor"),
+    Rule(name="rank_control", family="learned", kind="control", offline=GIVEN_FIRST_FACTOR),
 )
 RULES: dict[str, Rule] = {r.name: r for r in _FIXED}
 BASELINE = "draft"  # every gain is relative to it
 # the rules whose advantage over the baseline a share is of (docs/method.md#rule-values): root gain, oracle advantage
 SHARE_TOPS = {"share_root": "root", "share_oracle": "oracle"}
-PEARL = next(r.name for r in _FIXED if r.offline == "pearl")  # its curves give the matched size
-ROOT_DRAW = next(r.name for r in _FIXED if r.offline == "draw" and r.root_pass)
-PEARL_MATCHED = next(r.name for r in _FIXED if r.offline == "derived")  # PEARL at ROOT_DRAW's size
+# Derived from the routes' flags, so a new entry joins them by its route alone.
+PEARL = next(
+    r.name for r in _FIXED if r.offline and r.offline.pearl_curves
+)  # its curves give the matched size
+ROOT_DRAW = next(r.name for r in _FIXED if r.offline and r.offline.draw_values and r.root_pass)
+PEARL_MATCHED = next(r.name for r in _FIXED if r.offline is DERIVED)  # PEARL at ROOT_DRAW's size
 # The rules selection.values.evaluate_pools computes from the pool alone, in its order.
-POOL_RULES = tuple(
-    r.name for r in _FIXED if r.offline in ("draft", "oracle", "lead", "draw", "pearl")
-)
-# ... scored by per-edge log factors (docs/method.md#rule-values table), or drawing the first token first
-FACTOR_RULES = tuple(n for n in POOL_RULES if RULES[n].offline in ("draft", "oracle", "lead"))
-DRAW_RULES = tuple(n for n in POOL_RULES if RULES[n].offline in ("draw", "pearl"))
+POOL_RULES = tuple(r.name for r in _FIXED if r.offline and r.offline.from_pool)
+# ... ranked by candidate scores (per-edge log factors, docs/method.md#rule-values table), or drawing the first token first
+FACTOR_RULES = tuple(n for n in POOL_RULES if RULES[n].offline.scores is not None)
+DRAW_RULES = tuple(n for n in POOL_RULES if RULES[n].offline.draws_x1)
 
 
 def learned(feature_set: str, model_kind: str, compare: tuple[str, ...] = ()) -> Rule:
     """The learned reranker of a feature set and model kind (`rows_lgbm`)."""
     if model_kind not in MODEL_KINDS:
         raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {model_kind!r}")
-    return Rule(name=f"{feature_set}_{model_kind}", family="learned", kind="learned", offline="first_factor",
-                compare=compare, params={"feature_set": feature_set, "model_kind": model_kind})  # fmt: skip
+    return Rule(name=f"{feature_set}_{model_kind}", family="learned", kind="learned",
+                offline=GIVEN_FIRST_FACTOR, compare=compare,
+                params={"feature_set": feature_set, "model_kind": model_kind})  # fmt: skip
 
 
 def substitution(row: str) -> Rule:
     """Direct substitution of a retained row's first factor (`sub_cache`)."""
-    return Rule(name=f"sub_{row}", family="substitutions", kind="control", offline="first_factor", rows=(row,),
-                params={"row": row})  # fmt: skip
+    return Rule(name=f"sub_{row}", family="substitutions", kind="control",
+                offline=GIVEN_FIRST_FACTOR, rows=(row,), params={"row": row})  # fmt: skip
 
 
 def mixture(row: str, weight: float | None = None) -> Rule:
@@ -240,7 +252,7 @@ def mixture(row: str, weight: float | None = None) -> Rule:
         name=name,
         family="mixtures",
         kind="control",
-        offline="first_factor",
+        offline=GIVEN_FIRST_FACTOR,
         rows=(row,),
         params=params,
     )
@@ -273,12 +285,12 @@ def with_compare(r: Rule, compare: tuple[str, ...]) -> Rule:
 
 
 def online_rules() -> tuple[str, ...]:
-    """`run.rule` values: the rules with an online tree route."""
-    return tuple(r.name for r in _FIXED if r.online is not None)
+    """`run.rule` values: the rules with an online tree route (a rule added to RULES too)."""
+    return tuple(n for n, r in RULES.items() if r.online is not None)
 
 
 def root_pass_rules() -> tuple[str, ...]:
-    return tuple(r.name for r in _FIXED if r.root_pass)
+    return tuple(n for n, r in RULES.items() if r.root_pass)
 
 
 # -- value names: `<rule>@B<budget>` ---------------------------------------------------------

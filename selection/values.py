@@ -3,7 +3,10 @@
 Value of a tree: V(T) = sum over non-root u in T of P(u), with P the target
 path probability under the round's law (greedy: 1 on the argmax path, else 0).
 Every rule builds its tree from the same pool and is scored with the exact
-target probabilities of the trace, so differences are due to selection alone.
+target probabilities of the trace, so differences are due to selection alone. A rule's
+offline route (`selection.routes`) says how: ranked by its `scores` (on the compiled route
+by its `lead` factors when it has them), or a draw rule's exact expectation
+(`selection.draws`); the rules and their routes are `selection.rules`' entries.
 
 One stable sort per rule gives the rank of every candidate; the cumulative sum
 of path probabilities in rank order then gives the rule's value at *every*
@@ -40,49 +43,38 @@ from selection.ranking import (
     path_sum,
     rank_order,
 )
+from selection.routes import OfflineRoute
 from selection.rules import FACTOR_RULES, PEARL, POOL_RULES
 from selection.rules import rule as rule_entry
 
 
 def rule_scores(ctx: PoolContext, name: str) -> Tensor:
-    """Candidate scores of a factor rule: path sums of its per-edge log factors. [R, P].
-
-    The oracle ranks by the path probability P(u) itself: log is monotone, and
-    skipping it saves a pass over the pool (log of the many exact zeros of
-    greedy rounds is slow on CPU).
-    """
-    pool, entry = ctx.pool, rule_entry(name)
-    if entry.offline == "draft":
-        return ctx.draft
-    if entry.offline == "oracle":
-        return ctx.path_prob
-    if entry.offline != "lead":
+    """Candidate scores of a factor rule: its offline route's `scores` (path sums of its
+    per-edge log factors, or any scores non-increasing along paths). [R, P]."""
+    route = _pool_route(name)
+    if route is None or route.scores is None:
         raise ValueError(f"The 'rule' must be one of {FACTOR_RULES}. Got {name!r} instead.")
-    upto, prob = entry.lead_depth, pool.target_prob if entry.lead_softmax else ctx.law
-    if ctx.levels:  # the replaced depths are the leading columns: log just those
-        prob = prob[:, : ctx.levels[min(upto, len(ctx.levels)) - 1][1]]
-    # root_softmax: greedy rounds ranked by the unit-temperature softmax
-    edge = leading_factor_edges(pool.draft_logprob, torch.log(prob), pool.depth, upto, ctx.levels)
-    return path_sum(edge, pool.parent, ctx.levels)
+    return route.scores(ctx, rule_entry(name))
 
 
-def _lead(ctx: PoolContext, name: str) -> tuple[Tensor, int]:
-    """A lead rule's replaced leading log factors (leading columns only) and their depths."""
-    entry = rule_entry(name)
-    upto = entry.lead_depth
-    end = ctx.levels[min(upto, len(ctx.levels)) - 1][1]
-    prob = ctx.pool.target_prob if entry.lead_softmax else ctx.law
-    return torch.log(prob[:, :end]), upto
+def _pool_route(name: str) -> OfflineRoute | None:
+    """The offline route of a rule computed from the pool alone (a shipped one, or one added
+    to `selection.rules.RULES`); None for any other name (a given factor or score)."""
+    try:
+        route = rule_entry(name).offline
+    except ValueError:
+        return None
+    return route if route is not None and route.from_pool else None
 
 
 def _law_twin(name: str) -> str | None:
-    """The lead rule that ranks like softmax rule `name` under sampling (the row at T is
-    the law there): same depths, the law's probabilities."""
+    """The rule of the same lead route that ranks like softmax rule `name` under sampling
+    (the row at T is the law there): same depths, the law's probabilities."""
     entry = rule_entry(name)
     if not entry.lead_softmax:
         return None
-    return next(n for n in POOL_RULES if rule_entry(n).offline == "lead" and not rule_entry(n)
-                .lead_softmax and rule_entry(n).lead_depth == entry.lead_depth)  # fmt: skip
+    return next(n for n in POOL_RULES if (e := rule_entry(n)).offline is entry.offline
+                and not e.lead_softmax and e.lead_depth == entry.lead_depth)  # fmt: skip
 
 
 def lead_factor_scores(ctx: PoolContext, lead: Tensor, upto: int = 1) -> Tensor:
@@ -233,7 +225,7 @@ def evaluate_pools(
     whole_order = draft_order if draft_order.shape[1] == pool.shape[1] else None
     out: dict[str, Tensor] = {}
     firsts = dict(first_factors or {})
-    names = [r for r in rules if r in FACTOR_RULES] + list(firsts) + list(edges)
+    names = [r for r in rules if _pool_route(r).scores is not None] + list(firsts) + list(edges)
     names += list(extra_scores or {})
     draft_values = values_at_budgets(draft_order, ctx.path_prob, budgets)
     draft_curve = None
@@ -245,7 +237,8 @@ def evaluate_pools(
                                        (draft_values, draft_curve), whole_order)  # fmt: skip
     for name in names:  # the order of the output: factor rules, first factors, scores
         full = curves and name in curve_rules  # its whole order: a value at every budget
-        if name in POOL_RULES and rule_entry(name).offline == "draft":
+        route = _pool_route(name)
+        if route is not None and route.draft_order:
             out[name] = draft_values
             continue
         if name in batched:
@@ -253,12 +246,12 @@ def evaluate_pools(
         elif name in edges:  # every level's factors replaced: the path sums of `path_sum`
             out[name], cum = _fused_values(ctx, edges[name], len(ctx.levels), budgets, k, full,
                                            (draft_values, draft_curve), scan=whole_order)  # fmt: skip
-        elif one_pass and name in POOL_RULES and rule_entry(name).offline == "lead":
+        elif one_pass and route is not None and route.lead is not None:
             src, copy, twin = (draft_values, None), None, _law_twin(name)
             if twin in out:  # sampling: the row at T is the law
                 src, copy = (out[twin], out.get(f"curve/{twin}")), ~ctx.pool.greedy[:, 0]
-            out[name], cum = _fused_values(ctx, *_lead(ctx, name), budgets, k, full, src, copy,
-                                           scan=whole_order)  # fmt: skip
+            out[name], cum = _fused_values(ctx, *route.lead(ctx, rule_entry(name)), budgets, k,
+                                           full, src, copy, scan=whole_order)  # fmt: skip
         else:
             out[name], cum = _ranked_values(ctx, name, firsts, extra_scores, budgets, k, full,
                                             whole_order)  # fmt: skip
@@ -285,7 +278,7 @@ def _first_factor_passes(
     out = {}
     for full in (False, True):
         group = [n for n in firsts if (n in curve_rules) == full
-                 and not (n in POOL_RULES and rule_entry(n).offline == "draft")]  # fmt: skip
+                 and not ((r := _pool_route(n)) is not None and r.draft_order)]  # fmt: skip
         if group:
             values, cum = _fused_values(ctx, [firsts[n] for n in group], 1, budgets, k, full,
                                         draft, nan_copies=True, scan=scan)  # fmt: skip
@@ -313,7 +306,7 @@ def _edge_rules(
 
 def _check_rules_and_budgets(rules: Sequence[str], budgets: Sequence[int]) -> None:
     """Refuse unknown rules and an empty or negative budget list."""
-    unknown = [r for r in rules if r not in POOL_RULES]
+    unknown = [r for r in rules if _pool_route(r) is None]
     if unknown:
         raise ValueError(f"Unknown rule(s) {unknown}; known rules are {list(POOL_RULES)}")
     if not budgets or min(budgets) < 0:
@@ -376,6 +369,6 @@ def _add_draft_tree_rules(
         out[PEARL], out[f"size/{PEARL}"] = value[:, idx], size[:, idx]
         if curves:
             out[f"curve/{PEARL}"], out[f"curve/size/{PEARL}"] = value, size
-    if any(rule_entry(r).offline == "draw" for r in rules):
+    if any(_pool_route(r).draw_values for r in rules):
         drawn = draw_values(ctx, budgets, draft_order)
         out.update({name: v for name, v in drawn.items() if name.split("/")[-1] in rules})
