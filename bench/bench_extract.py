@@ -32,7 +32,7 @@ def paper_traces(prompts: int = PAPER_PROMPTS, rounds: int = PAPER_ROUNDS, seed:
     """The cached synthetic trace store of this size (generated on first use)."""
     # the schema version in the name: a schema bump generates a new store instead of failing
     out = CACHE / f"traces-v{SCHEMA_VERSION}-{prompts}x{rounds}-seed{seed}"
-    job = SynthJobConfig(prompts=prompts, rounds_per_prompt=rounds)
+    job = SynthJobConfig(toy_prompts=prompts, rounds_per_prompt=rounds)
     start = time.perf_counter()
     report = write_synthetic_traces(out, job, PoolConfig(), SelectConfig(), SynthConfig(), seed)
     if report.shards_written:

@@ -66,7 +66,7 @@ from features.extract import extract
 from features.schema import candidate_store
 from pairs.models import ModelPair
 from pairs.prompts import Prompt, encode_prompt
-from rerank.config import RerankConfig, RerankModelConfig
+from rerank.config import BoosterConfig, RerankConfig
 from rerank.fit.boosting import PAPER_CAPACITY, Capacity
 from rerank.fit.models import fit_reranker
 from rerank.fit.persist import save_reranker
@@ -91,8 +91,8 @@ def settings(
 
 
 def capacity_of(name: str) -> Capacity:
-    """`default`: the `rerank.model` defaults (early stopping); `paper`: the fixed 400 iterations."""
-    return PAPER_CAPACITY if name == "paper" else model_capacity(RerankModelConfig())
+    """`default`: the `rerank.booster` defaults (early stopping); `paper`: the fixed 400 iterations."""
+    return PAPER_CAPACITY if name == "paper" else model_capacity(BoosterConfig())
 
 
 def fitted(
@@ -248,7 +248,7 @@ def main() -> None:
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--budgets", type=int, nargs="+", default=[8, 59])
     ap.add_argument("--rules", nargs="+", default=["draft", "root_draw", "reranker"])
-    ap.add_argument("--kind", choices=["lgbm", "hgb"], default=RerankModelConfig().kind)
+    ap.add_argument("--kind", choices=["lgbm", "hgb"], default=BoosterConfig().kind)
     ap.add_argument("--feature-set", default=DEFAULT_FEATURE_SET, help="of the fitted rerankers")
     ap.add_argument("--capacity", choices=["default", "paper"], default="default",
                     help="fitted rerankers: the job's default (early stopping) or the paper's 400")  # fmt: skip

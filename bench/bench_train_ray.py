@@ -15,7 +15,7 @@ give the extrapolated memory per node at 10x and 100x the paper.
     python -m bench.bench_train_ray --synthetic 40 --workers 2   # a quick look
     python -m bench.bench_train_ray --fit-nodes 2                # and each fit on 2 nodes
 
-`--fit-nodes N` adds a third run: `launcher=ray rerank.model.fit_nodes=N` (each LightGBM fit
+`--fit-nodes N` adds a third run: `launcher=ray rerank.booster.fit_nodes=N` (each LightGBM fit
 on N Ray Train workers of one thread, `rerank.on_nodes`); its summary is not the single
 process's bit for bit, so the largest difference of a rule's gain over draft is printed instead.
 """
@@ -102,8 +102,8 @@ def main() -> None:
     ray = ["launcher=ray", f"parallel.workers={args.workers}"]
     modes = {"local": [], "ray": ray}
     if args.fit_nodes:
-        modes["fit_nodes"] = [*ray, f"rerank.model.fit_nodes={args.fit_nodes}",
-                              "rerank.model.n_threads=1"]  # fmt: skip
+        modes["fit_nodes"] = [*ray, f"rerank.booster.fit_nodes={args.fit_nodes}",
+                              "rerank.booster.n_threads=1"]  # fmt: skip
     print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     rows = []
     for prompts in args.synthetic:

@@ -77,7 +77,7 @@ def fingerprint(store: Path, work: Path) -> dict:
         out[f"candidates/{name}"] = _digest(_parquet_folder(feats), [*trace_keys, "cand_index"])
     run = work / "train"
     _run(["rerank.train", "debug=default", f"paths.traces={store / 'traces'}",
-          f"paths.features={work / 'features_traces'}", "rerank.model.n_threads=1",
+          f"paths.features={work / 'features_traces'}", "rerank.booster.n_threads=1",
           f"mlflow.tracking_uri=sqlite:///{work / 'mlflow.db'}", f"hydra.run.dir={run}"])  # fmt: skip
     wide = pd.read_parquet(run / "per_round_values.parquet")
     keys = [c for c in ("prompt_id", "temperature", "rule", "budget", "round_index") if c in wide]

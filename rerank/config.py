@@ -15,8 +15,9 @@ CALIBRATORS = ("iso_q1", "per_depth", "rank_control")
 
 
 @dataclass
-class RerankModelConfig:
-    """Gradient-boosted reranker (docs/method.md#cross-fitting): chosen with the `rerank_model` config group."""
+class BoosterConfig:
+    """The rerankers' gradient-boosted trees (docs/method.md#cross-fitting): chosen with the
+    `booster` config group."""
 
     # At paper scale LightGBM gives the same rule values as HGB, 1.5x faster, in less memory.
     kind: str = setting(
@@ -67,7 +68,7 @@ class RerankConfig:
         "${paths.traces}", "trace store read (pools and exact target probabilities)"
     )
     features: str = setting("${paths.features}", "candidate table of the same traces")
-    model: RerankModelConfig = field(default_factory=RerankModelConfig)
+    booster: BoosterConfig = field(default_factory=BoosterConfig)
     # rows_matched gained +0.0% over rows_extra under score=tree at every law and budget of
     # `make run` (docs/benchmarks.md): a set whose paired gain over its parent stays under
     # 0.5% everywhere is not fitted by default.
@@ -162,8 +163,10 @@ class RerankConfig:
     # two batches in flight at 2048 rounds hold about 1.3 GB at paper scale
     chunk_rounds: int = setting(2048, "rounds per evaluation batch: bounds memory")
     # a batch's Python steps hold the GIL while the others compute, so one more than cores
-    workers: int | None = setting(
-        None, "batches evaluated at once, one thread each (null: one per core, and one more)"
+    eval_threads: int | None = setting(
+        None,
+        "batches evaluated at once, one thread each (null: one per core, and one more); "
+        "formerly rerank.workers",
     )
     fits: str | None = setting(
         None,

@@ -1,13 +1,13 @@
-"""`rerank.model.fit_nodes=N` (with `launcher=ray`): each LightGBM fit of a cross-fit trained
+"""`rerank.booster.fit_nodes=N` (with `launcher=ray`): each LightGBM fit of a cross-fit trained
 data-parallel on N Ray Train workers, by Ray's LightGBM integration (`ray.train.lightgbm`:
 it starts the workers and gives each LightGBM's network parameters), each worker reading the
 rows of its share of the training prompts itself (`rerank.fit.data_parallel`).
 
-    python -m rerank.train launcher=ray parallel.workers=8 rerank.model.fit_nodes=4 \
-        rerank.model.n_threads=2 parallel.address=auto
+    python -m rerank.train launcher=ray parallel.workers=8 rerank.booster.fit_nodes=4 \
+        rerank.booster.n_threads=2 parallel.address=auto
 
 The fit task (this process) reads only each law's keys and labels. The (law, feature set)
-cross-fits run one after another, each half's fit on N workers of `rerank.model.n_threads`
+cross-fits run one after another, each half's fit on N workers of `rerank.booster.n_threads`
 CPUs (1 when null), every node stopping at the iteration early stopping chooses on the loss
 over all their held-out rows (combined after each iteration by a small actor); the held-out
 half is predicted by Ray tasks, one per share of its prompts. A worker that dies restarts its fit's worker group (Ray Train's

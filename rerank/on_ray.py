@@ -11,11 +11,11 @@ code fails the run.
 - Fits: one task per (law, feature set), both halves, by `LawFits.crossfit`, the call a
   single process makes. The worker reads that law's rows from the candidate table itself
   and keeps the finished fits under `rerank.fits` as one process does, so a stopped run
-  resumes. An actor holds `rerank.model.n_threads` CPUs (2, one per half, when null).
+  resumes. An actor holds `rerank.booster.n_threads` CPUs (2, one per half, when null).
 - Evaluation: one task per trace shard (a file of the store), its rounds in the batches a
   single process reads (a batch never spans files), each by the same chunk function; the
   driver merges the shards' parts in the store's order. Workers run one compute thread, as
-  the threads of `rerank.workers` do.
+  the threads of `rerank.eval_threads` do.
 
 With the threads per task fixed, the results equal a single process's exactly
 (tests/test_train_on_ray.py). Every worker reads the stores by path, so on a cluster of
@@ -40,7 +40,7 @@ from rerank.fit.out_of_fold import CrossfitResult, LawFits
 from specrank import faults
 from specrank.parallel import ParallelConfig, deal
 
-TASK_THREADS = 2  # a fit task's threads when rerank.model.n_threads is null: one per half
+TASK_THREADS = 2  # a fit task's threads when rerank.booster.n_threads is null: one per half
 
 
 class CallWorker:

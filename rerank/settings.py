@@ -3,7 +3,7 @@
 `check_settings` validates every `rerank` setting (messages from `specrank.checks`
 name the setting, what was expected and what was found); `run_rules` and
 `comparison_pairs` say, from the settings alone, which rules the job reports and
-which paired comparisons it computes; `model_capacity` turns `rerank.model` into
+which paired comparisons it computes; `model_capacity` turns `rerank.booster` into
 the boosting capacity of `rerank.fit.boosting`.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 from rerank.config import (
     CALIBRATORS,
     SWEEP_BUDGETS,
+    BoosterConfig,
     RerankConfig,
-    RerankModelConfig,
 )
 from rerank.evaluate.values import RETAINED_ROWS
 from rerank.fit.boosting import Capacity
@@ -39,8 +39,8 @@ from tree.pool import pool_size
 log = logging.getLogger(__name__)
 
 
-def model_capacity(model: RerankModelConfig) -> Capacity:
-    """The boosting capacity of the `rerank.model` settings."""
+def model_capacity(model: BoosterConfig) -> Capacity:
+    """The boosting capacity of the `rerank.booster` settings."""
     return Capacity(
         n_iter=model.n_iter, learning_rate=model.learning_rate, max_leaves=model.max_leaves,
         early_stopping=model.early_stopping, patience=model.patience,
@@ -48,15 +48,15 @@ def model_capacity(model: RerankModelConfig) -> Capacity:
     )  # fmt: skip
 
 
-def check_train_parallel(p: ParallelConfig, model: RerankModelConfig | None = None) -> None:
+def check_train_parallel(p: ParallelConfig, model: BoosterConfig | None = None) -> None:
     """The `parallel` settings of a training run: local, or Ray (`rerank.on_ray`); with
-    `model`, its fits' spread over nodes (`rerank.model.fit_nodes`) too."""
+    `model`, its fits' spread over nodes (`rerank.booster.fit_nodes`) too."""
     check_parallel(p, "cpu")
     nodes = 1 if model is None else model.fit_nodes
     if nodes > 1 and (p.backend != "ray" or model.kind != "lgbm"):
         raise Refusal(
-            f"rerank.model.fit_nodes={nodes} trains each LightGBM fit on Ray Train workers: it "
-            f"needs launcher=ray (parallel.backend is {p.backend!r}) and rerank.model.kind=lgbm "
+            f"rerank.booster.fit_nodes={nodes} trains each LightGBM fit on Ray Train workers: it "
+            f"needs launcher=ray (parallel.backend is {p.backend!r}) and rerank.booster.kind=lgbm "
             f"(it is {model.kind!r})"
         )
     if p.parts != 1:
@@ -68,19 +68,19 @@ def check_train_parallel(p: ParallelConfig, model: RerankModelConfig | None = No
 
 def check_settings(rerank: RerankConfig) -> None:
     """Every `rerank` setting, before anything is read or fitted (specrank.checks messages)."""
-    check_choice("rerank.model.kind", rerank.model.kind, MODEL_KINDS)
-    if rerank.model.n_threads is not None:
-        check_int("rerank.model.n_threads", rerank.model.n_threads, 1)
-    check_int("rerank.model.n_iter", rerank.model.n_iter, 1)
-    check_real("rerank.model.learning_rate", rerank.model.learning_rate, 0.0, low_open=True)
-    check_int("rerank.model.max_leaves", rerank.model.max_leaves, 2)
-    check_int("rerank.model.patience", rerank.model.patience, 1)
-    check_int("rerank.model.fit_nodes", rerank.model.fit_nodes, 1)
-    share = rerank.model.validation_share
-    check_real("rerank.model.validation_share", share, 0.0, 1.0, low_open=True)
+    check_choice("rerank.booster.kind", rerank.booster.kind, MODEL_KINDS)
+    if rerank.booster.n_threads is not None:
+        check_int("rerank.booster.n_threads", rerank.booster.n_threads, 1)
+    check_int("rerank.booster.n_iter", rerank.booster.n_iter, 1)
+    check_real("rerank.booster.learning_rate", rerank.booster.learning_rate, 0.0, low_open=True)
+    check_int("rerank.booster.max_leaves", rerank.booster.max_leaves, 2)
+    check_int("rerank.booster.patience", rerank.booster.patience, 1)
+    check_int("rerank.booster.fit_nodes", rerank.booster.fit_nodes, 1)
+    share = rerank.booster.validation_share
+    check_real("rerank.booster.validation_share", share, 0.0, 1.0, low_open=True)
     if share == 1.0:  # every training prompt held out: nothing left to fit
         raise Refusal(
-            f"The 'rerank.model.validation_share' must be in (0, 1). Got {share!r} instead."
+            f"The 'rerank.booster.validation_share' must be in (0, 1). Got {share!r} instead."
         )
     check_subset("rerank.feature_sets", rerank.feature_sets, list(FEATURE_SETS))
     check_subset("rerank.calibrators", rerank.calibrators, CALIBRATORS)
@@ -109,8 +109,8 @@ def check_settings(rerank: RerankConfig) -> None:
     check_int("rerank.n_resamples", rerank.n_resamples, 1)
     check_int("rerank.calibration_edges", rerank.calibration_edges, 1)
     check_int("rerank.chunk_rounds", rerank.chunk_rounds, 1)
-    if rerank.workers is not None:
-        check_int("rerank.workers", rerank.workers, 1)
+    if rerank.eval_threads is not None:
+        check_int("rerank.eval_threads", rerank.eval_threads, 1)
     comparison_pairs(rerank)  # parsed and checked against the run's rules
 
 
@@ -167,9 +167,9 @@ def comparison_pairs(rerank: RerankConfig) -> list[tuple[str, str]]:
     """The run's paired comparisons: the configured ones, or the paper's among its rules."""
     rules = run_rules(rerank)
     if rerank.comparisons is None:
-        pairs = parse_comparisons(DEFAULT_COMPARISONS, rerank.model.kind)
+        pairs = parse_comparisons(DEFAULT_COMPARISONS, rerank.booster.kind)
         return [p for p in pairs if set(p) <= rules]
-    pairs = parse_comparisons(rerank.comparisons, rerank.model.kind)
+    pairs = parse_comparisons(rerank.comparisons, rerank.booster.kind)
     check_comparisons(pairs, rules)
     return pairs
 
@@ -177,7 +177,7 @@ def comparison_pairs(rerank: RerankConfig) -> list[tuple[str, str]]:
 def run_rules(rerank: RerankConfig) -> set[str]:
     """Every rule the job reports, known from the settings before anything is fitted."""
     rules = {n for n, r in RULES.items() if r.offline is not None and n not in CALIBRATORS}
-    rules |= {learned(fs, rerank.model.kind).name for fs in rerank.feature_sets}
+    rules |= {learned(fs, rerank.booster.kind).name for fs in rerank.feature_sets}
     rules |= {substitution(row).name for row in rerank.substitutions}
     if rerank.mixture_weights:  # rerank.transfer evaluates none (the weight is chosen by fold)
         rules |= {mixture(row).name for row in rerank.substitutions}

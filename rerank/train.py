@@ -6,8 +6,8 @@ draft selection, logs everything to MLflow and prints the results table, then th
 acceptance-estimator report (`rerank.job.acceptance`, docs/acceptance.md).
 
     python -m rerank.train                                   # embedded default traces
-    python -m rerank.train rerank_model=hgb                  # HistGradientBoosting, not LightGBM
-    python -m rerank.train -m rerank_model=hgb,lgbm          # both, as a Hydra multirun
+    python -m rerank.train booster=hgb                       # HistGradientBoosting, not LightGBM
+    python -m rerank.train -m booster=hgb,lgbm               # both, as a Hydra multirun
     python -m rerank.train rerank.sweep=true                 # the SPEC budget sweep
     python -m rerank.train experiment=paper                  # the paper's settings
     python -m rerank.train launcher=ray parallel.workers=4   # fits and evaluation on Ray
@@ -148,7 +148,7 @@ def train_and_evaluate(
     """
     check_settings(rerank)
     parallel = parallel or ParallelConfig()
-    check_train_parallel(parallel, rerank.model)
+    check_train_parallel(parallel, rerank.booster)
     fingerprint = check_same_traces(project_path(rerank.features), project_path(rerank.traces))
     budgets = store_budgets(rerank)
     t0 = time.perf_counter()
@@ -159,7 +159,7 @@ def train_and_evaluate(
     acceptance = acceptance_report(rerank, fitted, seed, dataset) if rerank.acceptance else None
     total = time.perf_counter() - t0
     written = write_tables(out_dir, fitted, ev, acceptance)
-    tags = {"trace_fingerprint": fingerprint, "rerank_model": rerank.model.kind}
+    tags = {"trace_fingerprint": fingerprint, "rerank_model": rerank.booster.kind}
     tags |= pair_tags(ev.summary)  # the temperature pairs T_t|T_d, as t1_d0
     record = run_record(tracking, resolved_config, tags, fitted, ev, written, total)
     if acceptance is not None:

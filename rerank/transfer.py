@@ -252,10 +252,10 @@ def transfer(rerank: RerankConfig, settings: TransferConfig, tracking: MlflowCon
     # the run's rules are the loaded models' and those that need no fit: no calibration
     # control, and no mixture (its weight is chosen on the other half, which has no rows)
     rerank = replace(rerank, feature_sets=loaded.feature_sets, calibrators=[],
-                     mixture_weights=[], model=replace(rerank.model, kind=loaded.kind))  # fmt: skip
+                     mixture_weights=[], booster=replace(rerank.booster, kind=loaded.kind))  # fmt: skip
     comparison_pairs(rerank)  # configured comparisons must name rules this run has
     fitted, tasks = predict_store(rerank, loaded, settings.fold, settings.seen_prompts,
-                                  rerank.model.n_threads, next_root)  # fmt: skip
+                                  rerank.booster.n_threads, next_root)  # fmt: skip
     store = trace_store(project_path(rerank.traces)).dataset()
     kept = store.filter(pc.field("prompt_id").isin(list(fitted.folds)))
     ev = evaluate(rerank, fitted, seed, budgets, dataset=kept)

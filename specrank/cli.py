@@ -121,7 +121,7 @@ GLOBAL_PACKAGES = ("debug", "experiment")
 # settings of a section a command reads that the command itself does not: what to set instead
 NOT_READ = {"decode.run": {"select.rule": "run.rule"}}
 # config groups and the section each fills
-GROUP_SECTIONS = {"model": "model", "data": "data", "rerank_model": "rerank", "launcher": "hydra"}
+GROUP_SECTIONS = {"model": "model", "data": "data", "booster": "rerank", "launcher": "hydra"}
 # `make run` passes one RUN_ARGS to every stage: each drops (and logs) what others read
 ROUTED_ENV = "SPECRANK_ROUTED"
 

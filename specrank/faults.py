@@ -19,7 +19,7 @@ Points: `shard_write` (a shard's temp file is written, not yet renamed: `ShardSt
 `fit_saved` (a finished fit is kept for a rerun: `rerank.fit.resume`) and
 `run_logging` (an MLflow run is started, nothing logged to it yet: `specrank.run_record`) and
 `ray_task` (a Ray worker of `rerank.train launcher=ray` starts a fit or a trace shard) and
-`fit_node` (a Ray Train worker of `rerank.model.fit_nodes` has grown a tree and is about to
+`fit_node` (a Ray Train worker of `rerank.booster.fit_nodes` has grown a tree and is about to
 combine its held-out loss with the other nodes').
 """
 

@@ -31,7 +31,7 @@ def fast_traces(tmp_path_factory):
     """A small synthetic trace store (16 prompts x 12 rounds; top-k 6, 3 steps) as a dataset:
     the fast paths' and the report scans' references run on it."""
     root = tmp_path_factory.mktemp("fast")
-    job = SynthJobConfig(prompts=16, rounds_per_prompt=12, prompts_per_shard=4)
+    job = SynthJobConfig(toy_prompts=16, rounds_per_prompt=12, prompts_per_shard=4)
     pool, select = PoolConfig(top_k=6, steps=3, expand=6), SelectConfig(budget=8, record_top_m=20)
     write_synthetic_traces(root / "traces", job, pool, select, SynthConfig(), seed=3)
     return trace_store(root / "traces").dataset()

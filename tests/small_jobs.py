@@ -7,7 +7,7 @@ from pathlib import Path
 from features.extract import extract
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import RerankConfig, RerankModelConfig
+from rerank.config import BoosterConfig, RerankConfig
 from rerank.train import train_and_evaluate
 from specrank.config import MlflowConfig
 from specrank.parallel import ParallelConfig
@@ -16,7 +16,7 @@ from tree.config import PoolConfig, SelectConfig
 
 def small_stores(root: Path, prompts: int, rounds: int, per_shard: int) -> tuple[Path, Path]:
     """(traces, features) of a synthetic store: both laws, a pool of 4 x 2 steps."""
-    job = SynthJobConfig(prompts=prompts, rounds_per_prompt=rounds, prompts_per_shard=per_shard)
+    job = SynthJobConfig(toy_prompts=prompts, rounds_per_prompt=rounds, prompts_per_shard=per_shard)
     pool = PoolConfig(top_k=4, steps=2, expand=4)
     write_synthetic_traces(root / "traces", job, pool, SelectConfig(budget=8), SynthConfig(), 0)
     extract(root / "traces", root / "features", log=lambda _: None)
@@ -29,7 +29,7 @@ def run_small_job(stores: tuple[Path, Path], out: Path, parallel: ParallelConfig
     """The job at a small size (LightGBM on one thread, budget 8): its run folder."""
     config = RerankConfig(
         traces=str(stores[0]), features=str(stores[1]), feature_sets=feature_sets,
-        model=RerankModelConfig(kind="lgbm", n_threads=1, fit_nodes=fit_nodes), n_resamples=200,
+        booster=BoosterConfig(kind="lgbm", n_threads=1, fit_nodes=fit_nodes), n_resamples=200,
         calibration_edges=5_000, chunk_rounds=16, budgets=[8], fits=str(fits or out / "fits"),
         score=score, score_top_m=3,
     )  # fmt: skip

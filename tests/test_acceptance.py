@@ -17,7 +17,7 @@ from sklearn.calibration import calibration_curve
 from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 
 from bench.bench_acceptance import report as bench_report
-from rerank.config import RerankConfig, RerankModelConfig, TransferConfig
+from rerank.config import BoosterConfig, RerankConfig, TransferConfig
 from rerank.report.acceptance import law_sets, set_table
 from rerank.report.acceptance_dump import DUMP_SCHEMA, DUMP_SPEC, read_dump, write_dump
 from rerank.report.acceptance_metrics import (
@@ -181,7 +181,7 @@ def job(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("acceptance")
     traces, features = small_stores(root, prompts=8, rounds=12, per_shard=4)
     cfg = RerankConfig(traces=str(traces), features=str(features), feature_sets=["base", "rows"],
-                       model=RerankModelConfig(kind="lgbm", n_threads=1), budgets=[8],
+                       booster=BoosterConfig(kind="lgbm", n_threads=1), budgets=[8],
                        n_resamples=200, calibration_edges=5_000, chunk_rounds=16,
                        fits=None)  # fmt: skip
     uri = MlflowConfig(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")

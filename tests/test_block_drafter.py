@@ -354,7 +354,7 @@ def test_a_block_drafter_s_trace_flows_through_extract_and_train(tmp_path):
     """Recorded at both laws (score=record), extracted and trained on as any trace is."""
     from decode.recording import record_traces
     from features.extract import extract
-    from rerank.config import RerankConfig, RerankModelConfig
+    from rerank.config import BoosterConfig, RerankConfig
     from rerank.train import train_and_evaluate
     from specrank.config import MlflowConfig
     from specrank.trace_schema import trace_store
@@ -372,7 +372,7 @@ def test_a_block_drafter_s_trace_flows_through_extract_and_train(tmp_path):
     assert trace_store(traces).read(["round_index"]).num_rows > 0
     extract(traces, features, log=lambda _: None)
     config = RerankConfig(traces=str(traces), features=str(features), feature_sets=["rows"],
-                          model=RerankModelConfig(kind="lgbm", n_threads=1), n_resamples=100,
+                          booster=BoosterConfig(kind="lgbm", n_threads=1), n_resamples=100,
                           calibration_edges=2_000, budgets=[6], fits=None)  # fmt: skip
     result = train_and_evaluate(config, MlflowConfig(tracking_uri=f"sqlite:///{tmp_path}/m.db"),
                                 {}, 0, tmp_path / "run")  # fmt: skip

@@ -60,11 +60,11 @@ PAPER = {
     "select.rule": "draft",
     "select.budget": 59,
     "select.record_top_m": 160,
-    "rerank.model.kind": "hgb",
-    "rerank.model.n_iter": 400,  # fixed: no early stopping
-    "rerank.model.learning_rate": 0.05,
-    "rerank.model.max_leaves": 63,
-    "rerank.model.early_stopping": False,
+    "rerank.booster.kind": "hgb",
+    "rerank.booster.n_iter": 400,  # fixed: no early stopping
+    "rerank.booster.learning_rate": 0.05,
+    "rerank.booster.max_leaves": 63,
+    "rerank.booster.early_stopping": False,
     "rerank.halves": "even_odd",
     "rerank.prior_split": "row",  # SPEC §7: "split candidates in alternation"
     "rerank.budgets": [8, 59],
@@ -99,11 +99,11 @@ def test_experiment_paper_states_only_deltas(hydra_conf):
 
 
 def test_the_default_reranker_is_lightgbm_beside_the_papers_hgb(hydra_conf):
-    from rerank.config import RerankModelConfig
+    from rerank.config import BoosterConfig
 
     # the job's default (conf/train.yaml) and the typed settings' default agree
-    assert compose("train").rerank.model.kind == RerankModelConfig().kind == "lgbm"
-    assert compose("train", overrides=["rerank_model=hgb"]).rerank.model.kind == "hgb"
+    assert compose("train").rerank.booster.kind == BoosterConfig().kind == "lgbm"
+    assert compose("train", overrides=["booster=hgb"]).rerank.booster.kind == "hgb"
 
 
 def test_a_typo_gets_the_closest_valid_keys():
@@ -115,7 +115,7 @@ def test_a_typo_gets_the_closest_valid_keys():
     assert (
         msg.startswith("Key 'budge' is not in 'select'") and "Did you mean 'select.budget'" in msg
     )
-    assert "'rerank.model.kind'" in unknown_key_message(["rerank.model.knd=lgbm"], s)
+    assert "'rerank.booster.kind'" in unknown_key_message(["rerank.booster.knd=lgbm"], s)
     for fine in (["select.budget=8"], ["model=pocket"], ["model.target=/x"], ["+a.b=1"]):
         assert unknown_key_message(fine, s) is None, fine
 

@@ -1,4 +1,4 @@
-"""`rerank.model.fit_nodes` (rerank.fit.data_parallel): the nodes' code on one node is the
+"""`rerank.booster.fit_nodes` (rerank.fit.data_parallel): the nodes' code on one node is the
 single-process cross-fit, bit for bit; the count early stopping keeps is LightGBM's own; the
 prompts are spread over nodes whole and none is left empty; bad settings are refused."""
 
@@ -11,7 +11,7 @@ import lightgbm as lgb
 import numpy as np
 import pytest
 
-from rerank.config import RerankModelConfig
+from rerank.config import BoosterConfig
 from rerank.fit.boosting import Capacity
 from rerank.fit.data_parallel import (
     InProcess,
@@ -108,6 +108,6 @@ def test_prompts_are_dealt_to_nodes_whole_in_turn():
     ],
 )
 def test_fit_nodes_needs_ray_and_lightgbm(backend, kind, found):
-    model = RerankModelConfig(kind=kind, fit_nodes=2)
-    with pytest.raises(ValueError, match=rf"rerank.model.fit_nodes=2 .*{found}"):
+    model = BoosterConfig(kind=kind, fit_nodes=2)
+    with pytest.raises(ValueError, match=rf"rerank.booster.fit_nodes=2 .*{found}"):
         check_train_parallel(ParallelConfig(backend=backend), model)

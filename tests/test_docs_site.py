@@ -37,7 +37,7 @@ def test_the_settings_page_equals_the_schema():
 
 def test_the_settings_page_lists_every_setting_with_its_readers():
     text = settings_doc.reference()
-    for name in ("select.budget", "rerank.model.kind", "run.rule", "seed", "paths.traces"):
+    for name in ("select.budget", "rerank.booster.kind", "run.rule", "seed", "paths.traces"):
         assert f"| `{name}` |" in text
     assert "Read by: `decode.record`, `decode.run`, `decode.synth_traces`." in text  # pool
 

@@ -208,11 +208,11 @@ def test_default_is_early_stopped_and_paper_is_fixed_400(hydra_conf) -> None:
     default = OmegaConf.to_object(compose("train").rerank)
     paper = OmegaConf.to_object(compose("train", overrides=["experiment=paper"]).rerank)
     # early stopping at learning rate 0.1 (half the paper's trees for the same rule values)
-    assert model_capacity(default.model) == Capacity(learning_rate=0.1, early_stopping=True)
-    assert model_capacity(paper.model) == Capacity()  # 400 x 0.05 x 63, no early stopping
+    assert model_capacity(default.booster) == Capacity(learning_rate=0.1, early_stopping=True)
+    assert model_capacity(paper.booster) == Capacity()  # 400 x 0.05 x 63, no early stopping
     assert Capacity() == Capacity(n_iter=400, learning_rate=0.05, max_leaves=63)
-    fixed = compose("train", overrides=["rerank.model.early_stopping=false"])
-    assert not OmegaConf.to_object(fixed.rerank).model.early_stopping
+    fixed = compose("train", overrides=["rerank.booster.early_stopping=false"])
+    assert not OmegaConf.to_object(fixed.rerank).booster.early_stopping
 
 
 # -- what a law's feature sets share -----------------------------------------------------------

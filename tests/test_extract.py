@@ -209,7 +209,7 @@ def test_cli_short_form(tmp_path: Path) -> None:
 
 def test_synthetic_traces_end_to_end(tmp_path: Path) -> None:
     """Extraction of the synthetic generator's traces, checked against pool invariants."""
-    job = SynthJobConfig(prompts=4, rounds_per_prompt=6, prompts_per_shard=2)
+    job = SynthJobConfig(toy_prompts=4, rounds_per_prompt=6, prompts_per_shard=2)
     traces = tmp_path / "traces"
     write_synthetic_traces(traces, job, PoolConfig(), SelectConfig(), SynthConfig(), seed=1)
     report = extract(traces, tmp_path / "cand", log=lambda _: None)

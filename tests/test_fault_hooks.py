@@ -28,7 +28,7 @@ from features.extract import extract
 from pairs.config import DataConfig, PromptSource
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import RerankConfig, RerankModelConfig
+from rerank.config import BoosterConfig, RerankConfig
 from rerank.train import train_and_evaluate
 from specrank import faults
 from specrank.config import MlflowConfig
@@ -40,7 +40,7 @@ from tree.config import PoolConfig, SelectConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = PoolConfig(top_k=4, steps=2, expand=4)
-JOB = SynthJobConfig(prompts=8, rounds_per_prompt=4, prompts_per_shard=2)
+JOB = SynthJobConfig(toy_prompts=8, rounds_per_prompt=4, prompts_per_shard=2)
 
 
 def _synth(out: Path):
@@ -91,7 +91,7 @@ def test_a_full_disk_while_a_results_table_is_written(tmp_path, inject, monkeypa
     extract(traces, features, log=lambda _: None)
     rerank = RerankConfig(traces=str(traces), features=str(features), feature_sets=["rows"],
                           calibrators=[], substitutions=[], reports=False, n_resamples=20, budgets=[8],
-                          model=RerankModelConfig(n_threads=1, n_iter=5))  # fmt: skip
+                          booster=BoosterConfig(n_threads=1, n_iter=5))  # fmt: skip
     tracking = MlflowConfig(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", experiment="t")
     inject("table_write@2=enospc")
     with pytest.raises(OSError, match=r"comparisons\.csv: cannot write \(No space"):
@@ -110,7 +110,7 @@ def test_a_kill_while_a_shard_is_written_and_the_rerun(tmp_path):
     clean = _synth(tmp_path / "clean")
     out = tmp_path / "traces"
     cmd = [sys.executable, "-m", "decode.synth_traces", f"paths.synthetic={out}",
-           f"hydra.run.dir={tmp_path / 'h'}", "synth_job.prompts=8", "synth_job.rounds_per_prompt=4",
+           f"hydra.run.dir={tmp_path / 'h'}", "synth_job.toy_prompts=8", "synth_job.rounds_per_prompt=4",
            "synth_job.prompts_per_shard=2", "pool.top_k=4", "pool.steps=2", "pool.expand=4",
            "select.budget=8"]  # fmt: skip
     env = {**os.environ, faults.FAULTS_ENV: "shard_write@2=kill"}

@@ -28,7 +28,7 @@ from specrank.trace_schema import SCHEMA_VERSION, TRACE_SPEC, trace_store
 from tests.tiny_models import tiny_model_config
 from tree.config import DecodeConfig, SelectConfig
 
-JOB = SynthJobConfig(prompts=4, rounds_per_prompt=3, prompts_per_shard=2)
+JOB = SynthJobConfig(toy_prompts=4, rounds_per_prompt=3, prompts_per_shard=2)
 
 
 @pytest.fixture(scope="module")

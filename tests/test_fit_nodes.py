@@ -1,4 +1,4 @@
-"""`rerank.train launcher=ray rerank.model.fit_nodes=2` (rerank.on_nodes): each LightGBM fit
+"""`rerank.train launcher=ray rerank.booster.fit_nodes=2` (rerank.on_nodes): each LightGBM fit
 trained data-parallel on two Ray Train workers of a local 2-CPU cluster, each reading its own
 prompts' rows, comes within the stated tolerance of the single-process fit; a rerun takes the
 kept fits and gives the same tables (slow: every fit starts a Ray Train worker group, about

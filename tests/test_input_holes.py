@@ -23,7 +23,7 @@ from features.extract import extract
 from pairs.eagle3.layout import pickle_protocol, read_head_weights
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import RerankConfig, RerankModelConfig
+from rerank.config import BoosterConfig, RerankConfig
 from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.report.summary import _node_budgets, results_table, summarise_draws
 from selection.pool_batch import check_draft_logprobs, list_matrix, pool_batch_from_table
@@ -40,7 +40,7 @@ N_POOL = 36
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("holes")
-    job = SynthJobConfig(prompts=4, rounds_per_prompt=3, prompts_per_shard=2)
+    job = SynthJobConfig(toy_prompts=4, rounds_per_prompt=3, prompts_per_shard=2)
     write_synthetic_traces(root / "traces", job, POOL, SelectConfig(budget=8), SynthConfig(), 0)
     extract(root / "traces", root / "features", log=lambda _: None)
     return root / "traces", root / "features"
@@ -49,7 +49,7 @@ def stores(tmp_path_factory) -> tuple[Path, Path]:
 def _rerank(stores, **kw) -> RerankConfig:
     traces, features = stores
     base = RerankConfig(traces=str(traces), features=str(features),
-                        model=RerankModelConfig(n_threads=1), n_resamples=20)  # fmt: skip
+                        booster=BoosterConfig(n_threads=1), n_resamples=20)  # fmt: skip
     return replace(base, **kw)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from decode.recording import record_traces
 from features.from_trace import MATCHED_FEATURES, candidate_table, next_root_matched
-from rerank.config import RerankConfig, RerankModelConfig, TransferConfig
+from rerank.config import BoosterConfig, RerankConfig, TransferConfig
 from rerank.evaluate.matched import held_after, next_root_rows
 from rerank.evaluate.policy import PolicyRounds, for_policy, own_tree_coverage, policy_text
 from rerank.evaluate.pool_chunks import ROUND_KEYS, chunk_of
@@ -172,7 +172,7 @@ def job(tmp_path_factory):
     traces, features = small_stores(root, 16, 10, 4)
     config = RerankConfig(
         traces=str(traces), features=str(features), feature_sets=["rows_matched"], score="top_m",
-        score_top_m=4, model=RerankModelConfig(kind="lgbm", n_threads=1), n_resamples=50,
+        score_top_m=4, booster=BoosterConfig(kind="lgbm", n_threads=1), n_resamples=50,
         calibration_edges=5_000, chunk_rounds=16, budgets=[8], calibrators=[],
     )  # fmt: skip
     tracking = MlflowConfig(tracking_uri=f"sqlite:///{root}/m.db")

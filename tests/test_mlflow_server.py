@@ -29,7 +29,7 @@ from features.extract import extract
 from features.schema import candidate_store
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import RerankConfig, RerankModelConfig
+from rerank.config import BoosterConfig, RerankConfig
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.persist import load_reranker
 from rerank.report.runs import read_csv_table
@@ -69,7 +69,7 @@ def _list(url: str, run_id: str, path: str) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("served")
-    job = SynthJobConfig(prompts=8, rounds_per_prompt=8, prompts_per_shard=4)
+    job = SynthJobConfig(toy_prompts=8, rounds_per_prompt=8, prompts_per_shard=4)
     pool, select = PoolConfig(top_k=6, steps=3, expand=6), SelectConfig("draft", 8, 20)
     write_synthetic_traces(root / "traces", job, pool, select, SynthConfig(), seed=0)
     extract(root / "traces", root / "features", log=lambda _: None)
@@ -81,7 +81,7 @@ def test_train_logs_to_a_real_tracking_server(stores, tmp_path):
     rerank = RerankConfig(
         traces=str(traces),
         features=str(features),
-        model=RerankModelConfig(kind="lgbm", n_threads=1),
+        booster=BoosterConfig(kind="lgbm", n_threads=1),
         feature_sets=["rows"],
         calibrators=["iso_q1"],
         substitutions=["cache"],
@@ -110,7 +110,7 @@ def test_train_logs_to_a_real_tracking_server(stores, tmp_path):
         assert run["info"]["status"] == "FINISHED"
         assert run["info"]["run_name"] == "over-http"
         params = {p["key"]: p["value"] for p in run["data"]["params"]}
-        assert params["rerank.model.kind"] == "lgbm"
+        assert params["rerank.booster.kind"] == "lgbm"
         assert params["rerank.n_resamples"] == "200"
         assert params["seed"] == "0"
         tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
@@ -207,7 +207,7 @@ def test_a_server_stopped_mid_run_loses_nothing_and_the_folder_is_logged_later(
     traces, features = stores
     rerank = RerankConfig(traces=str(traces), features=str(features), feature_sets=["rows"],
                           calibrators=[], substitutions=[], reports=False, n_resamples=50,
-                          budgets=[8], model=RerankModelConfig(n_threads=1, n_iter=5))  # fmt: skip
+                          budgets=[8], booster=BoosterConfig(n_threads=1, n_iter=5))  # fmt: skip
     server_root, out = tmp_path / "server", tmp_path / "out"
     previous_uri = mlflow.get_tracking_uri()
     with mlflow_server(server_root) as (url, proc):

@@ -23,7 +23,7 @@ from traitlets.config import Config
 from features.extract import extract
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import RerankConfig, RerankModelConfig
+from rerank.config import BoosterConfig, RerankConfig
 from rerank.report import run_tables as T
 from rerank.report import runs as R
 from rerank.report.acceptance import acceptance_cell
@@ -76,7 +76,7 @@ def test_notebook_is_stored_without_outputs():
 def logged(tmp_path_factory) -> tuple[str, list[TrainResult]]:
     """Two runs of the main job in one experiment, with different settings."""
     root = tmp_path_factory.mktemp("nb")
-    job = SynthJobConfig(prompts=8, rounds_per_prompt=8, prompts_per_shard=4)
+    job = SynthJobConfig(toy_prompts=8, rounds_per_prompt=8, prompts_per_shard=4)
     pool, select = PoolConfig(top_k=6, steps=3, expand=6), SelectConfig("draft", 8, 20)
     write_synthetic_traces(root / "traces", job, pool, select, SynthConfig(), seed=0)
     extract(root / "traces", root / "features", log=lambda _: None)
@@ -84,7 +84,7 @@ def logged(tmp_path_factory) -> tuple[str, list[TrainResult]]:
     first = RerankConfig(
         traces=str(root / "traces"),
         features=str(root / "features"),
-        model=RerankModelConfig(kind="lgbm", n_threads=1),
+        booster=BoosterConfig(kind="lgbm", n_threads=1),
         n_resamples=200,
         calibration_edges=20_000,
         chunk_rounds=256,

@@ -14,7 +14,7 @@ import pytest
 from features.extract import extract
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import RerankConfig, RerankModelConfig
+from rerank.config import BoosterConfig, RerankConfig
 from rerank.report.plot_style import COLORS, MARKERS, family_of, group_rules, styles
 from rerank.report.plots_gain import comparison_forest, gain_figure
 from rerank.report.plots_reliability import EDGES, reliability_figure
@@ -29,14 +29,14 @@ BUDGETS = [2, 8, 16]
 def run(tmp_path_factory) -> tuple[Path, str, str]:
     """The main job on small synthetic traces: (run folder, tracking URI, run id)."""
     root = tmp_path_factory.mktemp("plots")
-    job = SynthJobConfig(prompts=12, rounds_per_prompt=10, prompts_per_shard=6)
+    job = SynthJobConfig(toy_prompts=12, rounds_per_prompt=10, prompts_per_shard=6)
     pool, select = PoolConfig(top_k=6, steps=3, expand=6), SelectConfig("draft", 8, 20)
     write_synthetic_traces(root / "traces", job, pool, select, SynthConfig(), seed=0)
     extract(root / "traces", root / "features", log=lambda _: None)
     cfg = RerankConfig(
         traces=str(root / "traces"),
         features=str(root / "features"),
-        model=RerankModelConfig(kind="lgbm", n_threads=1),
+        booster=BoosterConfig(kind="lgbm", n_threads=1),
         budgets=BUDGETS,
         n_resamples=200,
         calibration_edges=20_000,

@@ -25,7 +25,7 @@ def test_the_readme_commands_are_found():
     cmds = readme_commands()
     lines = [c.line for c in cmds]
     assert (
-        "python -m decode.synth_traces synth_job.prompts=1402 synth_job.rounds_per_prompt=261"
+        "python -m decode.synth_traces synth_job.toy_prompts=1402 synth_job.rounds_per_prompt=261"
         in lines
     )
     assert any(line.startswith("python -m decode.record -m launcher=slurm") for line in lines)
@@ -47,9 +47,9 @@ def test_the_parser_joins_continuations_cuts_comments_and_reads_tags():
 
 
 def test_plans(tmp_path):
-    sweep = plan(Command("python -m rerank.train -m rerank_model=hgb,lgbm"), tmp_path)
-    assert [c["argv"] for c in sweep] == [["rerank_model=hgb", "--cfg", "job"],
-                                          ["rerank_model=lgbm", "--cfg", "job"]]  # fmt: skip
+    sweep = plan(Command("python -m rerank.train -m booster=hgb,lgbm"), tmp_path)
+    assert [c["argv"] for c in sweep] == [["booster=hgb", "--cfg", "job"],
+                                          ["booster=lgbm", "--cfg", "job"]]  # fmt: skip
     (make,) = plan(Command('make run RUN_ARGS="debug=default paths.traces=<dir>"'), tmp_path)
     assert make["argv"] == [
         "make",

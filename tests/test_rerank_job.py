@@ -18,7 +18,7 @@ from features.extract import extract
 from features.schema import candidate_store
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import RerankConfig, RerankModelConfig
+from rerank.config import BoosterConfig, RerankConfig
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.report.summary import choose_mixture_weights
@@ -36,7 +36,7 @@ SELECT = SelectConfig(rule="draft", budget=8, record_top_m=20)
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("job")
-    job = SynthJobConfig(prompts=32, rounds_per_prompt=24, prompts_per_shard=8)
+    job = SynthJobConfig(toy_prompts=32, rounds_per_prompt=24, prompts_per_shard=8)
     write_synthetic_traces(root / "traces", job, POOL, SELECT, SynthConfig(), seed=0)
     extract(root / "traces", root / "features", log=lambda _: None)
     return root / "traces", root / "features"
@@ -46,7 +46,7 @@ def _config(traces: Path, features: Path, **kw) -> RerankConfig:
     base = RerankConfig(
         traces=str(traces),
         features=str(features),
-        model=RerankModelConfig(kind="lgbm", n_threads=1),
+        booster=BoosterConfig(kind="lgbm", n_threads=1),
         n_resamples=300,
         calibration_edges=20_000,
         chunk_rounds=256,
@@ -195,7 +195,7 @@ def test_the_pool_pass_bench_child_gives_a_runs_values(stores, tmp_path):
 def test_candidate_table_from_other_traces_is_refused(stores, tmp_path):
     traces, _ = stores
     other = tmp_path / "other"
-    job = SynthJobConfig(prompts=4, rounds_per_prompt=3, prompts_per_shard=2)
+    job = SynthJobConfig(toy_prompts=4, rounds_per_prompt=3, prompts_per_shard=2)
     write_synthetic_traces(other / "traces", job, POOL, SELECT, SynthConfig(), seed=5)
     extract(other / "traces", other / "features", log=lambda _: None)
     with pytest.raises(ValueError, match=r"re-run `python -m features\.extract`"):

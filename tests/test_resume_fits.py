@@ -16,7 +16,7 @@ import pytest
 from features.extract import extract
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from rerank.config import RerankConfig, RerankModelConfig
+from rerank.config import BoosterConfig, RerankConfig
 from rerank.fit import out_of_fold
 from rerank.fit.models import fit_reranker
 from rerank.fit.out_of_fold import SavedFit
@@ -30,7 +30,7 @@ from tree.config import PoolConfig, SelectConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL = PoolConfig(top_k=4, steps=2, expand=4)
-JOB = SynthJobConfig(prompts=12, rounds_per_prompt=6, prompts_per_shard=4)
+JOB = SynthJobConfig(toy_prompts=12, rounds_per_prompt=6, prompts_per_shard=4)
 SETS = ["rows"]  # x 2 laws x 2 halves = 4 fits
 
 
@@ -45,7 +45,7 @@ def stores(tmp_path_factory) -> tuple[Path, Path]:
 def _config(stores: tuple[Path, Path], fits: Path | None) -> RerankConfig:
     return RerankConfig(
         traces=str(stores[0]), features=str(stores[1]), feature_sets=SETS,
-        model=RerankModelConfig(kind="lgbm", n_threads=1), n_resamples=200,
+        booster=BoosterConfig(kind="lgbm", n_threads=1), n_resamples=200,
         calibration_edges=5_000, chunk_rounds=64, reports=False, budgets=[8],
         fits=None if fits is None else str(fits),
     )  # fmt: skip
@@ -91,7 +91,7 @@ def test_a_kill_between_fits_and_the_rerun(stores, tmp_path):
     fits, uri = tmp_path / "fits", f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [sys.executable, "-m", "rerank.train", f"paths.traces={stores[0]}",
            f"paths.features={stores[1]}", f"paths.fits={fits}", f"mlflow.tracking_uri={uri}",
-           f"rerank.feature_sets=[{','.join(SETS)}]", "rerank.model.n_threads=1",
+           f"rerank.feature_sets=[{','.join(SETS)}]", "rerank.booster.n_threads=1",
            "rerank.n_resamples=200", "rerank.calibration_edges=5000", "rerank.reports=false",
            "rerank.chunk_rounds=64", "rerank.budgets=[8]"]  # fmt: skip
     env = {**os.environ, faults.FAULTS_ENV: "fit_saved@2=kill"}

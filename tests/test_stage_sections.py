@@ -90,9 +90,7 @@ def test_another_stages_section_is_refused_naming_the_command() -> None:
     assert "mlflow, parallel, paths, rerank, seed" in msg  # what it does read
     # group choices fill sections too; global packages and hydra.* go everywhere
     assert "'data' section" in stage_override_message("rerank.train", ["data=paper"], KNOWN)
-    assert "'rerank' section" in stage_override_message(
-        "decode.record", ["rerank_model=hgb"], KNOWN
-    )
+    assert "'rerank' section" in stage_override_message("decode.record", ["booster=hgb"], KNOWN)
     fine = [
         "debug=default",
         "experiment=paper",

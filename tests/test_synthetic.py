@@ -18,7 +18,9 @@ from specrank.trace_schema import TRACE_SCHEMA, trace_store
 from tree.config import PoolConfig, SelectConfig
 from tree.stopping import expected_outcome
 
-JOB = SynthJobConfig(prompts=6, rounds_per_prompt=12, prompts_per_shard=2, temperatures=[0.0, 1.0])
+JOB = SynthJobConfig(
+    toy_prompts=6, rounds_per_prompt=12, prompts_per_shard=2, temperatures=[0.0, 1.0]
+)
 POOL, SELECT, SYNTH = PoolConfig(), SelectConfig(), SynthConfig()
 
 
@@ -328,8 +330,8 @@ def test_resume_after_interruption(tmp_path, monkeypatch):
         ),
         ({"synth": SynthConfig(vocab=4)}, r"'synth.vocab' parameter must be >= pool.top_k \(10\)"),
         (
-            {"job": SynthJobConfig(prompts=0)},
-            r"'synth_job.prompts' parameter must be an int >= 1. Got 0",
+            {"job": SynthJobConfig(toy_prompts=0)},
+            r"'synth_job.toy_prompts' parameter must be an int >= 1. Got 0",
         ),
     ],
 )
@@ -357,5 +359,5 @@ def test_entry_point_composes_and_writes(tmp_path):
         cfg = compose("synth", overrides=["debug=default", f"paths.synthetic={tmp_path / 's'}"])
     main.__wrapped__(cfg)  # the function under @hydra.main
     table = trace_store(tmp_path / "s").read()
-    assert table.num_rows == cfg.synth_job.prompts * cfg.synth_job.rounds_per_prompt
+    assert table.num_rows == cfg.synth_job.toy_prompts * cfg.synth_job.rounds_per_prompt
     assert set(table["temperature"].to_pylist()) == set(cfg.synth_job.temperatures)

@@ -32,7 +32,7 @@ KEYS = [*ROUND_KEYS, "cand_index"]
 def trained(tmp_path_factory):
     """A small store, `rerank.train` on it (rows and rows_extra), its run folder."""
     root = tmp_path_factory.mktemp("transfer")
-    job = SynthJobConfig(prompts=24, rounds_per_prompt=16, prompts_per_shard=8)
+    job = SynthJobConfig(toy_prompts=24, rounds_per_prompt=16, prompts_per_shard=8)
     write_synthetic_traces(root / "traces", job, POOL, SELECT, SynthConfig(), seed=0)
     extract(root / "traces", root / "features", log=lambda _: None)
     cfg = _config(root / "traces", root / "features", feature_sets=["rows", "rows_extra"],
@@ -91,7 +91,7 @@ def test_a_trained_prompt_is_refused_when_asked_and_a_missing_fold_is_named(trai
 
 def test_another_suite_with_a_task_the_models_never_saw_is_warned(trained, caplog):
     root, cfg, tracking = trained
-    job = SynthJobConfig(prompts=32, rounds_per_prompt=12, prompts_per_shard=8,
+    job = SynthJobConfig(toy_prompts=32, rounds_per_prompt=12, prompts_per_shard=8,
                          tasks=["qa", "rag"])  # fmt: skip
     write_synthetic_traces(root / "other", job, POOL, SELECT, SynthConfig(), seed=5)
     extract(root / "other", root / "other_features", log=lambda _: None)

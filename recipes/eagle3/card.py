@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specrank.renames import migrated_config
+
 
 def _suite(s: dict | None) -> str:
     if not s:
@@ -48,6 +50,8 @@ def _offline(o: dict | None) -> str:
 
 
 def write_card(out: Path, facts: dict) -> None:
+    # `bench.bench_head --card` rewrites a recipe.json that may predate a settings rename
+    facts = {**facts, "config": migrated_config({"head": facts["config"]})["head"]}
     (out / "recipe.json").write_text(json.dumps(facts, indent=2) + "\n")
     c, d, t, layer = facts["config"], facts["data"], facts["train"], facts["layer"]
     agree = " / ".join(f"{v:.3f}" for _, v in sorted(t["val_agreement"].items()))
@@ -66,9 +70,9 @@ trained-on tokens), the target's own embeddings; weights in {c["export_dtype"]}.
 - Training-side ShareGPT conversations (the pocket corpus' split rule: held-out buckets,
   the held-out prompt file and every prompt of `data/prompts/` never enter), rendered under
   the target's chat template, and the target's own greedy replies to the first user turns
-  of other training-side conversations ({c["data"]["reply_prompts"]} prompts, at most
-  {c["data"]["reply_tokens"]} tokens each).
-- {d["tokens"]:,} tokens in {d["windows"]} windows of {c["data"]["chunk"]}; {d["val_windows"]}
+  of other training-side conversations ({c["corpus"]["reply_prompts"]} prompts, at most
+  {c["corpus"]["reply_tokens"]} tokens each).
+- {d["tokens"]:,} tokens in {d["windows"]} windows of {c["corpus"]["chunk"]}; {d["val_windows"]}
   windows held back for agreement; {d["loss_positions"]:,} assistant tokens trained on.
 - Captured once through the target in {c["capture_dtype"]}: {d["minutes"]:.1f} min
   (replies and capture together{"; " + d["note"] if d.get("note") else ""}).
@@ -76,7 +80,7 @@ trained-on tokens), the target's own embeddings; weights in {c["export_dtype"]}.
 ## Training
 
 EAGLE-3's training-time test over {c["ttt_steps"]} steps after the first (loss weight
-{c["ttt_decay"]} ** k), soft labels from the target's top-{c["data"]["top_k"]} row over the
+{c["ttt_decay"]} ** k), soft labels from the target's top-{c["corpus"]["target_top_k"]} row over the
 draft vocabulary. {t["steps"]} steps of {c["train"]["batch"]} windows, {t["tokens"]:,}
 window tokens, {t["minutes"]:.1f} min on {c["threads"]} CPU thread(s), torch
 {facts["torch"]}.

@@ -13,7 +13,7 @@ from specrank.fields import setting
 
 
 @dataclass
-class HeadDataConfig:
+class HeadCorpusConfig:
     """What the head trains on: training-side ShareGPT conversations rendered under the
     target's chat template, and the target's own greedy replies to training-side first turns
     (acceptance is measured on the target's own text). Held-out conversations, the held-out
@@ -26,7 +26,10 @@ class HeadDataConfig:
     max_prompt_tokens: int = setting(256, "longer first turns are not answered")
     chunk: int = setting(384, "tokens per captured window (the target's context there)")
     capture_batch: int = setting(8, "windows per target forward while capturing")
-    top_k: int = setting(32, "target log-probs kept per position, over the draft vocabulary")
+    target_top_k: int = setting(
+        32,
+        "target log-probs kept per position, over the draft vocabulary; formerly head.data.top_k",
+    )
     val_share: float = setting(0.03, "windows held back for the agreement figures")
 
 
@@ -61,7 +64,7 @@ class HeadRecipeConfig:
     kv_heads: int | None = setting(None, "null: the target's key/value heads")
     ttt_steps: int = setting(2, "training-time test: steps trained on the head's own outputs")
     ttt_decay: float = setting(0.8, "loss weight of step k: decay ** k")
-    data: HeadDataConfig = field(default_factory=HeadDataConfig)
+    corpus: HeadCorpusConfig = field(default_factory=HeadCorpusConfig)
     train: HeadTrainConfig = field(default_factory=HeadTrainConfig)
 
 

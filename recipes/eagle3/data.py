@@ -28,7 +28,7 @@ from safetensors.numpy import load_file, save_file
 
 from pairs.eagle3.capture import join_aux
 from pairs.prompts import encode_prompt
-from recipes.eagle3.config import HeadDataConfig
+from recipes.eagle3.config import HeadCorpusConfig
 from recipes.pocket import corpus
 from recipes.pocket.config import CorpusConfig
 from specrank.paths import project_path
@@ -97,7 +97,7 @@ def conversation_docs(tok, convs: list[list[tuple[str, str]]], n_tokens: int) ->
     return docs
 
 
-def reply_prompts(tok, convs, cfg: HeadDataConfig) -> list[list[int]]:
+def reply_prompts(tok, convs, cfg: HeadCorpusConfig) -> list[list[int]]:
     """First user turns of conversations not rendered whole, encoded as the decoder does."""
     out = []
     for turns in convs:
@@ -111,7 +111,7 @@ def reply_prompts(tok, convs, cfg: HeadDataConfig) -> list[list[int]]:
 
 
 @torch.no_grad()
-def replies(target, tok, prompts: list[list[int]], cfg: HeadDataConfig, log) -> list[Doc]:
+def replies(target, tok, prompts: list[list[int]], cfg: HeadCorpusConfig, log) -> list[Doc]:
     """The target's greedy replies (transformers' `generate`, left padding), masked on the
     reply; generation stops at the target's end-of-turn tokens."""
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -173,7 +173,7 @@ def capture_batch(target, ids: np.ndarray, mask: np.ndarray, aux, draft, top_k: 
     }
 
 
-def capture(target, ids, mask, aux, draft, cfg: HeadDataConfig, work: Path, log) -> list[Path]:
+def capture(target, ids, mask, aux, draft, cfg: HeadCorpusConfig, work: Path, log) -> list[Path]:
     """Every shard of windows (ids, mask) in `work`; existing shards are kept (resume)."""
     work.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -185,7 +185,7 @@ def capture(target, ids, mask, aux, draft, cfg: HeadDataConfig, work: Path, log)
             continue
         hi = lo + cfg.capture_batch
         t0 = time.time()
-        arrays = capture_batch(target, ids[lo:hi], mask[lo:hi], aux, draft_t, cfg.top_k)
+        arrays = capture_batch(target, ids[lo:hi], mask[lo:hi], aux, draft_t, cfg.target_top_k)
         tmp = path.with_suffix(".tmp")
         save_file(arrays, str(tmp), metadata={"seconds": f"{time.time() - t0:.3f}"})
         tmp.replace(path)

@@ -44,7 +44,7 @@ def _windows(
         kept = np.load(path)
         minutes = float(kept["reply_minutes"]) if "reply_minutes" in kept.files else float("nan")
         return kept["ids"], kept["mask"], minutes
-    dc = hc.data
+    dc = hc.corpus
     convs = data.training_conversations(CorpusConfig(), hc.seed)
     docs = data.conversation_docs(tok, convs, dc.conversation_tokens)
     rest = convs[len(docs) :]  # replies answer conversations not rendered whole
@@ -76,11 +76,11 @@ def run(hc: HeadRecipeConfig, model: ModelConfig, log) -> dict:
     aux = resolve_aux_layers(hc.aux_layers, None, "input", n_layers, "head.aux_layers")
     ids, mask, reply_minutes = _windows(target, tok, hc, work, log)
     order = np.random.default_rng(hc.seed).permutation(len(ids))
-    n_val = max(1, round(hc.data.val_share * len(ids)))
+    n_val = max(1, round(hc.corpus.val_share * len(ids)))
     val, trn = np.sort(order[:n_val]), np.sort(order[n_val:])
     draft = data.frequent_tokens(ids[trn], mask[trn], hc.draft_vocab)
     shards = {
-        name: data.capture(target, ids[sel], mask[sel], aux, draft, hc.data, work / name, log)
+        name: data.capture(target, ids[sel], mask[sel], aux, draft, hc.corpus, work / name, log)
         for name, sel in (("val", val), ("train", trn))
     }
     # the stages' own times, summed over interrupted runs (a rerun skips what is done)
@@ -100,7 +100,7 @@ def run(hc: HeadRecipeConfig, model: ModelConfig, log) -> dict:
         "config": {k: getattr(hc, k) for k in ("seed", "threads", "capture_dtype",
                                                "export_dtype", "draft_vocab", "ttt_steps",
                                                "ttt_decay")}
-        | {"data": vars(hc.data), "train": vars(hc.train)},
+        | {"corpus": vars(hc.corpus), "train": vars(hc.train)},
         "aux_layers": list(aux),
         "params": sum(p.numel() for p in head.parameters()),
         "layer": {"hidden": t.hidden_size, "intermediate": spec.layer.intermediate_size,

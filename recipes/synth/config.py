@@ -49,10 +49,12 @@ class SynthJobConfig:
     """`python -m decode.synth_traces`: how many synthetic prompts and rounds to write.
 
     Shard s runs at temperatures[s % len]; paper scale (365,922 rounds) is
-    `synth_job.prompts=1402 synth_job.rounds_per_prompt=261`.
+    `synth_job.toy_prompts=1402 synth_job.rounds_per_prompt=261`.
     """
 
-    prompts: int = setting(64, "toy prompts written (paper scale: 1402)")
+    toy_prompts: int = setting(
+        64, "toy prompts written (paper scale: 1402); formerly synth_job.prompts"
+    )
     rounds_per_prompt: int = setting(40, "rounds decoded per prompt (paper scale: 261)")
     prompts_per_shard: int = setting(
         16, "consecutive prompts per shard: the unit a rerun resumes from"

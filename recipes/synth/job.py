@@ -39,11 +39,11 @@ GENERATOR = "decode.synthetic/2"  # bump when the generator's output changes for
 
 
 def n_shards(job: SynthJobConfig) -> int:
-    return -(-job.prompts // job.prompts_per_shard)
+    return -(-job.toy_prompts // job.prompts_per_shard)
 
 
 def check_job(job: SynthJobConfig, seed: int) -> None:
-    for name in ("prompts", "rounds_per_prompt", "prompts_per_shard"):
+    for name in ("toy_prompts", "rounds_per_prompt", "prompts_per_shard"):
         value = getattr(job, name)
         if not isinstance(value, int) or value < 1:
             raise Refusal(
@@ -73,7 +73,7 @@ def synth_chunk(
         raise ValueError(f"shard_index must be in [0, {n_shards(job)}). Got {shard_index} instead.")
     rng = np.random.default_rng([seed, shard_index])
     first = shard_index * job.prompts_per_shard
-    prompt_ids = np.arange(first, min(first + job.prompts_per_shard, job.prompts))
+    prompt_ids = np.arange(first, min(first + job.prompts_per_shard, job.toy_prompts))
     n_prompts, n_per = len(prompt_ids), job.rounds_per_prompt
     temperature = float(job.temperatures[shard_index % len(job.temperatures)])
     rounds = synth_rounds(rng, n_prompts * n_per, temperature, pool, select, synth)

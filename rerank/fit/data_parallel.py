@@ -1,5 +1,5 @@
 """One law x feature set's cross-fit with each LightGBM fit spread over several nodes
-(`rerank.model.fit_nodes`): LightGBM's own distributed training (`tree_learner=data`), each
+(`rerank.booster.fit_nodes`): LightGBM's own distributed training (`tree_learner=data`), each
 node holding the rows of a share of the training prompts, which it reads itself.
 
 What the fit task (the process that runs the cross-fit) holds of the law's rows: their keys
@@ -212,7 +212,7 @@ def node_prompts(prompt_codes: np.ndarray, mask: np.ndarray, nodes: int) -> list
     codes = codes[np.argsort(first)]
     if codes.size < nodes:
         raise Refusal(
-            f"rerank.model.fit_nodes={nodes}: {codes.size} prompt(s) to deal to {nodes} nodes; "
+            f"rerank.booster.fit_nodes={nodes}: {codes.size} prompt(s) to deal to {nodes} nodes; "
             f"each node needs one (expected a training half of >= {nodes} prompts)"
         )
     return [codes[k::nodes] for k in range(nodes)]
@@ -265,8 +265,8 @@ def crossfit_on_nodes(keys: pd.DataFrame, settings: LawFits, temperature: float,
     """
     law = law_kind(temperature)
     if settings.kind != "lgbm":
-        raise Refusal(f"rerank.model.fit_nodes={nodes} trains LightGBM only; "
-                         f"rerank.model.kind is {settings.kind!r}")  # fmt: skip
+        raise Refusal(f"rerank.booster.fit_nodes={nodes} trains LightGBM only; "
+                         f"rerank.booster.kind is {settings.kind!r}")  # fmt: skip
     fold = frame_folds(keys, folds)
     prompt_ids = shared_strings(keys["prompt_id"])
     codes, names = pd.factorize(keys["prompt_id"])  # by its categories, not per row

@@ -215,13 +215,13 @@ def inner_validation(
     """
     if not 0.0 < share < 1.0:
         raise Refusal(
-            f"The 'rerank.model.validation_share' must be in (0, 1). Got {share!r} instead."
+            f"The 'rerank.booster.validation_share' must be in (0, 1). Got {share!r} instead."
         )
     uniq, per_task, inverse = _prompt_tasks(np.asarray(prompt_ids), tasks)
     if uniq.size < 2:
         raise Refusal(
             f"early stopping needs >= 2 training prompts (one to hold out); the training half "
-            f"has {uniq.size}. Use a fixed capacity (rerank.model.early_stopping=false)."
+            f"has {uniq.size}. Use a fixed capacity (rerank.booster.early_stopping=false)."
         )
     position = _spread(uniq, per_task, seed, _INNER_STREAM)
     n_val = min(max(1, round(share * uniq.size)), uniq.size - 1)

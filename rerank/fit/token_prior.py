@@ -203,7 +203,7 @@ def token_prior_features(
             "(rerank.prior_split=prompt) needs >= 2. The candidate table (rerank.features) "
             "holds too few prompts at one temperature: use traces of >= 4 prompts at each "
             "temperature (2 to train on in each half; more under rerank.train_share < 1), or "
-            "rerank.prior_split=row with rerank.model.early_stopping=false (early stopping "
+            "rerank.prior_split=row with rerank.booster.early_stopping=false (early stopping "
             "holds a training prompt out too)."
         )
     for part in (0, 1):

@@ -115,7 +115,7 @@ def acceptance_report(rerank: RerankConfig, fitted: Fitted, seed: int, dataset: 
     fit vLLM's logistic model on the training half too (both halves must be there; not
     under `rerank.transfer`, whose store holds the evaluated half only)."""
     t0 = time.perf_counter()
-    kind, rules = rerank.model.kind, list(fitted.preds.rules)
+    kind, rules = rerank.booster.kind, list(fitted.preds.rules)
     frame = report_rows(rerank, fitted, dataset)
     reference = _reference(rules, kind)
     sets = law_sets(frame, rules, crossfit)

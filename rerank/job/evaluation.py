@@ -64,7 +64,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
         dataset = trace_store(project_path(rerank.traces)).dataset()
     policy = _policy_rounds(rerank, fitted, budgets)
     extra = _per_depth_factors(rerank, dataset, folds, seed)
-    rerankers = [learned(fs, rerank.model.kind).name for fs in rerank.feature_sets]
+    rerankers = [learned(fs, rerank.booster.kind).name for fs in rerank.feature_sets]
     plan = EvalPlan(budgets, substitutions=list(rerank.substitutions),
                     mixture_weights=list(rerank.mixture_weights), top_m=rerank.draft_top_m,
                     curve_rules=["root", *(r for r in rerankers if r not in policy.simulated)])  # fmt: skip
@@ -81,7 +81,7 @@ def evaluate(rerank: RerankConfig, fitted: Fitted, seed: int, budgets: list[int]
         per_round = evaluate_traces(
             dataset, plan, preds.frame, preds.rules, extra, rerank.chunk_rounds, curves=curves,
             consumers=[policy, *([acc] if acc else [])],
-            workers=rerank.workers or len(os.sched_getaffinity(0)) + 1, chunk_map=chunk_map,
+            workers=rerank.eval_threads or len(os.sched_getaffinity(0)) + 1, chunk_map=chunk_map,
         )  # fmt: skip
     pass_s = time.perf_counter() - t0  # the pass over the pools, consumers included
     per_round = policy.apply(per_round)
@@ -126,7 +126,7 @@ def _policy_rounds(rerank: RerankConfig, fitted: Fitted, budgets: list[int]) -> 
     and the rules whose matched row follows their own trees, simulated on them from their
     phat with and without the row (rerank.evaluate.matched; their curves would be of neither
     tree, so the pass computes none)."""
-    simulated = [learned(fs, rerank.model.kind).name
+    simulated = [learned(fs, rerank.booster.kind).name
                  for fs in simulated_sets(rerank.feature_sets, rerank.score)]  # fmt: skip
     names = [f"{v}/{r}" for r in simulated for v in ("with", "without")]
     factors = LearnedFactors.from_predictions(fitted.preds.frame, names) if simulated else None

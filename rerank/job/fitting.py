@@ -154,19 +154,19 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
 
         # the workers read every feature; this process only the keys and the controls' inputs
         prefit = RayFits(parallel, frame_of)
-        if rerank.model.fit_nodes > 1:
+        if rerank.booster.fit_nodes > 1:
             prefit = _node_fits(rerank, parallel, features)
         frame_of = partial(law_frame, features, rerank.score, columns=CONTROL_COLUMNS)
     preds = predict_first_factors(
         candidates,
         folds,
-        rerank.model.kind,
+        rerank.booster.kind,
         rerank.feature_sets,
         rerank.calibrators,
         seed,
-        rerank.model.n_threads,
+        rerank.booster.n_threads,
         rerank.rank_q_bins,
-        capacity=model_capacity(rerank.model),
+        capacity=model_capacity(rerank.booster),
         law_frame=frame_of,
         prior_split=rerank.prior_split,
         fits=None if rerank.fits is None else FitFolder(project_path(rerank.fits)),
@@ -184,12 +184,12 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
 
 
 def _node_fits(rerank: RerankConfig, parallel: ParallelConfig, features: Path) -> Any:
-    """The prefit that trains each fit on `rerank.model.fit_nodes` Ray Train workers: this
+    """The prefit that trains each fit on `rerank.booster.fit_nodes` Ray Train workers: this
     process reads each law's keys and labels, the workers their prompts' rows."""
     from rerank.on_nodes import NodeFits  # Ray is imported only by a run that uses it
 
     return NodeFits(
-        parallel, rerank.model.fit_nodes, partial(law_frame, features, rerank.score),
+        parallel, rerank.booster.fit_nodes, partial(law_frame, features, rerank.score),
         fit_columns(rerank.feature_sets), candidate_store(features).fingerprint(),
         None if rerank.fits is None else project_path(rerank.fits),
     )  # fmt: skip
