@@ -180,6 +180,37 @@ def test_siblings_children_differ(tiny_vocab):
         assert all(k == shared[0] for k in shared), shared
 
 
+def test_every_tree_node_is_drafted_from_its_own_path(tiny_vocab):
+    """Each node's log q and score (the best-first growth's key) are those of its own path
+    recomputed from the root alone: its token's corrected row drafted node by node down the
+    path (`SemiARModule.correct`, a fresh state per path), whatever the pool's level order,
+    the expanded nodes' rows or their parents' places (`Level.prev_row`)."""
+    target, d = tiny_vocab
+    tree = PoolConfig(top_k=3, steps=4, expand=4)
+    prompt = [1, 5, 3, 6, 2]
+    with one_thread(), torch.inference_mode():
+        cache = new_cache(target)
+        state = d.new_state(cache)
+        forward_chain(target, torch.tensor(prompt[:-1]), cache)
+        pool = d.grow(state, prompt, len(prompt) - 1, tree)
+        hidden = d.block_hidden(state, prompt[-1], len(prompt) - 1)
+        s = d.semi
+        rows = hidden[: s.depth] if s.shift else hidden[1 : s.depth + 1]
+        for i in range(pool.size):
+            path = [i]
+            while pool.parent[path[0]] >= 0:
+                path.insert(0, int(pool.parent[path[0]]))
+            prev, node_state, score = torch.tensor([prompt[-1]]), None, 0.0
+            for j, node in enumerate(path):
+                bias, node_state = d.module.correct(j, rows[j], prev, d.gru_embed, node_state)
+                row = d.lm_head(rows[j]) + (0 if bias is None else bias[0])
+                logq = float(row.float().log_softmax(-1)[pool.token[node]])
+                score += logq
+                prev = pool.token[node : node + 1]
+            assert float(pool.draft_logprob[i]) == pytest.approx(logq, abs=1e-4), (i, path)
+            assert float(pool.score[i]) == pytest.approx(score, abs=1e-4), (i, path)
+
+
 def _settings(budget: int, pool: PoolConfig) -> DecodeSettings:
     return DecodeSettings(pool=pool, select=SelectConfig(budget=budget),
                           decode=DecodeConfig(max_new_tokens=24))  # fmt: skip
