@@ -1,16 +1,20 @@
 """The settings of `python -m rerank.train`, checked before anything is read or fitted.
 
 `check_settings` validates every `rerank` setting (messages from `specrank.checks`
-name the setting, what was expected and what was found); `run_rules` and
-`comparison_pairs` say, from the settings alone, which rules the job reports and
-which paired comparisons it computes; `model_capacity` turns `rerank.booster` into
-the boosting capacity of `rerank.fit.boosting`.
+name the setting, what was expected and what was found) and returns what the settings
+alone decide (`CheckedSettings`): which rules the job reports (`run_rules`), which paired
+comparisons it computes (`comparison_pairs`), the boosting capacity of `rerank.booster`
+(`model_capacity`), the stores' paths. The job's stages read this record; none of them
+checks or derives a setting again. `store_budgets` says which budgets the job evaluates
+on the store's pools.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rerank.config import (
@@ -19,6 +23,7 @@ from rerank.config import (
     BoosterConfig,
     RerankConfig,
 )
+from rerank.evaluate.matched import simulated_sets
 from rerank.evaluate.values import RETAINED_ROWS
 from rerank.fit.boosting import Capacity
 from rerank.fit.folds import SCHEMES
@@ -37,6 +42,21 @@ from tree.config import PoolConfig
 from tree.pool import pool_size
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CheckedSettings:
+    """What the `rerank` settings alone decide, once they are checked (`check_settings`)."""
+
+    rules: set[str]  # every rule the job reports (`run_rules`)
+    comparisons: list[tuple[str, str]]  # its paired comparisons (`comparison_pairs`)
+    capacity: Capacity  # the boosting capacity of rerank.booster
+    rerankers: list[str]  # the learned rule of each of rerank.feature_sets, in order
+    learned: dict[str, str]  # every feature set -> its learned rule under rerank.booster.kind
+    simulated: list[str]  # the feature sets simulated on their own trees (rerank.evaluate.matched)
+    features: Path  # rerank.features, resolved (`project_path`)
+    traces: Path  # rerank.traces, resolved
+    fits: Path | None  # rerank.fits, resolved
 
 
 def model_capacity(model: BoosterConfig) -> Capacity:
@@ -66,8 +86,9 @@ def check_train_parallel(p: ParallelConfig, model: BoosterConfig | None = None) 
         )
 
 
-def check_settings(rerank: RerankConfig) -> None:
-    """Every `rerank` setting, before anything is read or fitted (specrank.checks messages)."""
+def check_settings(rerank: RerankConfig) -> CheckedSettings:
+    """Every `rerank` setting, before anything is read or fitted (specrank.checks messages);
+    returns what the settings decide, for the stages to read."""
     check_choice("rerank.booster.kind", rerank.booster.kind, MODEL_KINDS)
     if rerank.booster.n_threads is not None:
         check_int("rerank.booster.n_threads", rerank.booster.n_threads, 1)
@@ -111,7 +132,29 @@ def check_settings(rerank: RerankConfig) -> None:
     check_int("rerank.chunk_rounds", rerank.chunk_rounds, 1)
     if rerank.eval_threads is not None:
         check_int("rerank.eval_threads", rerank.eval_threads, 1)
-    comparison_pairs(rerank)  # parsed and checked against the run's rules
+    return derived_settings(rerank)
+
+
+def derived_settings(rerank: RerankConfig) -> CheckedSettings:
+    """What the settings `rerank` decide, derived without checking them (`check_settings`
+    checks them first; `rerank.transfer` and the benches derive from settings they checked)."""
+    capacity, rules, kind = model_capacity(rerank.booster), run_rules(rerank), rerank.booster.kind
+    rerankers = [learned(fs, kind).name for fs in rerank.feature_sets]
+    learned_rules = {fs: learned(fs, kind).name for fs in FEATURE_SETS}
+    fits = None if rerank.fits is None else project_path(rerank.fits)
+    return CheckedSettings(
+        rules, comparison_pairs(rerank, rules), capacity, rerankers, learned_rules,
+        simulated_sets(rerank.feature_sets, rerank.score),
+        project_path(rerank.features), project_path(rerank.traces), fits,
+    )  # fmt: skip
+
+
+def check_train(rerank: RerankConfig, parallel: ParallelConfig) -> CheckedSettings:
+    """The settings of `rerank.train`, checked once before anything is read or fitted: every
+    `rerank` setting and `parallel`. Returns what they decide, for the stages to read."""
+    checked = check_settings(rerank)
+    check_train_parallel(parallel, rerank.booster)
+    return checked
 
 
 def store_pool_size(manifest: Mapping[str, Any], store: object) -> int:
@@ -163,9 +206,10 @@ def store_budgets(rerank: RerankConfig) -> list[int]:
     return evaluated_budgets(rerank, store_pool_size(store.manifest(), store.root), store.root)
 
 
-def comparison_pairs(rerank: RerankConfig) -> list[tuple[str, str]]:
-    """The run's paired comparisons: the configured ones, or the paper's among its rules."""
-    rules = run_rules(rerank)
+def comparison_pairs(rerank: RerankConfig, rules: set[str] | None = None) -> list[tuple[str, str]]:
+    """The run's paired comparisons: the configured ones, or the paper's among its rules
+    (`rules`: `run_rules(rerank)`, when known)."""
+    rules = run_rules(rerank) if rules is None else rules
     if rerank.comparisons is None:
         pairs = parse_comparisons(DEFAULT_COMPARISONS, rerank.booster.kind)
         return [p for p in pairs if set(p) <= rules]

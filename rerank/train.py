@@ -37,13 +37,13 @@ from omegaconf import DictConfig, OmegaConf
 from rerank.config import RerankConfig
 from rerank.fit.models import LABEL_OF_LAW
 from rerank.fit.persist import save_reranker
-from rerank.job.acceptance import AcceptanceReport, acceptance_report, write_acceptance
-from rerank.job.evaluation import Evaluation, evaluate
-from rerank.job.fitting import Fitted, check_same_traces, fit
+from rerank.job.acceptance import AcceptanceReport, report_of, write_acceptance
+from rerank.job.evaluation import Evaluation, eval_inputs, evaluate_rules
+from rerank.job.fitting import Fitted, check_same_traces, fit_inputs, fit_rerankers
 from rerank.job.tracked import pair_tags, run_record
 from rerank.report.plots import write_plots
 from rerank.report.plots_reliability import reliability_table
-from rerank.settings import check_settings, check_train_parallel, store_budgets
+from rerank.settings import check_train, store_budgets
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank import faults
 from specrank.cli import exits_on_refusal, run_entry_point
@@ -52,7 +52,7 @@ from specrank.files import atomic_write
 from specrank.laws import law_kind, law_name
 from specrank.memory import release_freed_heap, retain_freed_heap
 from specrank.parallel import ParallelConfig
-from specrank.paths import CONF_DIR, project_path
+from specrank.paths import CONF_DIR
 from specrank.run_record import TrackingError, log_or_explain, write_record
 from specrank.trace_schema import trace_store
 
@@ -104,10 +104,12 @@ def write_tables(out_dir: Path, fitted: Fitted, ev: Evaluation,
     tables = {"summary": ev.summary, "comparisons": ev.comparisons, "breakdowns": ev.breakdowns,
               "breakdown_gains": ev.breakdown_gains, **ev.reports,
               "prediction_quality": fitted.quality, "mixture_weights": ev.mixture_weights}  # fmt: skip
+    parquets = {"per_round_values": _parquet(ev.per_round),
+                "oof_predictions": _parquet(fitted.preds.frame)}  # fmt: skip
     for name, frame in tables.items():
         atomic_write(out_dir / f"{name}.csv", _csv(frame))
-    atomic_write(out_dir / "per_round_values.parquet", _parquet(ev.per_round))
-    atomic_write(out_dir / "oof_predictions.parquet", _parquet(fitted.preds.frame))
+    for name, write in parquets.items():
+        atomic_write(out_dir / f"{name}.parquet", write)
     text = ev.table + (acceptance.text if acceptance is not None else "")
     atomic_write(out_dir / "results.txt", lambda tmp: tmp.write_text(text + "\n"))
     files = [*(f"{n}.csv" for n in [*tables, "reliability"]), "per_round_values.parquet",
@@ -141,25 +143,30 @@ def train_and_evaluate(
     out_dir: Path,
     parallel: ParallelConfig | None = None,
 ) -> TrainResult:
-    """The whole job on typed settings: fit, evaluate, write tables, log the run.
+    """The whole job on typed settings, stage by stage: check every setting once, fit,
+    evaluate, report, write tables, log the run. Each stage reads its share of the checked
+    settings (`fit_inputs`, `eval_inputs`), not `rerank` itself.
 
     `resolved_config` is only logged (MLflow params and artifact), never read.
     `parallel.backend=ray`: the fits and the evaluation pass as Ray tasks (`rerank.on_ray`).
     """
-    check_settings(rerank)
     parallel = parallel or ParallelConfig()
-    check_train_parallel(parallel, rerank.booster)
-    fingerprint = check_same_traces(project_path(rerank.features), project_path(rerank.traces))
+    checked = check_train(rerank, parallel)
+    fingerprint = check_same_traces(checked.features, checked.traces)
     budgets = store_budgets(rerank)
+    kind = rerank.booster.kind
     t0 = time.perf_counter()
-    fitted = fit(rerank, seed, parallel)
-    dataset = trace_store(project_path(rerank.traces)).dataset()
-    ev = evaluate(rerank, fitted, seed, budgets, dataset=dataset, parallel=parallel)
+    fitting = fit_inputs(rerank, checked)
+    fitted = fit_rerankers(fitting, seed, parallel)
+    dataset = trace_store(checked.traces).dataset()
+    evaluation = eval_inputs(rerank, checked, budgets)
+    ev = evaluate_rules(evaluation, fitted, seed, dataset=dataset, parallel=parallel)
     release_freed_heap()  # the evaluation's freed blocks, before the tables' (as in its tail)
-    acceptance = acceptance_report(rerank, fitted, seed, dataset) if rerank.acceptance else None
+    acceptance = (report_of(checked.features, checked.learned, kind, rerank.n_resamples, fitted, seed,
+                            dataset) if rerank.acceptance else None)  # fmt: skip
     total = time.perf_counter() - t0
     written = write_tables(out_dir, fitted, ev, acceptance)
-    tags = {"trace_fingerprint": fingerprint, "rerank_model": rerank.booster.kind}
+    tags = {"trace_fingerprint": fingerprint, "rerank_model": kind}
     tags |= pair_tags(ev.summary)  # the temperature pairs T_t|T_d, as t1_d0
     record = run_record(tracking, resolved_config, tags, fitted, ev, written, total)
     if acceptance is not None:

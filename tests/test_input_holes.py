@@ -58,7 +58,7 @@ def no_fits(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("a reranker was fitted before the budgets were checked")
 
-    monkeypatch.setattr(train_module, "fit", refuse)
+    monkeypatch.setattr(train_module, "fit_rerankers", refuse)
 
 
 # -- 1. rerank.budgets bounded by the store's pool (and by rerank.draft_top_m) --------------------------

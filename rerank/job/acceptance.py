@@ -44,9 +44,8 @@ from rerank.report.acceptance_plots import (
     advantage_figure,
     save_figure,
 )
-from selection.rules import learned
+from rerank.settings import derived_settings
 from specrank.files import atomic_write
-from specrank.paths import project_path
 
 log = logging.getLogger(__name__)
 CANDIDATE_EXTRA = ["token", "draft_rank", "margin_top_sibling"]  # read again from the table
@@ -68,18 +67,19 @@ class AcceptanceReport:
                                                  "time/acceptance_write_s": self.write_seconds}  # fmt: skip
 
 
-def report_rows(rerank: RerankConfig, fitted: Fitted, dataset: ds.Dataset) -> pd.DataFrame:
+def report_rows(features: Path, fitted: Fitted, dataset: ds.Dataset) -> pd.DataFrame:
     """Every predicted first-level candidate with what the report reads
-    (`ACCEPTANCE_ROW_COLUMNS`) and the run's predictions (a column per rule of the run)."""
+    (`ACCEPTANCE_ROW_COLUMNS`) and the run's predictions (a column per rule of the run);
+    `features`: the candidate table, read again for `CANDIDATE_EXTRA`."""
     frame = fitted.preds.joined(fitted.candidates, ["task", "draft_prob", *LABEL_OF_LAW.values()])
     prompts = pc.field("prompt_id").isin(list(fitted.folds))
-    extra = (candidate_store(project_path(rerank.features)).dataset()
+    extra = (candidate_store(features).dataset()
              .to_table(columns=[*ROUND_KEYS, "cand_index", *CANDIDATE_EXTRA], filter=prompts)
              .to_pandas())  # fmt: skip
     at = candidate_positions(extra, frame)
     if (at < 0).any():
         raise ValueError(f"{int((at < 0).sum())} predicted candidates are not in the table "
-                         f"{rerank.features}")  # fmt: skip
+                         f"{features}")  # fmt: skip
     for c in CANDIDATE_EXTRA:
         frame[c] = extra[c].to_numpy()[at]
     rounds = round_events(dataset)
@@ -100,28 +100,39 @@ def report_rows(rerank: RerankConfig, fitted: Fitted, dataset: ds.Dataset) -> pd
     return frame[[*ACCEPTANCE_ROW_COLUMNS, *fitted.preds.rules]]
 
 
-def _reference(rules: list[str], kind: str) -> str:
+def _reference(rules: list[str], learned: dict[str, str]) -> str:
     """The learned reranker every estimator is paired with: `rows`' when fitted, else the
     first learned rule (the draft probability in a run without one)."""
-    names = [learned(fs, kind).name for fs in FEATURE_SETS]
+    names = [learned[fs] for fs in FEATURE_SETS]
     mine = [r for r in rules if r in names]
-    rows = learned("rows", kind).name
+    rows = learned["rows"]
     return rows if rows in mine else mine[0] if mine else "draft_prob"
 
 
 def acceptance_report(rerank: RerankConfig, fitted: Fitted, seed: int, dataset: ds.Dataset,
                       crossfit: bool = True) -> AcceptanceReport:  # fmt: skip
-    """The report of the run's held-out predictions on the rounds of `dataset`. `crossfit`:
-    fit vLLM's logistic model on the training half too (both halves must be there; not
-    under `rerank.transfer`, whose store holds the evaluated half only)."""
+    """`report_of` on the settings `rerank` (rerank.transfer's entry)."""
+    checked = derived_settings(rerank)
+    return report_of(checked.features, checked.learned, rerank.booster.kind, rerank.n_resamples,
+                     fitted, seed, dataset, crossfit)  # fmt: skip
+
+
+def report_of(features: Path, learned: dict[str, str], kind: str, n_resamples: int,
+              fitted: Fitted, seed: int, dataset: ds.Dataset,
+              crossfit: bool = True) -> AcceptanceReport:  # fmt: skip
+    """The report of the run's held-out predictions on the rounds of `dataset`: the candidate
+    table `features`, every feature set's `learned` rule under booster `kind`, intervals of
+    `n_resamples` draws. `crossfit`: fit vLLM's logistic model on the training half too (both
+    halves must be there; not under `rerank.transfer`, whose store holds the evaluated half
+    only)."""
     t0 = time.perf_counter()
-    kind, rules = rerank.booster.kind, list(fitted.preds.rules)
-    frame = report_rows(rerank, fitted, dataset)
-    reference = _reference(rules, kind)
+    rules = list(fitted.preds.rules)
+    reference = _reference(rules, learned)
+    frame = report_rows(features, fitted, dataset)
     sets = law_sets(frame, rules, crossfit)
-    table = acceptance_table(frame, sets, reference, rerank.n_resamples, seed)
+    table = acceptance_table(frame, sets, reference, n_resamples, seed)
     reliability = acceptance_reliability(frame, sets)
-    columns = {f"reranker_{fs}": learned(fs, kind).name for fs in FEATURE_SETS} | {
+    columns = {f"reranker_{fs}": learned[fs] for fs in FEATURE_SETS} | {
         c: c for c in CONTROLS}  # fmt: skip
     dump = dump_table(
         frame, sets, {k: v for k, v in columns.items() if v in rules}, kind, reference

@@ -20,21 +20,20 @@ from rerank.evaluate.matched import (
     NextRootRows,
     SimulatedPredictions,
     next_root_rows,
-    simulated_sets,
 )
 from rerank.evaluate.policy import for_policy
 from rerank.evaluate.pool_chunks import ROUND_KEYS
+from rerank.fit.boosting import Capacity
 from rerank.fit.design import TOKEN_PRIOR
 from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.predict import FirstFactorPredictions, fold_map, halves_table, predict_first_factors
 from rerank.fit.quality import prediction_quality
 from rerank.fit.resume import FitFolder
-from rerank.settings import model_capacity
+from rerank.settings import CheckedSettings, derived_settings
 from specrank import faults
 from specrank.frames import scanned_frame
 from specrank.memory import release_freed_heap
 from specrank.parallel import ParallelConfig
-from specrank.paths import project_path
 from specrank.tables import SchemaError
 from specrank.trace_schema import trace_store
 
@@ -60,6 +59,29 @@ def check_same_traces(features_dir: Path, traces_dir: Path) -> str:
             f"re-run `python -m features.extract` on these traces"
         )
     return traces_fp
+
+
+@dataclass(frozen=True)
+class FitInputs:
+    """What the fitting stage reads, from settings checked once (`rerank.settings`)."""
+
+    features: Path  # the candidate table
+    traces: Path  # its traces (the matched row of a simulated set)
+    fits: Path | None  # the folder of saved fits to resume from
+    kind: str  # lgbm | hgb
+    n_threads: int | None
+    fit_nodes: int
+    capacity: Capacity
+    feature_sets: list[str]
+    simulated: list[str]  # of feature_sets, those simulated on their own trees
+    calibrators: list[str]
+    rank_q_bins: int
+    prior_split: str
+    train_share: float
+    halves: str
+    score: str
+    score_top_m: int
+    first_budget: int  # rerank.budgets[0]: the simulated sets' matched row is fitted there
 
 
 @dataclass
@@ -114,12 +136,29 @@ def sorted_categories(frame: pd.DataFrame) -> pd.DataFrame:
                            for c in cats})  # fmt: skip
 
 
+def fit_inputs(rerank: RerankConfig, checked: CheckedSettings) -> FitInputs:
+    """The fitting stage's share of the settings and of what checking them decided."""
+    booster = rerank.booster
+    return FitInputs(
+        checked.features, checked.traces, checked.fits, booster.kind, booster.n_threads,
+        booster.fit_nodes, checked.capacity, list(rerank.feature_sets), checked.simulated,
+        list(rerank.calibrators), rerank.rank_q_bins, rerank.prior_split, rerank.train_share,
+        rerank.halves, rerank.score, rerank.score_top_m, rerank.budgets[0],
+    )  # fmt: skip
+
+
 def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None) -> Fitted:
+    """`fit_rerankers` on the settings `rerank` alone (the benches' entry: the job checks
+    its settings once, `rerank.settings.check_train`, and calls `fit_rerankers`)."""
+    return fit_rerankers(fit_inputs(rerank, derived_settings(rerank)), seed, parallel)
+
+
+def fit_rerankers(inputs: FitInputs, seed: int, parallel: ParallelConfig | None = None) -> Fitted:
     """Cross-fit the rerankers and the q1 calibration on the candidate table (docs/method.md#cross-fitting);
     `parallel.backend=ray`: the (law, feature set) cross-fits as Ray workers' tasks."""
     faults.phase("fitting")
     t0 = time.perf_counter()
-    features = project_path(rerank.features)
+    features = inputs.features
     # Every row's keys and what the evaluation joins; the features of one law at a time.
     # Its strings (prompt, rule, task) as categories: 6 bytes a row where they took 48
     # (36.6 M rows at 10x the paper); the predictions' keys take the same dtypes.
@@ -132,45 +171,45 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
     # a row per prompt first, from the categories' codes: every row's strings hashed took
     # 1.1 GiB at 3x the paper
     pairs = candidates[["prompt_id", "task"]].drop_duplicates()
-    folds = fold_map(pairs["prompt_id"].to_numpy(), rerank.halves, seed, pairs["task"].to_numpy())
+    folds = fold_map(pairs["prompt_id"].to_numpy(), inputs.halves, seed, pairs["task"].to_numpy())
     halves = halves_table(candidates, folds)
-    log.info("halves=%s:\n%s", rerank.halves, halves.to_string())
-    frame_of = partial(law_frame, features, rerank.score, columns=fit_columns(rerank.feature_sets))
+    log.info("halves=%s:\n%s", inputs.halves, halves.to_string())
+    frame_of = partial(law_frame, features, inputs.score, columns=fit_columns(inputs.feature_sets))
     simulated = None
-    if sets := simulated_sets(rerank.feature_sets, rerank.score):
+    if sets := inputs.simulated:
         # the matched row on draft's trees at the first budget, from the traces (module doc of
         # rerank.evaluate.matched); the evaluation ranks by the phat with and without it
-        next_root = next_root_rows(trace_store(project_path(rerank.traces)).dataset(),
-                                   rerank.score, rerank.score_top_m, rerank.budgets[0], seed)  # fmt: skip
+        next_root = next_root_rows(trace_store(inputs.traces).dataset(), inputs.score,
+                                   inputs.score_top_m, inputs.first_budget, seed)  # fmt: skip
         frame_of = partial(frame_of, next_root=next_root)
         # its own binding: frame_of is rebound below for a Ray run's driver (keys only)
         simulated_frame = frame_of
         simulated = SimulatedPredictions(sets, lambda t, v: simulated_frame(t, variant=v))
         log.info("rerank.score=%s: the matched row of %s follows each rule's own trees; fitted "
-                 "on draft's at B=%d", rerank.score, sets, rerank.budgets[0])  # fmt: skip
+                 "on draft's at B=%d", inputs.score, sets, inputs.first_budget)  # fmt: skip
     prefit = None
     if parallel is not None and parallel.backend == "ray":
         from rerank.on_ray import RayFits  # Ray is imported only by a run that uses it
 
         # the workers read every feature; this process only the keys and the controls' inputs
         prefit = RayFits(parallel, frame_of)
-        if rerank.booster.fit_nodes > 1:
-            prefit = _node_fits(rerank, parallel, features)
-        frame_of = partial(law_frame, features, rerank.score, columns=CONTROL_COLUMNS)
+        if inputs.fit_nodes > 1:
+            prefit = _node_fits(inputs, parallel)
+        frame_of = partial(law_frame, features, inputs.score, columns=CONTROL_COLUMNS)
     preds = predict_first_factors(
         candidates,
         folds,
-        rerank.booster.kind,
-        rerank.feature_sets,
-        rerank.calibrators,
+        inputs.kind,
+        inputs.feature_sets,
+        inputs.calibrators,
         seed,
-        rerank.booster.n_threads,
-        rerank.rank_q_bins,
-        capacity=model_capacity(rerank.booster),
+        inputs.n_threads,
+        inputs.rank_q_bins,
+        capacity=inputs.capacity,
         law_frame=frame_of,
-        prior_split=rerank.prior_split,
-        fits=None if rerank.fits is None else FitFolder(project_path(rerank.fits)),
-        train_share=rerank.train_share,
+        prior_split=inputs.prior_split,
+        fits=None if inputs.fits is None else FitFolder(inputs.fits),
+        train_share=inputs.train_share,
         prefit=prefit,
         simulated=simulated,
     )
@@ -183,13 +222,13 @@ def fit(rerank: RerankConfig, seed: int, parallel: ParallelConfig | None = None)
     return Fitted(candidates, folds, preds, quality, seconds, halves)
 
 
-def _node_fits(rerank: RerankConfig, parallel: ParallelConfig, features: Path) -> Any:
-    """The prefit that trains each fit on `rerank.booster.fit_nodes` Ray Train workers: this
+def _node_fits(inputs: FitInputs, parallel: ParallelConfig) -> Any:
+    """The prefit that trains each fit on `inputs.fit_nodes` Ray Train workers: this
     process reads each law's keys and labels, the workers their prompts' rows."""
     from rerank.on_nodes import NodeFits  # Ray is imported only by a run that uses it
 
     return NodeFits(
-        parallel, rerank.booster.fit_nodes, partial(law_frame, features, rerank.score),
-        fit_columns(rerank.feature_sets), candidate_store(features).fingerprint(),
-        None if rerank.fits is None else project_path(rerank.fits),
+        parallel, inputs.fit_nodes, partial(law_frame, inputs.features, inputs.score),
+        fit_columns(inputs.feature_sets), candidate_store(inputs.features).fingerprint(),
+        inputs.fits,
     )  # fmt: skip
