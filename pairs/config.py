@@ -46,6 +46,16 @@ class ModelConfig:
         "eagle3: refuse prompts past the head's max_position_embeddings (false: decode on, "
         "with a warning, up to the target's limit)",
     )
+    # A block drafter trained on windows of W context positions never attended to more, and
+    # its rows degrade past them (the pocket ones: 120); its keys carry absolute positions,
+    # so cutting the context to the latest W is exact. EAGLE-3 heads and standalone drafters
+    # keep their own caches over the context: refused for them.
+    drafter_window: int | None = setting(
+        None,
+        "block | dspark | domino: the drafter attends to its latest W context positions only "
+        "(set to the window it was trained on: past it acceptance collapses); null: the whole "
+        "context, as the references",
+    )
     dtype: str = setting("float32", "float32 | bfloat16 | float16: both models' weights")
     device: str = setting("cpu", "cpu | cuda | cuda:N")
     attn_implementation: str = setting("sdpa", "sdpa | eager")

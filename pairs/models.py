@@ -24,7 +24,14 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pairs.block.drafter import BlockDrafter, attach_block, block_ids, check_pool_depth, read_block
+from pairs.block.drafter import (
+    BlockDrafter,
+    attach_block,
+    block_ids,
+    check_pool_depth,
+    check_window,
+    read_block,
+)
 from pairs.block.layout import read_block_config
 from pairs.config import ModelConfig
 from pairs.eagle3.capture import CONVENTIONS
@@ -306,7 +313,7 @@ DRAFTERS = {
         DrafterKind("block", load_block_pair, _block_config, head=True,
                     pool="pairs.block.drafter: one block forward, its per-position marginals",
                     target_states=("hidden states leaving dflash_config.target_layer_ids",),
-                    settings=(),
+                    settings=("drafter_window",),
                     manifest_fields=(*_PAIR_FIELDS, "drafter_kind", "block_size",
                                      "target_layer_ids", "layer_id_convention",
                                      "pool_marginals", "first_round"),
@@ -315,7 +322,7 @@ DRAFTERS = {
                       pool="pairs.semiar.drafter: one block forward, each node's children row "
                            "corrected from its own path",
                       target_states=("hidden states leaving target_layer_ids",),
-                      settings=(),
+                      settings=("drafter_window",),
                       manifest_fields=(*_PAIR_FIELDS, "drafter_kind", "block_size",
                                        "target_layer_ids", "layer_id_convention", "variant",
                                        "pool_conditionals", "first_round"),
@@ -329,13 +336,15 @@ def drafter_kind(cfg: ModelConfig) -> DrafterKind:
     check_choice("model.drafter_kind", cfg.drafter_kind, list(DRAFTERS))
     check_choice("model.aux_layer_convention", cfg.aux_layer_convention, CONVENTIONS)
     kind = DRAFTERS[cfg.drafter_kind]
-    for name, entry in DRAFTERS.items():
+    for entry in DRAFTERS.values():
         for setting in entry.settings:
             value = getattr(cfg, setting)
-            if name != kind.name and setting not in kind.settings and value is not None:
+            if setting not in kind.settings and value is not None:
                 shown = list(value) if isinstance(value, (list, tuple)) else repr(value)
+                owners = " | ".join(n for n, e in DRAFTERS.items() if setting in e.settings)
                 raise Refusal(
-                    f"The 'model.{setting}' applies to model.drafter_kind={name} only. Got "
+                    f"The 'model.{setting}' applies to model.drafter_kind={owners} only. Got "
                     f"{shown} with model.drafter_kind={cfg.drafter_kind!r}."
                 )
+    check_window(cfg.drafter_window)
     return kind

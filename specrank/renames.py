@@ -38,6 +38,12 @@ RENAMED: dict[str, str] = {
     "rerank.workers": "rerank.eval_threads",
     # `pocket.eval.prompts` are the suite prompts of the pocket models' entropy figure
     "synth_job.prompts": "synth_job.toy_prompts",
+    # `pocket.corpus.heldout_prompts` are the prompts written to the held-out file; these are
+    # the suite prompts decoded for a semi-AR drafter's card
+    "pocket_dspark.heldout_prompts": "pocket_dspark.card_prompts",
+    "pocket_dspark.heldout_tokens": "pocket_dspark.card_tokens",
+    "pocket_domino.heldout_prompts": "pocket_domino.card_prompts",
+    "pocket_domino.heldout_tokens": "pocket_domino.card_tokens",
 }
 
 

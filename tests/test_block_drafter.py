@@ -7,6 +7,7 @@ released one is), so the tests check the decoder's invariants, not a drafter's q
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict
 
@@ -286,11 +287,14 @@ def test_sampled_output_follows_the_target_law(tiny_vocab, verifier, n):
     assert_samples_follow_the_target_law(*tiny_vocab, verifier, n)
 
 
-@pytest.mark.parametrize("pool", [CHAIN, TREE], ids=["chain", "tree"])
-def test_greedy_output_equals_plain_greedy_with_drafts_accepted(tiny_vocab, pool):
+@pytest.mark.parametrize(("pool", "window"), [(CHAIN, None), (TREE, None), (TREE, 2)],
+                         ids=["chain", "tree", "tree-window"])  # fmt: skip
+def test_greedy_output_equals_plain_greedy_with_drafts_accepted(tiny_vocab, pool, window):
     """On the 8-token target the random drafter's drafts are accepted, so the verified paths
-    (not only continuations) are checked."""
+    (not only continuations) are checked; with `model.drafter_window` 2 too (every prompt's
+    context passes it)."""
     target, drafter = tiny_vocab
+    drafter = dataclasses.replace(drafter, window=window)
     accepted = 0
     with one_thread():
         for prompt in ([1, 5, 3, 6], [2, 2, 7, 0, 4], [6, 1]):

@@ -8,6 +8,7 @@ released one is), so the tests check the decoder's invariants, not a drafter's q
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -216,9 +217,12 @@ def _settings(budget: int, pool: PoolConfig) -> DecodeSettings:
                           decode=DecodeConfig(max_new_tokens=24))  # fmt: skip
 
 
-@pytest.mark.parametrize("shape", ["chain", "tree"])
-def test_greedy_output_equals_plain_greedy_with_drafts_accepted(tiny_vocab, shape):
+@pytest.mark.parametrize(("shape", "window"), [("chain", None), ("tree", None), ("tree", 2)],
+                         ids=["chain", "tree", "tree-window"])  # fmt: skip
+def test_greedy_output_equals_plain_greedy_with_drafts_accepted(tiny_vocab, shape, window):
+    """With `model.drafter_window` 2 too (every prompt's context passes it)."""
     target, d = tiny_vocab
+    d = dataclasses.replace(d, window=window)
     pool = (PoolConfig(top_k=1, steps=5, expand=1) if shape == "chain"
             else PoolConfig(top_k=3, steps=4, expand=3))  # fmt: skip
     accepted = 0

@@ -122,7 +122,7 @@ def test_the_recipe_ships_a_drafter_that_decodes_losslessly(tmp_path, kind):
     """A 3-step run in the reference layout, read back by the loader, its held-out tau
     measured by decoding (greedy output equal to target-only's) and carded."""
     pc = CONFIGS[kind](out_dir=str(tmp_path / kind), code_chars=60_000, rollout_prompts=8,
-                       rollout_tokens=8, heldout_prompts=1, heldout_tokens=8)  # fmt: skip
+                       rollout_tokens=8, card_prompts=1, card_tokens=8)  # fmt: skip
     if kind == "dspark":
         pc.calibration_tokens = 2048
     pc.train = replace(pc.train, steps=3, batch=2, seq_len=32, warmup=1, eval_every=3)

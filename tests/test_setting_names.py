@@ -75,14 +75,13 @@ SAME: dict[str, str] = {
     "code_chars": _RECIPE,
     "rollout_prompts": _RECIPE,
     "rollout_tokens": _RECIPE,
-    "heldout_tokens": _RECIPE,
+    "card_prompts": _RECIPE,
+    "card_tokens": _RECIPE,
 }
 # leaf name -> the different meanings, kept until the files that hold them are renamed
 PENDING: dict[str, str] = {
     "steps": "pool.steps (tree/config.py) counts pool depths; every other steps is optimizer "
     "steps (head.train.steps, pocket_*.train.steps)",
-    "heldout_prompts": "pocket.corpus.heldout_prompts are prompts written to the held-out file; "
-    "pocket_dspark/pocket_domino.heldout_prompts are suite prompts decoded (recipes/pocket)",
 }
 
 

@@ -25,6 +25,12 @@ One round, the root (the bonus token) at position r:
               marginals, top-k children per expanded node, depth at most block_size - 1. With
               pool.top_k=1 pool.expand=1 it is the block's argmax chain.
     after     `BlockState.commit`: the captured rows follow the target cache's compaction
+
+Context window (`model.drafter_window` W): the block attends to the latest W context
+positions only, and the state holds no more. A drafter trained on windows of W context
+positions never saw a longer context, and its rows degrade past it. The cut is exact: each
+context key is rotated to its absolute position when computed, so the held keys and values
+of [r - W, r) equal a from-scratch computation over those positions alone.
 """
 
 from __future__ import annotations
@@ -92,7 +98,8 @@ class BlockState:
     """One prompt's drafting state beside the target's cache."""
 
     features: FeatureRows  # target states of the cache's positions from n_fed on
-    ctx: ContextKV = field(default_factory=list)  # per layer K/V of positions [0, n_fed)
+    # per layer K/V of positions [0, n_fed), or its latest `BlockDrafter.window` positions
+    ctx: ContextKV = field(default_factory=list)
     n_fed: int = 0
     cache: DynamicCache | None = None  # no drafter KV survives a round (Stream's slot)
 
@@ -117,6 +124,7 @@ class BlockDrafter:
     lm_head: torch.nn.Module  # the target's output head
     strict_positions: bool = False
     positions_warned: bool = False
+    window: int | None = None  # model.drafter_window: the latest context positions attended to
     # decode.stream.prefill caches the whole prompt and draws the first token from the target
     first_from_target = True
 
@@ -151,6 +159,8 @@ class BlockDrafter:
                 (torch.cat([k0, k1], 1), torch.cat([v0, v1], 1))
                 for (k0, v0), (k1, v1) in zip(state.ctx, new, strict=True)
             ]  # fmt: skip
+            if self.window is not None:  # trimmed as it is held: memory stays bounded
+                state.ctx = [(k[:, -self.window :], v[:, -self.window :]) for k, v in state.ctx]
             state.n_fed = root_position
             state.features.drop_before(root_position)
         bs, dev = self.spec.block_size, self.embed.weight.device
@@ -195,6 +205,16 @@ class _MarginalDraft:
         return self.rows[d : d + 1]
 
 
+def check_window(value: object) -> None:
+    """`model.drafter_window`: null or an int >= 1, refused by name before anything loads."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return
+    raise Refusal(
+        f"The 'model.drafter_window' must be null (the whole context) or an int >= 1 (the "
+        f"latest context positions a block drafter attends to). Got {value!r} instead."
+    )
+
+
 def check_pool_depth(spec: BlockSpec, pool: PoolConfig, setting: str) -> None:
     """A pool deeper than the block has no marginal for its last levels: refused by name."""
     depth = len(level_sizes(pool))
@@ -216,13 +236,21 @@ def attach_block(ckpt: BlockCheckpoint, target: PreTrainedModel, cfg: ModelConfi
     module = module.to(device=target.device, dtype=target.dtype).eval()
     return BlockDrafter(module, spec, AuxCapture(target, spec.capture_ids),
                         target.get_input_embeddings(), target.get_output_embeddings(),
-                        strict_positions=cfg.strict_head_positions)  # fmt: skip
+                        strict_positions=cfg.strict_head_positions,
+                        window=cfg.drafter_window)  # fmt: skip
+
+
+def window_ids(window: int | None) -> dict[str, str]:
+    """The manifest's record of `model.drafter_window`: none for the whole context, so stores
+    recorded before the setting existed resume; a windowed run drafts otherwise and does not."""
+    return {} if window is None else {"drafter_window": str(window)}
 
 
 def block_ids(d: BlockDrafter) -> dict[str, str]:
     """What trace manifests record about the drafter beyond its path and config hash."""
     # DFlash's shared fc is left out, so stores recorded before the setting existed resume
     mixing = {} if d.spec.context_mixing == "shared" else {"context_mixing": d.spec.context_mixing}
+    mixing |= window_ids(d.window)
     return mixing | {
         "drafter_kind": "block",
         "block_size": str(d.spec.block_size),

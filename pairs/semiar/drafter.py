@@ -22,7 +22,13 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig, PreTrainedModel
 
-from pairs.block.drafter import FIRST_ROUND_NOTE, BlockCheckpoint, BlockDrafter, BlockState
+from pairs.block.drafter import (
+    FIRST_ROUND_NOTE,
+    BlockCheckpoint,
+    BlockDrafter,
+    BlockState,
+    window_ids,
+)
 from pairs.block.layout import DRAFTER_SETTING, refusal
 from pairs.config import ModelConfig
 from pairs.eagle3.capture import AuxCapture
@@ -144,14 +150,15 @@ def attach_semiar(ckpt: SemiARCheckpoint, target: PreTrainedModel, cfg: ModelCon
     embed = module.embed_tokens if own else target.get_input_embeddings()
     head = module.lm_head if own else target.get_output_embeddings()
     return SemiARDrafter(module, semi.block, AuxCapture(target, semi.block.capture_ids), embed,
-                         head, strict_positions=cfg.strict_head_positions, semi=semi,
+                         head, strict_positions=cfg.strict_head_positions,
+                         window=cfg.drafter_window, semi=semi,
                          gru_embed=None if own else target.get_input_embeddings())  # fmt: skip
 
 
 def semiar_ids(d: SemiARDrafter) -> dict[str, str]:
     """What trace manifests record about the drafter beyond its path and config hash."""
     semi = d.semi
-    out = {
+    out = window_ids(d.window) | {
         "drafter_kind": semi.kind,
         "block_size": str(semi.block.block_size),
         "target_layer_ids": ",".join(map(str, semi.block.target_layer_ids)),

@@ -175,6 +175,13 @@ class Window:
         return self.logp[self.rows]
 
 
+def trained_context(seq_len: int, depth: int) -> int:
+    """The most context positions any trained block attended to: a window holds seq_len + 1
+    tokens, an anchor a is at most seq_len - depth (its `depth` rows fit), its context [0, a).
+    Drafting over more is beyond training (`model.drafter_window` cuts it; the card says it)."""
+    return seq_len - depth
+
+
 def training_windows(target, spec: BlockSpec, x: torch.Tensor, m: torch.Tensor, depth: int,
             n_anchors: int, rng: torch.Generator):  # fmt: skip
     """Each window of a batch with `n_anchors` random anchors whose `depth` rows fit in it."""
@@ -266,13 +273,15 @@ def make_data(pc, target, tok, t0: float, log: Log) -> tuple[TrainingData, float
     return data, minutes
 
 
-def recipe_facts(pc, module, spec: BlockSpec, data: TrainingData, data_minutes: float,
-                 res: dict, sizes: dict[str, int]) -> dict:  # fmt: skip
-    """What `recipe.json` and the card record of a trained and exported block-kind drafter."""
+def recipe_facts(pc, module, spec: BlockSpec, depth: int, data: TrainingData,
+                 data_minutes: float, res: dict, sizes: dict[str, int]) -> dict:  # fmt: skip
+    """What `recipe.json` and the card record of a trained and exported block-kind drafter
+    (`depth`: the rows a block drafts)."""
     return {
         "config": {k: getattr(pc, k) for k in pc.__dataclass_fields__ if k != "train"}
         | {"train": vars(pc.train)},
         "mask_token_id": spec.mask_token_id, "hidden": spec.layer.hidden_size,
+        "context_window": trained_context(pc.train.seq_len, depth),
         "params": sum(p.numel() for p in module.parameters()),
         "data": {"text_tokens": len(data.streams.code_ids),
                  "rollout_tokens": len(data.streams.chat_ids),
@@ -295,7 +304,7 @@ def run(pc: PocketBlockConfig, log: Log = print) -> dict:
                            pc.seed, log)  # fmt: skip
     module.eval()
     sizes = export(module, lambda o, m: save_block_drafter(o, m, spec), out, pc.export_dtype)
-    facts = recipe_facts(pc, module, spec, data, data_minutes, res, sizes)
+    facts = recipe_facts(pc, module, spec, spec.block_size - 1, data, data_minutes, res, sizes)
     write_card(out, facts)
     log(f"block drafter: {facts['params']:,} parameters, {sum(sizes.values()):,} bytes in {out}")
     return facts

@@ -55,6 +55,8 @@ embedding and no lm_head: the drafter uses the target's.
   files, teacher-forced) at block rows 1 / 2 / ...: {rows}; mean leading run of matches
   (a greedy chain's accepted drafts, teacher-forced): {v.get("chain_run", float("nan")):.2f}
 
+{window_text(facts, f"pocket_{name}")}
+
 ## Files
 
 | file | bytes |
@@ -62,6 +64,21 @@ embedding and no lm_head: the drafter uses the target's.
 {files}
 """
     (out / "MODEL_CARD.md").write_text(text)
+
+
+def window_text(facts: dict, model: str) -> str:
+    """The card's section on the trained context window and the setting that keeps to it."""
+    w, c = facts["context_window"], facts["config"]
+    return f"""## Context window
+
+Trained on windows of {c["train"]["seq_len"]} positions, a block's anchor at most
+{c["train"]["seq_len"]} - {c["train"]["seq_len"] - w} (its drafted rows fit the window), so no
+block attended to more than **{w} context positions**. Online the context is the prompt and
+the output so far, often longer, and the rows degrade past the trained window.
+`conf/model/{model}.yaml` sets `model.drafter_window: {w}`: the drafter attends to its latest
+{w} context positions only (exact: its context keys carry their absolute positions), and
+holds no more. `model.drafter_window: null` drafts over the whole context, as the references
+do."""
 
 
 def _loss_text(c: dict) -> tuple[str, str]:

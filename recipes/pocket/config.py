@@ -289,11 +289,22 @@ class PocketSemiARConfig:
         512, "training-side prompts the target continues (self-distillation)"
     )
     rollout_tokens: int = setting(96, "tokens per continuation, sampled at T=1")
-    heldout_prompts: int = setting(
+    # card_*: `pocket.corpus.heldout_prompts` are the prompts written to the held-out file
+    card_prompts: int = setting(
         8, "default-suite prompts decoded for the card's held-out tau (B=8, T=0; 0: none)"
     )
-    heldout_tokens: int = setting(48, "tokens decoded per held-out prompt")
+    card_tokens: int = setting(48, "tokens decoded per prompt for the card's held-out tau")
     train: TrainConfig = field(default_factory=_semiar_train)
+
+    # The names before the rename, read by `decode.train_pocket.semiar` until it reads the
+    # new ones; not settings (no dataclass field), so an override of the old name is refused.
+    @property
+    def heldout_prompts(self) -> int:
+        return self.card_prompts
+
+    @property
+    def heldout_tokens(self) -> int:
+        return self.card_tokens
 
 
 @dataclass

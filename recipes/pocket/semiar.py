@@ -153,7 +153,8 @@ def run(pc: PocketSemiARConfig, kind: str, make_loss, log: Log = print,
     module.eval()
     sizes = export(module, lambda o, m: save_semiar_drafter(o, m, spec, extra), out,
                    pc.export_dtype)  # fmt: skip
-    facts = recipe_facts(pc, module, spec.block, data, data_minutes, res, sizes) | done
+    facts = recipe_facts(pc, module, spec.block, spec.depth, data, data_minutes, res,
+                         sizes) | done  # fmt: skip
     facts |= {"kind": kind, "depth": spec.depth, "trainable": _trainable(module),
               "heads": _params(module, HEADS), "backbone": _params(module, BACKBONE)}  # fmt: skip
     if measure is not None:

@@ -7,6 +7,8 @@ import json
 import textwrap
 from pathlib import Path
 
+from recipes.pocket.block_card import window_text
+
 DEEPSPEC = "deepseek-ai/DeepSpec@afdfa7c9382a3341a3e6f17756dd816da79f132c"
 SPECFORGE = "sgl-project/SpecForge@a6b6b0230009d15ec2a97a57384e6f53f0f96946"
 
@@ -58,6 +60,8 @@ Decode it with `model=pocket_{facts["kind"]}` (`conf/model/pocket_{facts["kind"]
 ## Held-out figures
 
 {_heldout(facts)}
+
+{window_text(facts, f"pocket_{facts['kind']}")}
 
 ## Files
 
@@ -161,8 +165,11 @@ def _heldout(facts: dict) -> str:
   {v.get("chain_run", float("nan")):.2f} (backbone alone {b.get("chain_run", float("nan")):.2f})"""]  # fmt: skip
     h = facts.get("heldout")
     if h:
+        w = h.get("drafter_window")
+        over = "the whole context" if w is None else f"the latest {w} context positions"
         lines.append(f"""- online tau at B=8 (7 drafted nodes of the default 710-candidate pool, draft rule),
-  T=0, {h["prompts"]} default-suite prompts (never trained on), {h["max_new_tokens"]} tokens:
+  T=0, {h["prompts"]} default-suite prompts (never trained on), {h["max_new_tokens"]} tokens,
+  both drafters over {over}:
   **tau {h["tau"]:.3f}** over {h["rounds"]} rounds (tokens per round, the bonus token
   included); the pocket block drafter (DFlash recipe) on the same prompts: {h["block_tau"]:.3f}
   over {h["block_rounds"]} rounds; greedy output equal to target-only's: {h["lossless"]}""")  # fmt: skip
