@@ -45,7 +45,7 @@ NOT_IN_MANIFEST = {
 
 # Settings added later whose default is the behaviour from before they existed: recorded
 # only when set otherwise, so a store recorded before them has the same manifest and resumes.
-OMITTED_AT = {"decode": {"draft_temperature": None}}
+OMITTED_AT = {"decode": {"draft_temperature": None}, "model": {"drafter_window": None}}
 
 
 def manifest_view(sections: dict) -> dict:

@@ -171,3 +171,13 @@ def test_the_pocket_configs_set_the_window_their_recipes_trained_on(name, tmp_pa
         assert (tmp_path / file).read_text() == (folder / file).read_text(), file
     card = (folder / "MODEL_CARD.md").read_text()
     assert "## Context window" in card and "`model.drafter_window: 120`" in card
+
+
+def test_a_store_recorded_before_the_setting_keeps_its_manifest():
+    """null is every drafter's behaviour from before the setting: the model section's view
+    in a trace manifest leaves it out, so stores recorded before it resume; a window shows."""
+    from decode.config import manifest_view
+
+    assert manifest_view({"model": {"name": "m", "drafter_window": None}})["model"] == {"name": "m"}
+    view = manifest_view({"model": {"name": "m", "drafter_window": 120}})
+    assert view["model"] == {"name": "m", "drafter_window": 120}

@@ -4,7 +4,7 @@ for its card's tau.
 
 The held-out tau is decoding's own (the recipes do not decode): greedy (T=0), the draft rule
 at B=8 (7 drafted nodes of the default 710-candidate pool, as `bench.bench_drafters`' tree at
-B=8), on the default suite's first `heldout_prompts` prompts taken from its sources in turn
+B=8), on the default suite's first `card_prompts` prompts taken from its sources in turn
 (HumanEval and held-out ShareGPT, never trained on), the pocket block drafter (DFlash's
 recipe, `models/pocket/block`) beside it on the same prompts. tau: tokens a round emits, the
 bonus token included, over every round of every prompt.
@@ -69,18 +69,18 @@ def _tau(kind: str, target: str, drafter: Path, prompts: list[Prompt], tokens: i
 
 def heldout_tau(pc: PocketSemiARConfig, kind: str, folder: Path) -> dict:
     """The card's held-out tau of the drafter at `folder`, and the block drafter's beside it."""
-    prompts = heldout_prompts(pc.heldout_prompts)
-    own = _tau(kind, pc.target, folder, prompts, pc.heldout_tokens)
-    block = _tau("block", pc.target, project_path(BLOCK), prompts, pc.heldout_tokens)
+    prompts = heldout_prompts(pc.card_prompts)
+    own = _tau(kind, pc.target, folder, prompts, pc.card_tokens)
+    block = _tau("block", pc.target, project_path(BLOCK), prompts, pc.card_tokens)
     log.info(f"held-out tau at B={BUDGET}, T=0: {kind} {own['tau']:.3f}, block {block['tau']:.3f}")
-    return {"prompts": len(prompts), "max_new_tokens": pc.heldout_tokens, "budget": BUDGET,
+    return {"prompts": len(prompts), "max_new_tokens": pc.card_tokens, "budget": BUDGET,
             **own, "block_tau": block["tau"], "block_rounds": block["rounds"],
             "lossless": own["lossless"] and block["lossless"]}  # fmt: skip
 
 
 def train_and_measure(kind: str, pc: PocketSemiARConfig) -> dict:
     """The kind's recipe, its held-out tau measured before the card is written (none with
-    `heldout_prompts` 0)."""
-    measure = (lambda out: heldout_tau(pc, kind, out)) if pc.heldout_prompts > 0 else None
+    `card_prompts` 0)."""
+    measure = (lambda out: heldout_tau(pc, kind, out)) if pc.card_prompts > 0 else None
     recipe = {"dspark": dspark.run, "domino": domino.run}[kind]
     return recipe(pc, log.info, measure)

@@ -296,16 +296,6 @@ class PocketSemiARConfig:
     card_tokens: int = setting(48, "tokens decoded per prompt for the card's held-out tau")
     train: TrainConfig = field(default_factory=_semiar_train)
 
-    # The names before the rename, read by `decode.train_pocket.semiar` until it reads the
-    # new ones; not settings (no dataclass field), so an override of the old name is refused.
-    @property
-    def heldout_prompts(self) -> int:
-        return self.card_prompts
-
-    @property
-    def heldout_tokens(self) -> int:
-        return self.card_tokens
-
 
 @dataclass
 class PocketDSparkConfig(PocketSemiARConfig):
