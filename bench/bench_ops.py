@@ -8,23 +8,25 @@
 Each pocket pair (conf/model/<name>.yaml of `KINDS`) decodes a few prompts of
 data/prompts/sharegpt_heldout.jsonl greedily (rule=draft, run.score=tree, the default pool,
 `select.budget` = B, the drafted nodes verified beside the root) on the CPU in one torch
-thread, twice: once timed by the decoder's own stage clocks, once under a
-`TorchDispatchMode` that counts every aten op dispatched. The counter takes its stage
-boundaries from those clocks (`decode.round.StageClock` is wrapped here, decode/ is not
-touched), so ops and ms split the round alike: draft, root_pass, features, select, verify,
-bookkeeping. Per kind and budget it prints `<kind> B=<b>: <n> ops` (n: the draft stage's
-ops in a round), then ops and ms per stage, medians over the rounds.
+thread, three times: untimed with each round's pool digested (sha256 of its tensors: the
+JSON's `pools`), timed by the decoder's own stage clocks, and under a `TorchDispatchMode`
+that counts every aten op dispatched, its stage boundaries from those clocks
+(`decode.round.StageClock` is wrapped here), so ops and ms split the round alike: draft,
+root_pass, features, select, verify, bookkeeping. Per kind and budget it prints `<kind>
+B=<b>: <n> ops` (n: the draft stage's ops in a round), then ops and ms per stage, medians.
 
---baseline TREE runs the same count in child processes, one per tree and repeat, baseline
-and current alternating, and prints current/baseline per stage. A child is the tree's own
-bench/bench_ops.py, or this file when the tree has none; `--tree` puts that tree's packages
-first on sys.path (this file imports the project only inside its functions for that reason).
-Op counts do not depend on the machine; the ms do: give the load beside them.
+--baseline TREE runs the count in child processes, one per tree and repeat, alternating,
+prints current/baseline per stage and whether the current tree's pools and emitted tokens
+were the baseline's bit for bit, round by round (first runs). Each child runs this file on
+its tree's code: `--tree` puts that tree's packages first on sys.path (this file imports
+the project only inside its functions for that reason). Op counts do not depend on the
+machine; the ms do: give the load beside them.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -88,8 +90,7 @@ class OpCounter(TorchDispatchMode):
 
 def count_ops(fn: Callable[[], object]) -> int:
     """The ops `fn()` dispatches (outside any round)."""
-    counter = OpCounter(())
-    with counter:
+    with OpCounter(()) as counter:
         fn()
     return counter.outside
 
@@ -169,22 +170,50 @@ def decode_rounds(
         pair.target, pair.drafter, ids, s, pair.eos_ids, "0").rounds]  # fmt: skip
 
 
+POOL_FIELDS = ("token", "parent", "depth", "draft_logprob", "score", "expanded", "anc",
+               "drafter_pos")  # fmt: skip
+
+
+@contextmanager
+def pool_digests(out: list[dict[str, str]]) -> Iterator[None]:
+    """Every pool drafted inside (decode.round's `draft_pool`) appends its fields' digests."""
+    import decode.round as online_round
+
+    def digest(t: torch.Tensor) -> str:
+        data = t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+        return hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode() + data).hexdigest()[:16]
+
+    def digested(*args, **kwargs):
+        pool = base(*args, **kwargs)
+        out.append({f: digest(getattr(pool, f)) for f in POOL_FIELDS})
+        return pool
+
+    base, online_round.draft_pool = online_round.draft_pool, digested
+    try:
+        yield
+    finally:
+        online_round.draft_pool = base
+
+
 def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
 def measure(pair: ModelPair, encoded: list[list[int]], budget: int, tokens: int) -> dict:
-    """One kind at one budget: a warm-up decode, the timed decodes, the counted decodes (the
-    same greedy rounds again). Medians per round of every stage's ops and ms."""
+    """One kind at one budget: a warm-up decode (pools digested), the timed decodes, the
+    counted decodes (the same greedy rounds again). Medians per round of every stage."""
     from decode.round import STAGES
 
-    decode_rounds(pair, encoded[:1], budget, tokens)  # untimed: first-call costs
+    pools: list[dict[str, str]] = []
+    with pool_digests(pools):  # untimed: first-call costs, and the pools' digests
+        digested = decode_rounds(pair, encoded, budget, tokens)
     timed = decode_rounds(pair, encoded, budget, tokens)
     counter = OpCounter(STAGES)
     with stage_marks(counter), counter:
         counted = decode_rounds(pair, encoded, budget, tokens)
-    if [r.emitted for r in counted] != [r.emitted for r in timed]:
-        raise RuntimeError("the counted decodes emitted other tokens than the timed ones")
+    emitted = [r.emitted for r in digested]
+    if not [r.emitted for r in counted] == [r.emitted for r in timed] == emitted:
+        raise RuntimeError("the counted, timed and digested decodes emitted other tokens")
     n = len(counter.rounds)
     ms = [list(r.stage_ms) for r in timed]
     return {
@@ -196,6 +225,8 @@ def measure(pair: ModelPair, encoded: list[list[int]], budget: int, tokens: int)
         "ms_round": _median([sum(r) for r in ms]),
         "per_round_ops": counter.rounds,
         "top_ops": {st: _top(counter, st, n) for st in STAGES},
+        "pools": pools,
+        "emitted": emitted,
     }
 
 
@@ -222,32 +253,25 @@ def run_here(args: argparse.Namespace) -> dict:
         for b in args.budgets:
             results.append({"kind": kind, "budget": b,
                             **measure(pair, encoded, b, args.tokens)})  # fmt: skip
-    return {"tree": str(Path.cwd()), "commit": _commit(Path.cwd()), "threads": args.threads,
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "?"  # fmt: skip
+    return {"tree": str(Path.cwd()), "commit": commit, "threads": args.threads,
             "torch": torch.__version__, "load_start": load, "load_end": os.getloadavg(),
             "seconds": time.perf_counter() - t0, "prompts": len(texts), "tokens": args.tokens,
             "results": results}  # fmt: skip
 
 
-def _commit(tree: Path) -> str:
-    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True)  # fmt: skip
-    return out.stdout.strip() or "?"
-
-
 def run_child(tree: Path, args: argparse.Namespace, out: Path) -> dict:
-    """One run by `tree`'s code in a fresh interpreter: its own bench_ops.py, else this one."""
-    own = tree / "bench" / "bench_ops.py"
-    script = own if own.exists() else HERE
-    cmd = [sys.executable, str(script), "--tree", str(tree), "--json", str(out),
+    """One run by `tree`'s code in a fresh interpreter, measured by this file."""
+    cmd = [sys.executable, str(HERE), "--tree", str(tree), "--json", str(out),
            "--prompt-file", str(args.prompt_file), "--prompts", str(args.prompts),
            "--tokens", str(args.tokens), "--threads", str(args.threads),
            "--kinds", *args.kinds, "--budgets", *map(str, args.budgets)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_WAIT_POLICY": "PASSIVE"}
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode:
-        raise RuntimeError(f"the run in {tree} ({script}) exited {done.returncode}: "
-                           f"{done.stderr[-3000:]}")  # fmt: skip
-    return json.loads(out.read_text()) | {"script": str(script)}
+        raise RuntimeError(f"the run in {tree} exited {done.returncode}: {done.stderr[-3000:]}")
+    return json.loads(out.read_text())
 
 
 def interleaved(args: argparse.Namespace) -> dict[str, list[dict]]:
@@ -276,6 +300,24 @@ def summary(runs: list[dict]) -> dict[tuple[str, int], dict]:
         cells["ms"]["round"] = _median([r["ms_round"] for r in same])
         out[key] = cells | {"rounds": res["rounds"]}
     return out
+
+
+def same_pools(runs: dict[str, list[dict]]) -> list[str]:
+    """Per kind and budget: did the current tree's first run draft the baseline's first run's
+    pools and emit its tokens, round by round?"""
+    base = {(r["kind"], r["budget"]): r for r in runs["baseline"][0]["results"]}
+    lines = []
+    for cur in runs["current"][0]["results"]:
+        key = (cur["kind"], cur["budget"])
+        a, b = cur["pools"], base[key].get("pools", [])
+        differ = sorted({f for x, y in zip(a, b, strict=False) for f in POOL_FIELDS
+                         if x[f] != y[f]})  # fmt: skip
+        same = not differ and len(a) == len(b) and cur["emitted"] == base[key]["emitted"]
+        lines.append(f"{key[0]} B={key[1]}: " + (
+            f"pools and emitted tokens bit for bit the baseline's in all {len(a)} rounds" if same
+            else f"DIFFERENT from the baseline: {len(a)} / {len(b)} rounds, fields {differ}, "
+                 f"emitted tokens {'equal' if cur['emitted'] == base[key]['emitted'] else 'differ'}"))  # fmt: skip
+    return lines
 
 
 def _ratio(a: float, b: float) -> str:
@@ -307,6 +349,7 @@ def report(runs: dict[str, list[dict]]) -> str:
         lines += block_text(kind, b, cells, base.get((kind, b)))
     if base:
         lines.append("x: current / baseline, medians over each tree's runs")
+        lines += same_pools(runs)
     return "\n".join(lines)
 
 

@@ -119,5 +119,10 @@ def test_a_baseline_tree_prints_ratios(tmp_path, monkeypatch, capsys):
     # the same code counts the same ops: every stage's ops ratio is exactly 1
     assert [ln.split()[5] for ln in lines[2:]] == ["1.000"] * (len(online_round.STAGES) + 1)
     assert "x: current / baseline" in text
+    # the same code drafts the same pools: compared round by round, bit for bit
+    assert re.search(r"^standalone B=8: pools and emitted tokens bit for bit the baseline's in "
+                     r"all \d+ rounds$", text, re.M)  # fmt: skip
+    assert all(len(run["results"][0]["pools"]) == len(run["results"][0]["emitted"]) > 0
+               for tree in runs.values() for run in tree)  # fmt: skip
     saved = json.loads((tmp_path / "ops.json").read_text())
     assert set(saved) == {"baseline", "current"} and saved == json.loads(json.dumps(runs))

@@ -27,9 +27,16 @@ from tree.lean import StaticKV, additive_mask
 from tree.lean_model import supports
 
 
+@pytest.mark.parametrize("bias", [False, True])
 @torch.inference_mode()
-def test_static_cache_rows_and_pools_equal_the_dynamic_caches():
-    model = tiny_llama(seed=3)
+def test_static_cache_rows_and_pools_equal_the_dynamic_caches(bias):
+    model = tiny_llama(seed=3)  # grouped-query attention: 4 heads, 2 key/value heads
+    if bias:  # q, k, v and o biases (random: transformers initializes them to zero)
+        model.config.attention_bias = True
+        model = type(model)(model.config).eval()
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(generator=torch.Generator().manual_seed(len(name)))
     assert supports(model)
     ids = torch.randint(2, 1024, (30,), generator=torch.Generator().manual_seed(0))
     dyn, static = new_cache(model), draft_cache(model)
@@ -67,12 +74,11 @@ def test_the_lean_head_gives_the_modules_outputs(tmp_path, before_residual):
     want = run_head(head, head.fuse(feats), ids, torch.arange(12), vis, new_cache_of(head))
     cache = lean.new_cache()
     hidden = torch.mm(feats, lean.fuse_w)
-    got = lean.forward(hidden, lean.hidden_norm(hidden), ids, lean.rope.at(12)[:12], cache, 0,
-                       cache.keys(12), additive_mask(vis, hidden.dtype))  # fmt: skip
+    got = lean.forward(hidden, lean.hidden_norm(hidden), ids, lean.rope.at(12)[:12],
+                       cache.slots(0, 12), additive_mask(vis, hidden.dtype))  # fmt: skip
     assert torch.equal(got, want)
-    logits, normed = lean.outputs(got)
-    assert torch.equal(logits, head.logits(want))
-    assert torch.equal(normed, head.layers[0].hidden_norm(want))
+    assert torch.equal(lean.outputs(got), head.logits(want))
+    assert torch.equal(lean.hidden_norm(got), head.layers[0].hidden_norm(want))
 
 
 def new_cache_of(head):

@@ -9,7 +9,7 @@ from tests.tiny_models import one_thread, tiny_pair
 from tree.attention import cache_length, forward_chain, new_cache
 from tree.config import PoolConfig
 from tree.growth import grow_pool
-from tree.pool import level_sizes, pool_size, stable_topk
+from tree.pool import _top_k, level_sizes, pool_size, stable_topk, tie_keys
 
 CONTEXT = [40, 41, 72, 79, 79, 82, 3, 90]  # committed tokens; the last one is the root
 
@@ -146,3 +146,26 @@ def test_stable_topk_equals_a_full_stable_sort_on_tie_heavy_rows():
         ref = torch.sort(x, dim=-1, descending=True, stable=True)
         vals, idx = stable_topk(x, k)
         assert torch.equal(idx, ref.indices[:, :k]) and torch.equal(vals, ref.values[:, :k])
+
+
+def test_the_tie_keyed_top_k_is_a_stable_sorts_first_k():
+    """`tree.pool._top_k` (topk over `tie_keys`) against a full stable descending sort, on
+    log-prob-like rows (<= 0) with heavy ties, zeros, -0.0, subnormals and wide ranges."""
+    g = torch.Generator().manual_seed(0)
+    steps = -torch.randint(0, 6, (60, 300), generator=g).float()  # many equal values
+    scale = torch.tensor([1.0, 1e-3, 1e-30, 1e-42, 37.0, 1e4]).repeat(10)[:, None]
+    rows = [steps * scale, torch.randn(40, 513, generator=g).log_softmax(-1)]
+    rows.append(torch.tensor([[0.0, -0.0, -1.0, 0.0, -0.0, -1.0, -2.0, -1e-45, -1e-45]]))
+    near = torch.full((1, 64), -1.0)
+    near[0, ::2] = torch.nextafter(torch.tensor(-1.0), torch.tensor(0.0))  # an ulp apart
+    rows.append(near)
+    wide = (torch.randn(3, 49152, generator=g) * 8).round() / 8  # a full-size vocabulary, tied
+    rows.append(wide.log_softmax(-1))
+    for x in rows:
+        ref = torch.sort(x, dim=-1, descending=True, stable=True)
+        for k in (1, 5, 17):
+            vals, idx = _top_k(x, min(k, x.shape[-1]))
+            assert torch.equal(idx, ref.indices[:, :k]) and torch.equal(vals, ref.values[:, :k])
+    flat = steps[0] * 1e-3  # the expansion's ranking of a level's scores (one dimension)
+    top = torch.topk(tie_keys(flat), 7).indices
+    assert torch.equal(top, torch.sort(flat, descending=True, stable=True).indices[:7])

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tree.lean import LeanLayer, RopeTable, StaticKV, additive_mask, rms_norm
+from tree.lean import LeanLayer, RopeTable, Slots, StaticKV, additive_mask, chain_mask, rms_norm
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -52,20 +52,19 @@ class LeanCausalLM:
         self.w_lm = model.lm_head.weight.t()
         lay = self.layers[0]
         self.rope = RopeTable(inner.rotary_emb, lay.heads, lay.kv_heads, lay.hd, model.dtype)
-        self.shape = (cfg.num_hidden_layers, lay.kv_heads, lay.hd, model.dtype, model.device)
+        self.shape = (cfg.num_hidden_layers, lay.heads, lay.kv_heads, lay.hd, model.dtype,
+                      model.device)  # fmt: skip
 
     def new_cache(self) -> StaticKV:
         return StaticKV(*self.shape)
 
-    def forward(self, ids: Tensor, rope: Tensor, cache: StaticKV, at: int,
-                keys: list[tuple[Tensor, Tensor]], mask: Tensor, keep: int | Tensor = 0,
-                ) -> Tensor:  # fmt: skip
-        """Logits of `ids` [n] written at slots [at, at + n) (see `LeanLayer.forward`);
+    def forward(self, ids: Tensor, rope: Tensor, slots: list[Slots], mask: Tensor,
+                keep: int | Tensor = 0) -> Tensor:  # fmt: skip
+        """Logits of `ids` [n] at the slots `slots` names, per layer (`LeanLayer.forward`);
         keep: the last `keep` rows (0: all) or the rows an index tensor names."""
         h = F.embedding(ids, self.embed)
-        for (w, eps), layer, kv, kvs in zip(self.norms, self.layers, cache.layers, keys,
-                                            strict=True):  # fmt: skip
-            h = layer.forward(rms_norm(h, w, eps), h, rope, kv, at, kvs, mask)
+        for (w, eps), layer, sl in zip(self.norms, self.layers, slots, strict=True):
+            h = layer.forward(rms_norm(h, w, eps), h, rope, sl, mask)
         if isinstance(keep, Tensor):
             h = h.index_select(0, keep)
         elif keep:
@@ -78,10 +77,18 @@ class LeanCausalLM:
         n, past = ids.shape[0], cache.length
         cache.reserve(past + n)
         rope = self.rope.at(past + n + 1).index_select(0, positions)
-        mask = additive_mask(visible, self.shape[3])
-        out = self.forward(ids, rope, cache, past, cache.keys(past + n), mask, keep)
+        mask = additive_mask(visible, self.shape[4])
+        out = self.forward(ids, rope, cache.slots(past, n), mask, keep)
         cache.length = past + n
         return out
+
+    def chain(self, ids: Tensor, slots: list[Slots], past: int, keep: int = 0) -> Tensor:
+        """A causal forward of `ids` [n] at positions (and slots) [past, past + n), which
+        `slots` names (a `tree.lean.RoundSlots` segment); the cache's length is the caller's."""
+        n = ids.shape[0]
+        rope = self.rope.at(past + n)[past : past + n]
+        mask = chain_mask(past, n, self.shape[4], ids.device)
+        return self.forward(ids, rope, slots, mask, keep)
 
 
 _LEAN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

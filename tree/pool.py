@@ -20,6 +20,7 @@ first `top_k` entries are the first-level candidates (see `specrank.trace_schema
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -134,13 +135,32 @@ def _children(logits: Tensor, k: int, draw: DraftDraw | None = None, flat: bool 
     return (idx.reshape(-1), vals.reshape(-1), logprob) if flat else (idx, vals, logprob)
 
 
-# Up to this many columns a full stable sort costs fewer ops than `stable_topk`'s linear pass
-# and finds the same k (ties by lower id): small drafting vocabularies take it.
-SORT_COLUMNS = 4096
+# Tie-break keys, for x <= 0 (log-probs and sums of them): key_i = x_i * (1 + i * 2^-48) -
+# i * 2^-1000, in float64. Two float32 values apart differ by at least 2^-24 of their size,
+# more than the factors' spread (i < TIE_COLUMNS: < 2^-26), so keys keep their order; equal
+# nonzero values get keys 2^-48 of their size apart, far above float64's rounding (2^-53),
+# the lower index the larger; the offsets, lost in the rounding of any nonzero key, order
+# equal zeros. So the k largest keys, found by `topk` in linear time, are a stable
+# descending sort's first k. (-inf values tie: a k past a row's finite values is unranked.)
+TIE_COLUMNS = 1 << 22
+
+
+@functools.cache
+def _tie_rows(n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    i = torch.arange(n, dtype=torch.float64, device=device)
+    return -i * 2.0**-1000, 1 + i * 2.0**-48
+
+
+def tie_keys(x: Tensor) -> Tensor:
+    """The float64 keys above of x [..., n] (one op: a float32 x promotes)."""
+    offset, factor = _tie_rows(x.shape[-1], x.device)
+    return torch.addcmul(offset, x, factor)
 
 
 def _top_k(logprob: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    if logprob.shape[-1] > SORT_COLUMNS:
+    """The k largest log-probs of each row and their columns, ties by lower column, in
+    descending order: what a stable descending sort's first k columns hold."""
+    if logprob.shape[-1] > TIE_COLUMNS:
         return stable_topk(logprob, k)
-    vals, idx = torch.sort(logprob, dim=-1, descending=True, stable=True)
-    return vals[:, :k], idx[:, :k]
+    idx = torch.topk(tie_keys(logprob), k, dim=-1).indices
+    return logprob.gather(-1, idx), idx

@@ -4,10 +4,13 @@ The same arithmetic as `pairs.eagle3.head.Eagle3Head.forward` and `.logits`, wit
 drafting round would recompute at every level done once:
 
     embeddings  input_layernorm(e(token)) of every token, a table built once (a row-wise
-                op, so a row of the table is the row the module computes), when it is small
-    outputs     `norm` (for the logits) and the next level's `hidden_norm` of one output
-                share its RMS factor when their epsilons agree
-    layers      q/k/v + RoPE one matmul, gate/up one, cache writes by slot range
+                op, so a row of the table is the row the module computes), when it is small;
+                a second one by draft id (logit column), so that drafted children are fed
+                without mapping them to target ids first
+    hidden      a child's `hidden_norm` of its parent's output is normed on the child's row
+                (row-wise again: the row the parent's level would have given)
+    layers      q/k/v one matmul, RoPE a column gather, gate/up one matmul, the roped rows
+                summed into the cache (`tree.lean`)
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 from torch import Tensor
 
 from pairs.eagle3.head import Eagle3Head
-from tree.lean import LeanLayer, RopeTable, StaticKV, rms_norm
+from tree.lean import LeanLayer, RopeTable, Slots, StaticKV, rms_norm
 from tree.lean_model import STATIC_ROPE
 
 # The normed-embedding table is kept up to this many elements (a pocket head's is 160 K;
@@ -53,47 +56,49 @@ class LeanHead:
         self.w_lm = lm.weight.t()
         table = head.embed_tokens if head.embed_tokens is not None else head._shared[0]
         self.embed_w = table.weight
-        self.normed = None
+        self.token_ids = head.token_ids  # draft id -> target id (None: the same ids)
+        self.normed = self.normed_cols = None
         if self.embed_w.numel() <= TABLE_ELEMENTS:
             self.normed = rms_norm(self.embed_w.to(self.fuse_w.dtype), self.in_w, self.in_eps)
+            self.normed_cols = (self.normed if self.token_ids is None
+                                else self.normed.index_select(0, self.token_ids))  # fmt: skip
         lay = self.layers[0]
         dtype = self.fuse_w.dtype
         self.rope = RopeTable(head.rotary_emb, lay.heads, lay.kv_heads, lay.hd, dtype)
-        self.shape = (len(self.layers), lay.kv_heads, lay.hd, dtype, self.fuse_w.device)
+        self.shape = (len(self.layers), lay.heads, lay.kv_heads, lay.hd, dtype,
+                      self.fuse_w.device)  # fmt: skip
 
     def new_cache(self) -> StaticKV:
         return StaticKV(*self.shape)
 
-    def embeds(self, ids: Tensor) -> Tensor:
-        """input_layernorm(e(ids)) [n, H]."""
-        if self.normed is not None:
-            return self.normed.index_select(0, ids)
+    def embeds(self, ids: Tensor, columns: bool = False) -> Tensor:
+        """input_layernorm(e(ids)) [n, H]; columns: `ids` are draft ids (logit columns)."""
+        table = self.normed_cols if columns else self.normed
+        if table is not None:
+            return table.index_select(0, ids)
+        if columns and self.token_ids is not None:
+            ids = self.token_ids.index_select(0, ids)
         e = torch.nn.functional.embedding(ids, self.embed_w).to(self.fuse_w.dtype)
         return rms_norm(e, self.in_w, self.in_eps)
 
     def forward(self, hidden: Tensor, normed: Tensor, ids: Tensor, rope: Tensor,
-                cache: StaticKV, at: int, keys: list[tuple[Tensor, Tensor]], mask: Tensor,
-                ) -> Tensor:  # fmt: skip
-        """Pre-norm outputs [n, H] of hidden [n, H] (`normed`: its hidden_norm) and ids [n],
-        written at slots [at, at + n) (`tree.lean.LeanLayer.forward`)."""
-        x = torch.cat([self.embeds(ids), normed], -1)
+                slots: list[Slots], mask: Tensor, columns: bool = False) -> Tensor:  # fmt: skip
+        """Pre-norm outputs [n, H] of hidden [n, H] (`normed`: its hidden_norm) and ids [n]
+        (draft ids with `columns`), at the slots `slots` names per layer
+        (`tree.lean.LeanLayer.forward`)."""
+        x = torch.cat([self.embeds(ids, columns), normed], -1)
         h = self.layers[0].forward(x, normed if self.before_residual else hidden, rope,
-                                   cache.layers[0], at, keys[0], mask)  # fmt: skip
-        for (w, eps), layer, kv, kvs in zip(self.norms, self.layers[1:], cache.layers[1:],
-                                            keys[1:], strict=True):  # fmt: skip
-            h = layer.forward(rms_norm(h, w, eps), h, rope, kv, at, kvs, mask)
+                                   slots[0], mask)  # fmt: skip
+        for (w, eps), layer, sl in zip(self.norms, self.layers[1:], slots[1:], strict=True):
+            h = layer.forward(rms_norm(h, w, eps), h, rope, sl, mask)
         return h
 
-    def outputs(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """(logits [n, V'], hidden_norm(h) [n, H]) of pre-norm outputs: the draft rows, and
-        what a child of each takes as its normed hidden."""
-        if self.norm_eps == self.hn_eps and h.dtype == torch.float32:
-            y = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.norm_eps)
-            return torch.mm(self.norm_w * y, self.w_lm), self.hn_w * y
-        normed = rms_norm(h, self.norm_w, self.norm_eps)
-        return torch.mm(normed, self.w_lm), rms_norm(h, self.hn_w, self.hn_eps)
+    def outputs(self, h: Tensor) -> Tensor:
+        """The draft rows [n, V'] (logits) of pre-norm outputs."""
+        return torch.mm(rms_norm(h, self.norm_w, self.norm_eps), self.w_lm)
 
     def hidden_norm(self, g: Tensor) -> Tensor:
+        """What a node takes as its normed hidden: hidden_norm of its parent's output."""
         return rms_norm(g, self.hn_w, self.hn_eps)
 
 

@@ -18,7 +18,8 @@ With the root at position r (emitted, not yet verified), one round is
               pass's features.
 
 Draft ids are mapped to target ids through the head's `token_ids` (d2t) by the shared
-growth loop (`tree.growth.grow_tree_pool`).
+growth loop (`tree.growth.grow_tree_pool`); on the lean forward (`pairs.eagle3.lean`) the
+levels feed the drafted draft ids themselves, and the pool's tokens are mapped once.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from pairs.eagle3.lean import lean_head
 from tree.attention import cache_length, compact_cache, to_attention_mask, tree_visibility
 from tree.config import PoolConfig
 from tree.growth import Level, grow_tree_pool
-from tree.lean import StaticKV, additive_mask, narrow_keys
-from tree.pool import DraftDraw, Pool
+from tree.lean import RoundSlots, Slots, StaticKV, chain_mask
+from tree.pool import DraftDraw, Pool, level_sizes
 
 
 @dataclass
@@ -85,8 +86,12 @@ def run_head(
 
 
 @torch.inference_mode()
-def feed_pairs(head: Eagle3Head, state: Eagle3State, tokens: list[int], hi: int) -> Tensor:
-    """Feed the committed pairs j in [n_fed, hi) (feature j, token j + 1). Outputs [hi - n_fed, H]."""
+def feed_pairs(head: Eagle3Head, state: Eagle3State, tokens: list[int], hi: int,
+               slots: list[Slots] | None = None) -> Tensor:  # fmt: skip
+    """Feed the committed pairs j in [n_fed, hi) (feature j, token j + 1). Outputs [hi - n_fed, H].
+
+    slots: where a lean forward writes them (a round's first `tree.lean.RoundSlots`
+    segment); None: the cache's own slots [n_fed, hi)."""
     lo = state.n_fed
     if cache_length(state.cache) != lo:
         raise RuntimeError(
@@ -96,17 +101,19 @@ def feed_pairs(head: Eagle3Head, state: Eagle3State, tokens: list[int], hi: int)
     feats = state.features.rows(lo, hi)
     dev = feats.device
     ids = torch.tensor(tokens[lo + 1 : hi + 1], device=dev)
-    causal = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=dev).tril()
-    vis = tree_visibility(lo, causal[:, :0], causal)
     if isinstance(state.cache, StaticKV):
         lean, cache = lean_head(head), state.cache
         g = torch.mm(feats, lean.fuse_w)  # the head's fc, as F.linear computes it
-        cache.reserve(hi)
+        if slots is None:
+            cache.reserve(hi)
+            slots = cache.slots(lo, hi - lo)
         rope = lean.rope.at(hi)[lo:hi]
-        mask = additive_mask(vis, g.dtype)
-        out = lean.forward(g, lean.hidden_norm(g), ids, rope, cache, lo, cache.keys(hi), mask)
+        mask = chain_mask(lo, hi - lo, g.dtype, dev)
+        out = lean.forward(g, lean.hidden_norm(g), ids, rope, slots, mask)
         cache.length = hi
     else:
+        causal = torch.ones(hi - lo, hi - lo, dtype=torch.bool, device=dev).tril()
+        vis = tree_visibility(lo, causal[:, :0], causal)
         out = run_head(head, head.fuse(feats), ids, torch.arange(lo, hi, device=dev), vis,
                        state.cache)  # fmt: skip
     state.n_fed = hi
@@ -121,7 +128,7 @@ class HeadDraft:
     shared_rows = False
 
     def __init__(self, head: Eagle3Head, state: Eagle3State, tokens: list[int],
-                 root_position: int) -> None:  # fmt: skip
+                 root_position: int, cfg: PoolConfig) -> None:  # fmt: skip
         if root_position <= state.n_fed:
             raise ValueError(
                 f"EAGLE-3 drafting: the root sits at position {root_position} but the head has "
@@ -132,50 +139,44 @@ class HeadDraft:
         self.n_context = root_position  # pairs 0 .. r - 1 (the root's pair is the last)
         self.token_ids = head.token_ids
         self.lean = lean_head(head) if isinstance(state.cache, StaticKV) else None
-        # the previous level's pre-norm outputs and their hidden_norm (the root's at first)
+        self.feeds_columns = self.lean is not None  # levels feed draft ids (`LeanHead.embeds`)
+        self.fed = [e for _, e in level_sizes(cfg)[:-1]]  # nodes each level feeds
+        # the previous level's pre-norm outputs (the root's at first), the root's hidden_norm
         self.out: Tensor | None = None
         self.normed: Tensor | None = None
 
     def root_logits(self, n_tree: int) -> Tensor:
-        out = feed_pairs(self.head, self.state, self.tokens, self.root_position)[-1:]
         if self.lean is None:
-            self.out = out
-            return self.head.logits(out)
-        n, cache = self.n_context, self.state.cache
-        cache.reserve(n + n_tree)
+            self.out = feed_pairs(self.head, self.state, self.tokens, self.root_position)[-1:]
+            return self.head.logits(self.out)
+        n, lo, cache = self.n_context, self.state.n_fed, self.state.cache
+        # the pending pairs, then each level's nodes: the round's slots, split once
+        self.round = RoundSlots(cache, lo, [n - lo, *self.fed])
+        out = feed_pairs(self.head, self.state, self.tokens, n, self.round.segment(0, n))[-1:]
         cache.length = n + n_tree  # the round's tree slots; a level's mask hides unfed ones
-        self.keys = cache.keys()
-        self.ctx = torch.zeros(0, n, dtype=out.dtype, device=out.device)
-        logits, self.normed = self.lean.outputs(out)
-        self.out = out
-        return logits
+        # the levels' RoPE rows: depth d sits at position r - 1 + d
+        self.ropes = self.lean.rope.at(n + len(self.fed))[n : n + len(self.fed)].unbind(0)
+        self.out, self.normed = out, self.lean.hidden_norm(out)
+        return self.lean.outputs(out)
 
     def level_logits(self, level: Level) -> Tensor:
-        n, pos = level.token.shape[0], self.root_position - 1 + level.depth
+        n, end = level.token.shape[0], self.n_context + level.slot + level.token.shape[0]
         if level.prev_row is None:
             hidden = self.out.expand(n, -1)
-            normed = None if self.normed is None else self.normed.expand(n, -1)
         else:
             hidden = self.out.index_select(0, level.prev_row)
-            normed = None if self.normed is None else self.normed.index_select(0, level.prev_row)
         if self.lean is None:
-            m, at = level.tree_mask, level.slot
-            visible = tree_visibility(self.n_context, m[:, :at] == 0, m[:, at : at + n] == 0)
+            pos = self.root_position - 1 + level.depth
             positions = torch.full((n,), pos, device=hidden.device)
-            self.out = run_head(self.head, hidden, level.token, positions, visible,
-                                self.state.cache)  # fmt: skip
+            self.out = run_head(self.head, hidden, level.token, positions,
+                                level.mask[:, :end] == 0, self.state.cache)  # fmt: skip
             return self.head.logits(self.out)
-        if self.ctx.shape[0] < n:
-            self.ctx = self.ctx.new_zeros(n, self.n_context)
-        at, fed = self.n_context + level.slot, level.slot + n
-        ctx = self.ctx if self.ctx.shape[0] == n else self.ctx[:n]
-        mask = torch.cat([ctx, level.tree_mask[:, :fed]], 1)
-        rope = self.lean.rope.at(pos + 1)[pos]
-        keys = narrow_keys(self.keys, at + n)
-        self.out = self.lean.forward(hidden, normed, level.token, rope, self.state.cache, at,
-                                     keys, mask)  # fmt: skip
-        logits, self.normed = self.lean.outputs(self.out)
-        return logits
+        normed = (self.normed.expand(n, -1) if level.prev_row is None
+                  else self.lean.hidden_norm(hidden))  # fmt: skip
+        self.out = self.lean.forward(hidden, normed, level.token, self.ropes[level.depth - 1],
+                                     self.round.segment(level.depth, end), level.mask[:, :end],
+                                     columns=True)  # fmt: skip
+        return self.lean.outputs(self.out)
 
 
 @torch.inference_mode()
@@ -188,4 +189,4 @@ def grow_pool_eagle3(
     draw: DraftDraw | None = None,
 ) -> Pool:
     """One round's pool (`tokens`: the committed tokens, the root at `root_position` last)."""
-    return grow_tree_pool(HeadDraft(head, state, tokens, root_position), cfg, draw)
+    return grow_tree_pool(HeadDraft(head, state, tokens, root_position, cfg), cfg, draw)
