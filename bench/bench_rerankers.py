@@ -50,7 +50,7 @@ from features.schema import candidate_store
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.boosting import Capacity, fit_estimator
 from rerank.fit.design import design_matrix, task_categories
-from rerank.fit.folds import prompt_halves
+from rerank.fit.halves import prompt_halves
 from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.token_prior import token_prior_features
 from selection.rules import MODEL_KINDS
@@ -186,7 +186,8 @@ def same_model_values(run: Path, traces: Path, features: Path, rerank=None) -> d
     `rerank`: the run's `RerankConfig` (default: the defaults on these stores).
     """
     from rerank.config import RerankConfig
-    from rerank.fit.predict import FirstFactorPredictions, fold_map
+    from rerank.fit.halves import fold_map
+    from rerank.fit.predict import FirstFactorPredictions
     from rerank.fit.quality import prediction_quality
     from rerank.job.evaluation import evaluate
     from rerank.job.fitting import Fitted

@@ -37,7 +37,7 @@ import numpy as np
 from bench.bench_extract import CACHE, paper_traces
 from features.extract import extract
 from features.schema import CANDIDATE_VERSION, candidate_store
-from rerank.fit.folds import prompt_halves
+from rerank.fit.halves import prompt_halves
 from rerank.fit.models import fit_reranker
 from specrank.trace_schema import SCHEMA_VERSION
 

@@ -41,7 +41,11 @@ import json, sys, time
 import pandas as pd
 from features.schema import candidate_store
 from rerank.config import RerankConfig
-from rerank.fit.predict import FirstFactorPredictions, fold_map
+from rerank.fit.predict import FirstFactorPredictions
+try:
+    from rerank.fit.halves import fold_map
+except ImportError:  # a tree from before rerank/fit/halves.py
+    from rerank.fit.predict import fold_map
 from rerank.fit.quality import prediction_quality
 try:
     from rerank.job.evaluation import evaluate

@@ -5,8 +5,8 @@ name the setting, what was expected and what was found) and returns what the set
 alone decide (`CheckedSettings`): which rules the job reports (`run_rules`), which paired
 comparisons it computes (`comparison_pairs`), the boosting capacity of `rerank.booster`
 (`model_capacity`), the stores' paths. The job's stages read this record; none of them
-checks or derives a setting again. `store_budgets` says which budgets the job evaluates
-on the store's pools.
+checks or derives a setting again. `check_stores` reads the stores' manifests once: the
+candidate table must come from the traces, whose pools say which budgets the job evaluates.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from features.schema import candidate_store
 from rerank.config import (
     CALIBRATORS,
     SWEEP_BUDGETS,
@@ -26,7 +27,7 @@ from rerank.config import (
 from rerank.evaluate.matched import simulated_sets
 from rerank.evaluate.values import RETAINED_ROWS
 from rerank.fit.boosting import Capacity
-from rerank.fit.folds import SCHEMES
+from rerank.fit.halves import SCHEMES
 from rerank.fit.models import FEATURE_SETS
 from rerank.fit.token_prior import PRIOR_SPLITS
 from rerank.report.comparisons import DEFAULT_COMPARISONS, check_comparisons, parse_comparisons
@@ -141,12 +142,12 @@ def derived_settings(rerank: RerankConfig) -> CheckedSettings:
     capacity, rules, kind = model_capacity(rerank.booster), run_rules(rerank), rerank.booster.kind
     rerankers = [learned(fs, kind).name for fs in rerank.feature_sets]
     learned_rules = {fs: learned(fs, kind).name for fs in FEATURE_SETS}
+    comparisons = comparison_pairs(rerank, rules)
+    simulated = simulated_sets(rerank.feature_sets, rerank.score)
+    features, traces = project_path(rerank.features), project_path(rerank.traces)
     fits = None if rerank.fits is None else project_path(rerank.fits)
-    return CheckedSettings(
-        rules, comparison_pairs(rerank, rules), capacity, rerankers, learned_rules,
-        simulated_sets(rerank.feature_sets, rerank.score),
-        project_path(rerank.features), project_path(rerank.traces), fits,
-    )  # fmt: skip
+    return CheckedSettings(rules, comparisons, capacity, rerankers, learned_rules, simulated,
+                           features, traces, fits)  # fmt: skip
 
 
 def check_train(rerank: RerankConfig, parallel: ParallelConfig) -> CheckedSettings:
@@ -172,13 +173,16 @@ def store_pool_size(manifest: Mapping[str, Any], store: object) -> int:
                           f"config ({err})") from err  # fmt: skip
 
 
-def evaluated_budgets(rerank: RerankConfig, n_pool: int, store: object) -> list[int]:
-    """The budgets the job evaluates on a store whose pools hold `n_pool` candidates.
+def evaluated_budgets(
+    rerank: RerankConfig, manifest: Mapping[str, Any], store: object
+) -> list[int]:
+    """The budgets the job evaluates on a store whose `manifest` says its pools' size.
 
     `rerank.budgets` past the pool (or past `rerank.draft_top_m` when set: every rule then keeps
     at most M candidates) are refused, naming both: every rule would equal draft there.
     Sweep budgets past them are left out, and the log says which.
     """
+    n_pool = store_pool_size(manifest, store)
     limit, why = n_pool, f"the pool size {n_pool} of {store} (its manifest's pool section)"
     if 0 < rerank.draft_top_m < n_pool:
         limit, why = (
@@ -200,10 +204,34 @@ def evaluated_budgets(rerank: RerankConfig, n_pool: int, store: object) -> list[
     return sorted(budgets)
 
 
+@dataclass(frozen=True)
+class StoreFacts:
+    """What the stores' manifests say, read before any shard (`check_stores`)."""
+
+    fingerprint: str  # the traces' content fingerprint, the one the candidate table came from
+    budgets: list[int]  # the budgets evaluated on the traces' pools (`evaluated_budgets`)
+
+
+def check_stores(rerank: RerankConfig, features: Path, traces: Path) -> StoreFacts:
+    """The stores the settings name, checked once before anything is read or fitted: the
+    candidate table `features` must come from exactly the traces `traces`, whose pools
+    decide the budgets evaluated (`evaluated_budgets`). Manifests are read, no shard."""
+    store = trace_store(traces)
+    traces_fp = store.fingerprint()
+    found = candidate_store(features).manifest().get("config", {}).get("source_fingerprint")
+    if found != traces_fp:
+        raise SchemaError(
+            f"the candidate table in {features} was extracted from traces with fingerprint "
+            f"{str(found)[:12]}, but {traces} has fingerprint {traces_fp[:12]}: "
+            f"re-run `python -m features.extract` on these traces"
+        )
+    return StoreFacts(traces_fp, evaluated_budgets(rerank, store.manifest(), store.root))
+
+
 def store_budgets(rerank: RerankConfig) -> list[int]:
     """`evaluated_budgets` on the trace store `rerank.traces` (its manifest read, no shard)."""
     store = trace_store(project_path(rerank.traces))
-    return evaluated_budgets(rerank, store_pool_size(store.manifest(), store.root), store.root)
+    return evaluated_budgets(rerank, store.manifest(), store.root)
 
 
 def comparison_pairs(rerank: RerankConfig, rules: set[str] | None = None) -> list[tuple[str, str]]:

@@ -39,11 +39,11 @@ from rerank.fit.models import LABEL_OF_LAW
 from rerank.fit.persist import save_reranker
 from rerank.job.acceptance import AcceptanceReport, report_of, write_acceptance
 from rerank.job.evaluation import Evaluation, eval_inputs, evaluate_rules
-from rerank.job.fitting import Fitted, check_same_traces, fit_inputs, fit_rerankers
+from rerank.job.fitting import Fitted, fit_inputs, fit_rerankers
 from rerank.job.tracked import pair_tags, run_record
 from rerank.report.plots import write_plots
 from rerank.report.plots_reliability import reliability_table
-from rerank.settings import check_train, store_budgets
+from rerank.settings import check_stores, check_train
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
 from specrank import faults
 from specrank.cli import exits_on_refusal, run_entry_point
@@ -143,8 +143,8 @@ def train_and_evaluate(
     out_dir: Path,
     parallel: ParallelConfig | None = None,
 ) -> TrainResult:
-    """The whole job on typed settings, stage by stage: check every setting once, fit,
-    evaluate, report, write tables, log the run. Each stage reads its share of the checked
+    """The whole job on typed settings, stage by stage: check every setting and the stores'
+    manifests once, fit, evaluate, report, write tables, log the run. Each stage reads its share of the checked
     settings (`fit_inputs`, `eval_inputs`), not `rerank` itself.
 
     `resolved_config` is only logged (MLflow params and artifact), never read.
@@ -152,21 +152,20 @@ def train_and_evaluate(
     """
     parallel = parallel or ParallelConfig()
     checked = check_train(rerank, parallel)
-    fingerprint = check_same_traces(checked.features, checked.traces)
-    budgets = store_budgets(rerank)
+    stores = check_stores(rerank, checked.features, checked.traces)
     kind = rerank.booster.kind
     t0 = time.perf_counter()
     fitting = fit_inputs(rerank, checked)
     fitted = fit_rerankers(fitting, seed, parallel)
     dataset = trace_store(checked.traces).dataset()
-    evaluation = eval_inputs(rerank, checked, budgets)
+    evaluation = eval_inputs(rerank, checked, stores.budgets)
     ev = evaluate_rules(evaluation, fitted, seed, dataset=dataset, parallel=parallel)
     release_freed_heap()  # the evaluation's freed blocks, before the tables' (as in its tail)
     acceptance = (report_of(checked.features, checked.learned, kind, rerank.n_resamples, fitted, seed,
                             dataset) if rerank.acceptance else None)  # fmt: skip
     total = time.perf_counter() - t0
     written = write_tables(out_dir, fitted, ev, acceptance)
-    tags = {"trace_fingerprint": fingerprint, "rerank_model": kind}
+    tags = {"trace_fingerprint": stores.fingerprint, "rerank_model": kind}
     tags |= pair_tags(ev.summary)  # the temperature pairs T_t|T_d, as t1_d0
     record = run_record(tracking, resolved_config, tags, fitted, ev, written, total)
     if acceptance is not None:

@@ -51,10 +51,10 @@ from rerank.fit.predict import FirstFactorPredictions
 from rerank.fit.quality import prediction_quality
 from rerank.job.acceptance import acceptance_report
 from rerank.job.evaluation import Evaluation, evaluate
-from rerank.job.fitting import FITTED_COLUMNS, Fitted, check_same_traces, fit_columns
+from rerank.job.fitting import FITTED_COLUMNS, Fitted, fit_columns
 from rerank.job.tracked import evaluation_metrics
 from rerank.serving import reranker_folder, unknown_task_counts
-from rerank.settings import check_settings, comparison_pairs, store_budgets
+from rerank.settings import check_settings, check_stores, comparison_pairs
 from rerank.train import write_tables
 from selection.rules import learned
 from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
@@ -241,8 +241,8 @@ def transfer(rerank: RerankConfig, settings: TransferConfig, tracking: MlflowCon
     check_settings(replace(rerank, feature_sets=[]))  # the sets are the saved models' (below)
     check_int("transfer.fold", settings.fold, 0, 1)
     check_choice("transfer.seen_prompts", settings.seen_prompts, SEEN)
-    fingerprint = check_same_traces(project_path(rerank.features), project_path(rerank.traces))
-    budgets = store_budgets(rerank)
+    stores = check_stores(rerank, project_path(rerank.features), project_path(rerank.traces))
+    fingerprint, budgets = stores.fingerprint, stores.budgets
     t0 = time.perf_counter()
     loaded = load_rerankers(settings.rerankers, settings.fold, tracking.tracking_uri)
     next_root = None

@@ -12,7 +12,8 @@ from calibrate.isotonic import (
     EqualCountIsotonic,
     PerDepthIsotonic,
 )
-from rerank.fit.folds import crossfit_calibrate, prompt_halves
+from rerank.fit.folds import crossfit_calibrate
+from rerank.fit.halves import prompt_halves
 
 
 def _draws(n: int, seed: int = 0, power: float = 2.0) -> tuple[np.ndarray, np.ndarray]:

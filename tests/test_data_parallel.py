@@ -21,8 +21,8 @@ from rerank.fit.data_parallel import (
     node_prompts,
 )
 from rerank.fit.design import task_categories
+from rerank.fit.halves import fold_map
 from rerank.fit.out_of_fold import LawFits
-from rerank.fit.predict import fold_map
 from rerank.job.fitting import fit_columns, law_frame
 from rerank.settings import check_train_parallel
 from specrank.laws import law_kind

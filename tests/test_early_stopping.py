@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from rerank.fit.boosting import Capacity, fit_estimator
 from rerank.fit.design import design_matrix
-from rerank.fit.folds import check_grouped, inner_validation, prompt_halves
+from rerank.fit.folds import check_grouped, inner_validation
+from rerank.fit.halves import prompt_halves
 from rerank.fit.law_memo import LawMemo
 from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.out_of_fold import crossfit_predict

@@ -26,15 +26,11 @@ from rerank.evaluate.reports import ReportAccumulators
 from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.fit.boosting import Capacity
 from rerank.fit.design import design_matrix
+from rerank.fit.halves import fold_map
 from rerank.fit.models import fit_reranker
 from rerank.fit.out_of_fold import crossfit_predict
-from rerank.fit.predict import (
-    EDGE_COLUMNS,
-    fit_per_depth_maps,
-    fold_map,
-    per_depth_factors,
-    predict_first_factors,
-)
+from rerank.fit.per_depth import EDGE_COLUMNS, fit_per_depth_maps, per_depth_factors
+from rerank.fit.predict import predict_first_factors
 from rerank.fit.quality import round_firsts
 from selection.draws import subtree_ranks
 from selection.kernels import greedy_edges

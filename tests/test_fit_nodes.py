@@ -17,8 +17,8 @@ import pytest
 from rerank.fit.boosting import Capacity
 from rerank.fit.data_parallel import crossfit_on_nodes, key_columns
 from rerank.fit.design import task_categories
+from rerank.fit.halves import fold_map
 from rerank.fit.out_of_fold import LawFits
-from rerank.fit.predict import fold_map
 from rerank.job.fitting import fit_columns, law_frame
 from rerank.on_nodes import RayNodes
 from specrank import faults

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rerank.fit.folds import check_grouped, fold_masks, prompt_halves, prompt_subsample
+from rerank.fit.folds import check_grouped, fold_masks, prompt_subsample
+from rerank.fit.halves import prompt_halves
 from rerank.fit.models import fit_reranker
 from rerank.fit.out_of_fold import crossfit_predict
 from rerank.fit.token_prior import (
@@ -313,16 +314,16 @@ def test_a_subsampled_fit_trains_on_a_share_of_its_half_and_predicts_the_other(s
 def test_row_hashes_and_held_out_predictions_do_not_depend_on_the_block(
     monkeypatch, sampling_frame
 ) -> None:
-    from rerank.fit import design as design_module
+    from rerank.fit import fingerprints as fingerprints_module
     from rerank.fit import out_of_fold as halves_module
-    from rerank.fit.design import hash_rows
+    from rerank.fit.fingerprints import hash_rows
 
     frame = sampling_frame
     folds = prompt_halves(frame["prompt_id"].to_numpy())
     columns = ["prompt_id", "task", "token", "draft_prob", "label_target_prob"]
     whole = hash_rows(frame, columns)
     res = crossfit_predict(frame, "rows", "lgbm", "sampling", folds, n_threads=1, capacity=FAST)
-    monkeypatch.setattr(design_module, "_HASH_BLOCK", 13)
+    monkeypatch.setattr(fingerprints_module, "_HASH_BLOCK", 13)
     monkeypatch.setattr(halves_module, "_PREDICT_BLOCK", 11)
     np.testing.assert_array_equal(hash_rows(frame, columns), whole)
     assert len(np.unique(whole)) > len(frame) // 2  # rows hash apart

@@ -14,7 +14,7 @@ import pytest
 from rerank.evaluate import joined
 from rerank.evaluate.joined import joined_columns, joined_rows, law_major_order, law_spans
 from rerank.fit.design import codes_in, same_values, shared_strings
-from rerank.fit.out_of_fold import frame_folds, prompt_folds
+from rerank.fit.halves import frame_folds, prompt_folds
 from specrank import memory
 from specrank.memory import GrowthTrim, heap_retained, return_freed_heap
 
@@ -197,7 +197,7 @@ def test_a_crossfit_returns_no_heap_between_its_fits_and_predictions(monkeypatch
     """The held-out predictions follow both halves' fits with no return of the heap between
     them (the job keeps it from its entry point), so they reuse the fits' freed blocks."""
     from rerank.fit import out_of_fold
-    from rerank.fit.folds import prompt_halves
+    from rerank.fit.halves import prompt_halves
     from tests.candidate_frames import FAST, make_candidate_frame
 
     events: list[str] = []

@@ -9,8 +9,8 @@ from hydra import compose
 
 from pairs.prompts import load_prompts
 from rerank.config import RerankConfig
-from rerank.fit.folds import balance_tolerance, check_grouped, prompt_halves
-from rerank.fit.predict import fold_map, halves_table
+from rerank.fit.folds import check_grouped
+from rerank.fit.halves import balance_tolerance, fold_map, halves_table, prompt_halves
 from tests.test_tasks import _data
 
 

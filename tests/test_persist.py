@@ -14,7 +14,7 @@ import skops.io as sio
 from sklearn.preprocessing import FunctionTransformer
 
 from features.schema import CANDIDATE_VERSION
-from rerank.fit.folds import prompt_halves
+from rerank.fit.halves import prompt_halves
 from rerank.fit.models import FittedReranker, feature_list
 from rerank.fit.out_of_fold import crossfit_predict
 from rerank.fit.persist import (

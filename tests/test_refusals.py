@@ -103,7 +103,8 @@ def test_modules_refuse_a_bad_setting_or_file_by_name(tmp_path, monkeypatch):
     from decode.predicted import offline_values
     from pairs.config import PromptSource
     from pairs.prompts import load_source
-    from rerank.fit.folds import prompt_halves, prompt_subsample
+    from rerank.fit.folds import prompt_subsample
+    from rerank.fit.halves import prompt_halves
     from rerank.serving import reranker_folder, unseen_prompts
     from specrank import faults
     from tree.config import PoolConfig

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 
 import rerank.fit.design as design
-import rerank.fit.out_of_fold as out_of_fold
+import rerank.fit.law_split as law_split
 from calibrate.isotonic import PROB_FLOOR
 from features.schema import KEY_COLUMNS, LABEL_COLUMNS
 from rerank.fit.boosting import Capacity
 from rerank.fit.design import TOKEN_PRIOR, design_matrix, task_categories
-from rerank.fit.folds import prompt_halves
+from rerank.fit.halves import prompt_halves
 from rerank.fit.models import LABEL_OF_LAW, FittedReranker, feature_list, fit_reranker
 from rerank.fit.out_of_fold import CrossfitResult, crossfit_predict
 from rerank.fit.token_prior import TokenPrior
@@ -245,7 +245,7 @@ def test_permutation_check_catches_a_leaky_token_prior(monkeypatch) -> None:
         full = TokenPrior(pseudo_count).fit(tokens, labels)
         return full.transform(tokens), full
 
-    monkeypatch.setattr(out_of_fold, "token_prior_features", leaky)
+    monkeypatch.setattr(law_split, "token_prior_features", leaky)
     frame = frame_of("sampling", shuffled=True)
     folds = prompt_halves(frame["prompt_id"].to_numpy())
     res = crossfit_predict(frame, "rows", "lgbm", "sampling", folds, n_threads=1, capacity=FAST)

@@ -47,33 +47,23 @@ from rerank.fit.design import (
     BlockDataset,
     DesignColumns,
     DesignRows,
-    digest_rows,
-    hash_rows,
     shared_strings,
 )
-from rerank.fit.folds import check_grouped, inner_validation
+from rerank.fit.fingerprints import digest_rows, fold_fit_keys, hash_rows
+from rerank.fit.folds import check_grouped, inner_validation, train_prompts, training_masks
+from rerank.fit.halves import frame_folds
 from rerank.fit.models import (
     BATCH_ROUTE,
     LABEL_OF_LAW,
     FittedReranker,
-    _labels,
-    _prior_groups,
-    _prompts,
     feature_list,
+    law_labels,
 )
-from rerank.fit.out_of_fold import (
-    CrossfitResult,
-    LawFits,
-    SavedFit,
-    _fit_keys,
-    _taken,
-    _training_masks,
-    frame_folds,
-    predict_blocks,
-)
+from rerank.fit.out_of_fold import CrossfitResult, LawFits, SavedFit, _taken, predict_blocks
 from rerank.fit.token_prior import (
     DEFAULT_PSEUDO_COUNT,
     PriorColumn,
+    prior_groups,
     split_priors,
     token_prior_features,
 )
@@ -153,7 +143,7 @@ def train_share(rows: pd.DataFrame, share: NodeShare, spec: NodeFit, network: di
     _check_read(rows, share, spec.law)
     features = list(spec.features)
     design = DesignColumns(rows, features, spec.categories, share.prior)
-    y = _labels(rows, spec.law)
+    y = law_labels(rows, spec.law)
     params = {**lgbm_params(spec.law, spec.capacity, spec.seed, spec.n_threads),
               "tree_learner": "data", "pre_partition": True, **network}  # fmt: skip
     cat_idx = [j for j, f in enumerate(features) if f in CATEGORICAL]
@@ -271,13 +261,13 @@ def crossfit_on_nodes(keys: pd.DataFrame, settings: LawFits, temperature: float,
     prompt_ids = shared_strings(keys["prompt_id"])
     codes, names = pd.factorize(keys["prompt_id"])  # by its categories, not per row
     half = _Half(law, codes, np.asarray(names, dtype=object), shared_strings(keys["task"]),
-                 keys["token"].to_numpy(np.int64), _labels(keys, law),
+                 keys["token"].to_numpy(np.int64), law_labels(keys, law),
                  hash_rows(keys, _hashed_columns(law)))  # fmt: skip
     check_grouped(prompt_ids, fold)
     features = feature_list(feature_set)
-    masks = _training_masks(fold, prompt_ids, half.tasks, settings.train_share, settings.seed)
+    masks = training_masks(fold, prompt_ids, half.tasks, settings.train_share, settings.seed)
     route = BATCH_ROUTE["lgbm"]
-    fit_keys, prints = _fit_keys(
+    fit_keys, prints = fold_fit_keys(
         _hashed_columns(law), half.hashes, masks, None, kind="lgbm", law=law,
         feature_set=feature_set, features=features, categories=list(settings.categories),
         capacity=vars(settings.capacity), seed=settings.seed, prior_split=settings.prior_split,
@@ -285,7 +275,7 @@ def crossfit_on_nodes(keys: pd.DataFrame, settings: LawFits, temperature: float,
     )  # fmt: skip
     saved = _taken(settings.fits, fit_keys, [int(p.sum()) for _, _, p in masks], features,
                    prints, f"{feature_set} {law}")  # fmt: skip
-    by_prompt = _prior_groups(settings.prior_split, prompt_ids)
+    by_prompt = prior_groups(settings.prior_split, prompt_ids)
     phat = np.full(len(keys), np.nan, dtype=np.float64)
     for i, (_, train, predict) in enumerate(masks):
         if saved[i] is None:
@@ -298,7 +288,7 @@ def crossfit_on_nodes(keys: pd.DataFrame, settings: LawFits, temperature: float,
                 kind="lgbm", law=law, feature_set=feature_set, features=features,
                 categories=list(settings.categories), estimator=est, token_prior=full,
                 train_fingerprint=prints[i][0], seed=settings.seed, capacity=settings.capacity,
-                train_prompts=_prompts(prompt_ids[train]),
+                train_prompts=train_prompts(prompt_ids[train]),
             )  # fmt: skip
             seconds = time.perf_counter() - t0
             rows = [np.isin(codes, g) for g in node_prompts(codes, predict, nodes)]

@@ -7,13 +7,13 @@ equal to it (`tests/test_online_features.py`).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 
 import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
+from rerank.fit.token_prior import PriorColumn
 from specrank.errors import Refusal
 
 TOKEN_PRIOR = "token_prior"  # the design column filled from rerank.fit.token_prior
@@ -241,28 +241,18 @@ def design_matrix(
     return DesignColumns(frame, features, categories, token_prior).rows()
 
 
-def frame_fingerprint(frame: pd.DataFrame, columns: Sequence[str]) -> str:
-    """sha256 of the listed columns' contents and names (row order matters)."""
-    return digest_rows(columns, hash_rows(frame, columns))
-
-
-_HASH_BLOCK = 1 << 20  # rows hashed at once
-
-
-def hash_rows(frame: pd.DataFrame, columns: Sequence[str]) -> np.ndarray:
-    # One uint64 per row, independent of the other rows: a half's fingerprint is
-    # the digest of its rows' hashes, without copying the half out of the frame. Hashed
-    # a block of rows at a time: `frame[columns]` of every row copies the whole frame.
-    parts = [pd.util.hash_pandas_object(frame.iloc[lo : lo + _HASH_BLOCK][list(columns)],
-                                        index=False).to_numpy()
-             for lo in range(0, len(frame), _HASH_BLOCK)]  # fmt: skip
-    return np.concatenate(parts) if parts else np.empty(0, np.uint64)
-
-
-def digest_rows(columns: Sequence[str], row_hashes: np.ndarray) -> str:
-    h = hashlib.sha256(repr(list(columns)).encode())
-    h.update(np.ascontiguousarray(row_hashes).tobytes())
-    return h.hexdigest()
+def fold_design(frame: pd.DataFrame, features: list[str], cats: list[str], masks: list,
+                priors: list, pseudo_count: float, by_prompt: bool,
+                ) -> tuple[DesignColumns, PriorColumn]:  # fmt: skip
+    """(the design's columns, the prior column) for both folds' fits of a cross-fit
+    (`rerank.fit.out_of_fold`): `masks` and `priors` are its law split's."""
+    # One design for both folds, its rows read in blocks by each fit. The folds' training
+    # halves are disjoint, so each sets its own training rows' prior column in place.
+    design = DesignColumns(frame, features, cats, np.zeros(len(frame), np.float32))
+    for (_, train, _), (prior, _) in zip(masks, priors, strict=True):
+        design.prior[train] = prior[train]
+    tokens = frame["token"].to_numpy()
+    return design, PriorColumn(features.index(TOKEN_PRIOR), tokens, pseudo_count, by_prompt)
 
 
 class BlockDataset(lgb.Dataset):

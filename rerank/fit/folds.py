@@ -9,7 +9,6 @@ of one prompt share context, so a row-level split would leak).
 
 from __future__ import annotations
 
-import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,21 +18,7 @@ import pandas as pd
 
 from calibrate.isotonic import DEFAULT_BINS, EqualCountIsotonic, PerDepthIsotonic
 from calibrate.rank_control import DraftRankMeans
-from specrank.checks import check_choice
 from specrank.errors import Refusal
-
-SCHEMES = ("even_odd", "seeded")
-_TRAILING_INT = re.compile(r"(\d+)$")
-# Even/odd halves are used only when, in every task, |n0 - n1| <= max(1, n // 10) for
-# the task's n prompts (n0, n1 in halves 0, 1): 10% leaves room for a task with an odd
-# count or a few gaps in its numbering, and no more, since a lopsided task would be
-# fitted on few prompts and then predict many.
-BALANCE_SHARE = 10  # n // BALANCE_SHARE is 10% of a task's prompts
-
-
-def balance_tolerance(n_prompts: int) -> int:
-    """Largest |n0 - n1| allowed between the halves of a task with `n_prompts` prompts."""
-    return max(1, n_prompts // BALANCE_SHARE)
 
 
 def distinct_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -48,7 +33,7 @@ def distinct_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return names, inverse[codes]
 
 
-def _prompt_tasks(
+def prompt_tasks(
     ids: np.ndarray, tasks: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Sorted distinct prompts, the one task of each ("" for all when `tasks` is None), and
@@ -69,106 +54,6 @@ def _prompt_tasks(
             f"a prompt's rows must share its task"
         )
     return uniq, task_names[per_prompt], inverse
-
-
-def _even_odd(uniq: np.ndarray, tasks: np.ndarray) -> np.ndarray:
-    per_prompt = np.empty(uniq.size, dtype=np.int8)
-    bad = []
-    for i, pid in enumerate(uniq):
-        m = _TRAILING_INT.search(pid)
-        if m is None:
-            bad.append(pid)
-        else:
-            # The last digit alone decides parity (no overflow on long ids).
-            per_prompt[i] = int(m.group(1)[-1]) % 2
-    if bad:
-        raise Refusal(
-            f"The 'rerank.halves' scheme 'even_odd' needs prompt ids ending in an integer (e.g. "
-            f"'spec_bench-81'); {len(bad)} of {uniq.size} prompts do not, e.g. {bad[:5]}. "
-            f"Use rerank.halves=seeded for such ids."
-        )
-    counts, lopsided = [], []
-    for task in np.unique(tasks):
-        n0, n1 = (int(c) for c in np.bincount(per_prompt[tasks == task], minlength=2))
-        name = str(task) or "(all prompts)"
-        counts.append(f"{name} {n0}/{n1}")
-        if abs(n0 - n1) > balance_tolerance(n0 + n1):
-            lopsided.append(name)
-    if lopsided:
-        raise Refusal(
-            f"The 'rerank.halves' scheme 'even_odd' must give every task balanced halves, "
-            f"|n0 - n1| <= max(1, n // {BALANCE_SHARE}) for a task of n prompts; "
-            f"prompts per task in halves 0/1 (even/odd): {', '.join(counts)}; "
-            f"unbalanced: {lopsided}. Use rerank.halves=seeded (stratified by task) instead."
-        )
-    return per_prompt
-
-
-def _seeded(uniq: np.ndarray, tasks: np.ndarray, seed: int) -> np.ndarray:
-    per_prompt = np.ones(uniq.size, dtype=np.int8)
-    sizes = np.zeros(2, dtype=np.int64)
-    for task in np.unique(tasks):
-        members = np.flatnonzero(tasks == task)  # sorted ids: independent of row order
-        # One stream per (seed, task): a task's shuffle does not move when another
-        # task gains or loses prompts (at most which half gets its odd prompt does).
-        rng = np.random.default_rng([seed, zlib.crc32(task.encode("utf-8"))])
-        order = members[rng.permutation(members.size)]
-        half = members.size // 2
-        # An odd task's extra prompt goes to the half that is smaller so far (a coin
-        # on a tie), so the halves stay balanced overall too, not only per task.
-        extra = int(rng.integers(2)) if sizes[0] == sizes[1] else int(np.argmin(sizes))
-        n0 = half + (members.size % 2 if extra == 0 else 0)
-        per_prompt[order[:n0]] = 0
-        sizes += (n0, members.size - n0)
-    return per_prompt
-
-
-def prompt_halves(
-    prompt_ids: np.ndarray,
-    scheme: str = "even_odd",
-    seed: int = 0,
-    tasks: np.ndarray | None = None,
-) -> np.ndarray:
-    """Fold id (int8, 0/1) per row, the same for every row of a prompt.
-
-    ``tasks`` (one label per row, constant within a prompt; None = one task)
-    is what the halves are balanced over.
-
-    ``even_odd`` (the paper): the trailing integer of the prompt id decides,
-    even -> 0, odd -> 1 ("spec_bench-81" -> 1, "HumanEval/3" -> 1,
-    "synth-000012" -> 0). Ids without a trailing number are refused: guessing a
-    number for them would silently make the split depend on string details.
-    So are halves that come out lopsided in some task (beyond
-    `balance_tolerance`), with the counts per task and half in the message.
-
-    ``seeded``: stratified by task: within each task, a seeded random half of
-    its distinct prompts (sorted first, so the split depends only on the set
-    of prompts, their tasks and ``seed``, not on row order) gets fold 0, so
-    every task's halves differ by at most one prompt; an odd task's extra
-    prompt goes to the half that is smaller so far, so the totals differ by at
-    most one as well.
-
-    Raises a Refusal when either half would be empty: nothing could be
-    trained for the other half.
-    """
-    ids = np.asarray(prompt_ids)
-    if ids.ndim != 1:
-        raise ValueError(f"prompt_ids must be 1-D; got shape {ids.shape}")
-    if ids.size == 0:
-        raise ValueError("prompt_ids is empty: nothing to split")
-    check_choice("rerank.halves", scheme, SCHEMES)
-    uniq, per_task, inverse = _prompt_tasks(ids, tasks)
-    per_prompt = (
-        _even_odd(uniq, per_task) if scheme == "even_odd" else _seeded(uniq, per_task, seed)
-    )
-    counts = np.bincount(per_prompt, minlength=2)
-    if counts.min() == 0:
-        raise Refusal(
-            f"rerank.halves={scheme} puts all {uniq.size} prompts in fold "
-            f"{int(np.argmax(counts))}; cross-fitting needs prompts in both halves (expected a "
-            f"candidate table, rerank.features, of more prompts)"
-        )
-    return per_prompt[inverse]
 
 
 def check_grouped(prompt_ids: np.ndarray, folds: np.ndarray) -> None:
@@ -197,6 +82,11 @@ def check_grouped(prompt_ids: np.ndarray, folds: np.ndarray) -> None:
         )
 
 
+def train_prompts(prompt_ids: np.ndarray) -> tuple[str, ...]:
+    """A model's `train_prompts`: the sorted distinct prompts it was fitted on."""
+    return tuple(distinct_strings(prompt_ids)[0].tolist())
+
+
 _INNER_STREAM = 1  # keeps the inner split's random stream apart from the halves' (stream 0)
 
 
@@ -217,7 +107,7 @@ def inner_validation(
         raise Refusal(
             f"The 'rerank.booster.validation_share' must be in (0, 1). Got {share!r} instead."
         )
-    uniq, per_task, inverse = _prompt_tasks(np.asarray(prompt_ids), tasks)
+    uniq, per_task, inverse = prompt_tasks(np.asarray(prompt_ids), tasks)
     if uniq.size < 2:
         raise Refusal(
             f"early stopping needs >= 2 training prompts (one to hold out); the training half "
@@ -245,7 +135,7 @@ def prompt_subsample(
         raise Refusal(f"The 'rerank.train_share' must be in (0, 1]. Got {share!r} instead.")
     if share == 1.0:
         return np.ones(np.shape(prompt_ids), dtype=bool)
-    uniq, per_task, inverse = _prompt_tasks(np.asarray(prompt_ids), tasks)
+    uniq, per_task, inverse = prompt_tasks(np.asarray(prompt_ids), tasks)
     position = _spread(uniq, per_task, seed, _SUBSAMPLE_STREAM)
     keep = np.zeros(uniq.size, dtype=bool)
     keep[np.argsort(position, kind="stable")[: max(1, round(share * uniq.size))]] = True
@@ -281,6 +171,18 @@ def fold_masks(folds: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]
                 f"rerank.halves halves)"
             )
         yield f, train, predict
+
+
+def training_masks(folds: np.ndarray, prompt_ids: np.ndarray, tasks: np.ndarray,
+                   share: float, seed: int) -> list[tuple[int, np.ndarray, np.ndarray]]:  # fmt: skip
+    """`fold_masks`, each training mask cut to `share` of its prompts (by task)."""
+    out = []
+    for f, train, predict in fold_masks(folds):
+        if share < 1.0:
+            train = train.copy()
+            train[train] = prompt_subsample(prompt_ids[train], share, seed, tasks[train])
+        out.append((f, train, predict))
+    return out
 
 
 @dataclass
@@ -335,3 +237,24 @@ def crossfit_rank_control(
         prob[predict] = m.predict(rank[predict], q[predict])
         maps.append(m)
     return prob, (maps[0], maps[1])
+
+
+def add_controls(out: pd.DataFrame, frame: pd.DataFrame, label: str, fold: np.ndarray,
+                 calibrators: list[str], rank_q_bins: int) -> list[str]:  # fmt: skip
+    """Add the cross-fitted controls among ``calibrators`` of one law's rows ``frame`` (its
+    label column ``label``, its rows' halves ``fold``) to ``out``; their names, in order."""
+    added = []
+    if "rank_control" in calibrators:
+        # the draft-rank control: the other half's mean label at the candidate's draft rank
+        y = frame[label].to_numpy()
+        out["rank_control"], _ = crossfit_rank_control(
+            frame["draft_rank"].to_numpy(), frame["draft_prob"].to_numpy(), y, fold,
+            rank_q_bins,
+        )  # fmt: skip
+        added.append("rank_control")
+    if "iso_q1" in calibrators:
+        # isotonic map of the first draft factor over 200 equal-count bins (docs/method.md#cross-fitting)
+        x, y = frame["draft_prob"].to_numpy(), frame[label].to_numpy()
+        out["iso_q1"] = crossfit_calibrate(x, y, fold).prob
+        added.append("iso_q1")
+    return added

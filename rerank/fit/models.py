@@ -31,25 +31,20 @@ from rerank.fit.boosting import (
     estimator_iterations,
     fit_estimator,
 )
-from rerank.fit.design import (
-    TOKEN_PRIOR,
-    design_matrix,
-    frame_fingerprint,
-    task_categories,
-)
-from rerank.fit.folds import distinct_strings
+from rerank.fit.design import TOKEN_PRIOR, design_matrix, task_categories
+from rerank.fit.fingerprints import frame_fingerprint
+from rerank.fit.folds import train_prompts
 from rerank.fit.token_prior import (
     DEFAULT_PSEUDO_COUNT,
-    PRIOR_SPLITS,
     PriorColumn,
     TokenPrior,
+    prior_groups,
     token_prior_features,
 )
 from rerank.forest.jit import JitForest, batch_phat, jit_forest
 from rerank.forest.table import ForestError, forest_of
 from rerank.forest.walk import compile_forest
 from selection.rules import MODEL_KINDS
-from specrank.checks import check_choice
 from specrank.laws import law_kind
 
 log = logging.getLogger(__name__)
@@ -165,23 +160,16 @@ class FittedReranker:
         return self.predict_matrix(X, n_threads)
 
 
-def _labels(frame: pd.DataFrame, law: str) -> np.ndarray:
+def law_labels(frame: pd.DataFrame, law: str) -> np.ndarray:
+    """The label column of `law` (`LABEL_OF_LAW`) as float64; refused when the frame lacks it."""
     col = LABEL_OF_LAW[law]
     if col not in frame.columns:
         raise ValueError(f"law={law!r} needs label column {col!r}; the frame lacks it")
     return frame[col].to_numpy(dtype=np.float64)
 
 
-def _prior_groups(prior_split: str, prompts: np.ndarray | None) -> np.ndarray | None:
-    """The groups the token prior alternates (`rerank.fit.token_prior`): the prompts, or
-    None to alternate by row."""
-    check_choice("rerank.prior_split", prior_split, PRIOR_SPLITS)
-    if prior_split == "prompt" and prompts is None:
-        raise ValueError("rerank.prior_split=prompt needs the frame's prompt_id column")
-    return prompts if prior_split == "prompt" else None
-
-
-def _check_args(frame: pd.DataFrame, kind: str, law: str) -> None:
+def check_law_frame(frame: pd.DataFrame, kind: str, law: str) -> None:
+    """Refuse an unknown model kind or law, or a frame whose temperature is another law's."""
     if kind not in MODEL_KINDS:
         raise ValueError(f"kind must be one of {MODEL_KINDS}; got {kind!r}")
     if law not in LAWS:
@@ -208,21 +196,21 @@ def fit_reranker(
     Training rows get alternation token priors (`rerank.fit.token_prior`); the
     returned model applies the whole-half prior to new rows.
     """
-    _check_args(frame, kind, law)
+    check_law_frame(frame, kind, law)
     features = feature_list(feature_set)
     cats = task_categories(frame, categories)
-    y = _labels(frame, law)
+    y = law_labels(frame, law)
     tokens = frame["token"].to_numpy()
     groups = frame["prompt_id"].to_numpy() if "prompt_id" in frame.columns else None
-    by_prompt = _prior_groups(prior_split, groups)
+    by_prompt = prior_groups(prior_split, groups)
     prior, full = token_prior_features(tokens, y, np.ones(len(frame), bool), pseudo_count,
                                        by_prompt)  # fmt: skip
     X = design_matrix(frame, features, cats, prior)
     column = PriorColumn(features.index(TOKEN_PRIOR), tokens, pseudo_count, by_prompt is not None)
     est = fit_estimator(X, y, features, kind, law, capacity, seed, n_threads, groups=groups,
                         tasks=frame["task"].to_numpy(), prior=column)  # fmt: skip
-    fp = frame_fingerprint(frame, _fingerprint_columns(frame, features, law))
-    prompts = () if groups is None else _prompts(groups)
+    fp = frame_fingerprint(frame, fingerprint_columns(frame, features, law))
+    prompts = () if groups is None else train_prompts(groups)
     return FittedReranker(
         kind=kind, law=law, feature_set=feature_set, features=features, categories=cats,
         estimator=est, token_prior=full, train_fingerprint=fp, seed=seed, capacity=capacity,
@@ -230,12 +218,8 @@ def fit_reranker(
     )  # fmt: skip
 
 
-def _prompts(prompt_ids: np.ndarray) -> tuple[str, ...]:
-    """A model's `train_prompts`: the sorted distinct prompts it was fitted on."""
-    return tuple(distinct_strings(prompt_ids)[0].tolist())
-
-
-def _fingerprint_columns(frame: pd.DataFrame, features: list[str], law: str) -> list[str]:
+def fingerprint_columns(frame: pd.DataFrame, features: list[str], law: str) -> list[str]:
+    """The columns a fit's training rows are fingerprinted by: keys, features, the label."""
     keys = [c for c in ("prompt_id", "round_index", "cand_index", "token") if c in frame.columns]
     feats = [f for f in features if f != TOKEN_PRIOR and f not in keys]
     return [*keys, *feats, LABEL_OF_LAW[law]]

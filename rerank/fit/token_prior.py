@@ -31,6 +31,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from specrank.checks import check_choice
 from specrank.errors import Refusal
 
 DEFAULT_PSEUDO_COUNT = 20.0
@@ -108,6 +109,14 @@ class TokenPrior(BaseEstimator):
 
 
 PRIOR_SPLITS = ("prompt", "row")
+
+
+def prior_groups(prior_split: str, prompts: np.ndarray | None) -> np.ndarray | None:
+    """The groups the token prior alternates: the prompts, or None to alternate by row."""
+    check_choice("rerank.prior_split", prior_split, PRIOR_SPLITS)
+    if prior_split == "prompt" and prompts is None:
+        raise ValueError("rerank.prior_split=prompt needs the frame's prompt_id column")
+    return prompts if prior_split == "prompt" else None
 
 
 def alternation_parts(n: int, groups: np.ndarray | None = None) -> np.ndarray:

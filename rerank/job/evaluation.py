@@ -20,7 +20,8 @@ from rerank.evaluate.policy import PolicyRounds, policy_text
 from rerank.evaluate.recorded import labelled_table, recorded_budgets, store_draft_temperature
 from rerank.evaluate.reports import ReportAccumulators
 from rerank.evaluate.values import EvalPlan, LearnedFactors, evaluate_traces
-from rerank.fit.predict import fit_per_depth_maps, halves_table, per_depth_factors
+from rerank.fit.halves import halves_table
+from rerank.fit.per_depth import fit_per_depth_maps, per_depth_factors
 from rerank.job.fitting import Fitted
 from rerank.report.breakdowns import breakdown_gains, breakdowns
 from rerank.report.comparisons import compare, comparisons_table

@@ -25,8 +25,9 @@ from rerank.evaluate.policy import for_policy
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.boosting import Capacity
 from rerank.fit.design import TOKEN_PRIOR
+from rerank.fit.halves import fold_map, halves_table
 from rerank.fit.models import LABEL_OF_LAW, feature_list
-from rerank.fit.predict import FirstFactorPredictions, fold_map, halves_table, predict_first_factors
+from rerank.fit.predict import FirstFactorPredictions, predict_first_factors
 from rerank.fit.quality import prediction_quality
 from rerank.fit.resume import FitFolder
 from rerank.settings import CheckedSettings, derived_settings
@@ -34,7 +35,6 @@ from specrank import faults
 from specrank.frames import scanned_frame
 from specrank.memory import release_freed_heap
 from specrank.parallel import ParallelConfig
-from specrank.tables import SchemaError
 from specrank.trace_schema import trace_store
 
 log = logging.getLogger(__name__)
@@ -45,20 +45,6 @@ FITTED_COLUMNS = [*ROUND_KEYS, "cand_index", "task", "draft_prob", *LABEL_OF_LAW
 # What the fitting process reads of each law when Ray's workers do the cross-fits: the keys and
 # the controls' inputs (`rerank.fit.predict._add_controls`), none of which a policy masks.
 CONTROL_COLUMNS = list(dict.fromkeys([*FITTED_COLUMNS, "temperature", "draft_rank"]))
-
-
-def check_same_traces(features_dir: Path, traces_dir: Path) -> str:
-    """The candidate table must come from exactly these traces; returns their fingerprint."""
-    traces_fp = trace_store(traces_dir).fingerprint()
-    manifest = candidate_store(features_dir).manifest()
-    found = manifest.get("config", {}).get("source_fingerprint")
-    if found != traces_fp:
-        raise SchemaError(
-            f"the candidate table in {features_dir} was extracted from traces with fingerprint "
-            f"{str(found)[:12]}, but {traces_dir} has fingerprint {traces_fp[:12]}: "
-            f"re-run `python -m features.extract` on these traces"
-        )
-    return traces_fp
 
 
 @dataclass(frozen=True)
@@ -168,13 +154,14 @@ def fit_rerankers(inputs: FitInputs, seed: int, parallel: ParallelConfig | None 
         .to_table(columns=FITTED_COLUMNS)
         .to_pandas(strings_to_categorical=True, split_blocks=True, self_destruct=True)
     )
+    columns = fit_columns(inputs.feature_sets)  # what a law's cross-fits read of the table
     # a row per prompt first, from the categories' codes: every row's strings hashed took
     # 1.1 GiB at 3x the paper
     pairs = candidates[["prompt_id", "task"]].drop_duplicates()
     folds = fold_map(pairs["prompt_id"].to_numpy(), inputs.halves, seed, pairs["task"].to_numpy())
     halves = halves_table(candidates, folds)
     log.info("halves=%s:\n%s", inputs.halves, halves.to_string())
-    frame_of = partial(law_frame, features, inputs.score, columns=fit_columns(inputs.feature_sets))
+    frame_of = partial(law_frame, features, inputs.score, columns=columns)
     simulated = None
     if sets := inputs.simulated:
         # the matched row on draft's trees at the first budget, from the traces (module doc of
@@ -194,7 +181,7 @@ def fit_rerankers(inputs: FitInputs, seed: int, parallel: ParallelConfig | None 
         # the workers read every feature; this process only the keys and the controls' inputs
         prefit = RayFits(parallel, frame_of)
         if inputs.fit_nodes > 1:
-            prefit = _node_fits(inputs, parallel)
+            prefit = _node_fits(inputs, parallel, columns)
         frame_of = partial(law_frame, features, inputs.score, columns=CONTROL_COLUMNS)
     preds = predict_first_factors(
         candidates,
@@ -222,13 +209,13 @@ def fit_rerankers(inputs: FitInputs, seed: int, parallel: ParallelConfig | None 
     return Fitted(candidates, folds, preds, quality, seconds, halves)
 
 
-def _node_fits(inputs: FitInputs, parallel: ParallelConfig) -> Any:
+def _node_fits(inputs: FitInputs, parallel: ParallelConfig, columns: list[str]) -> Any:
     """The prefit that trains each fit on `inputs.fit_nodes` Ray Train workers: this
-    process reads each law's keys and labels, the workers their prompts' rows."""
+    process reads each law's keys and labels, the workers their prompts' rows (`columns`)."""
     from rerank.on_nodes import NodeFits  # Ray is imported only by a run that uses it
 
     return NodeFits(
         parallel, inputs.fit_nodes, partial(law_frame, inputs.features, inputs.score),
-        fit_columns(inputs.feature_sets), candidate_store(inputs.features).fingerprint(),
+        columns, candidate_store(inputs.features).fingerprint(),
         inputs.fits,
     )  # fmt: skip
