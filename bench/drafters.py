@@ -5,7 +5,7 @@ Budgets are the paper's: B counts the verified tokens, root (the bonus token) in
 B = 8 verifies 7 drafted nodes (`select.budget` = B - 1, which counts drafted nodes). A
 shape is written as the paper's triple steps/top-k/tokens (sglang's speculative_num_steps /
 eagle_topk / num_draft_tokens):
-  chain : pool.top_k=1 pool.expand=1 pool.steps=B - 2, every node verified: (B-1)/1/B;
+  chain : pool.top_k=1 pool.expand=1 pool.expand_steps=B - 2, every node verified: (B-1)/1/B;
   tree  : the default 710-candidate pool (depth 8, 10 children a node) and the draft rule's
           best B - 1 nodes of it: 8/10/B.
 A block drafter's pool is at most as deep as its block drafts (block_size - 1; a semi-AR
@@ -91,7 +91,7 @@ class Variant:
 
     def pool(self) -> PoolConfig:
         if self.shape == "chain":
-            return PoolConfig(top_k=1, steps=self.budget - 2, expand=1)
+            return PoolConfig(top_k=1, expand_steps=self.budget - 2, expand=1)
         return PoolConfig()
 
     def triple(self) -> str:

@@ -44,6 +44,8 @@ RENAMED: dict[str, str] = {
     "pocket_dspark.heldout_tokens": "pocket_dspark.card_tokens",
     "pocket_domino.heldout_prompts": "pocket_domino.card_prompts",
     "pocket_domino.heldout_tokens": "pocket_domino.card_tokens",
+    # every other `steps` counts optimizer steps; these are the pool's expansion steps
+    "pool.steps": "pool.expand_steps",
 }
 
 

@@ -32,6 +32,9 @@ def fast_traces(tmp_path_factory):
     the fast paths' and the report scans' references run on it."""
     root = tmp_path_factory.mktemp("fast")
     job = SynthJobConfig(toy_prompts=16, rounds_per_prompt=12, prompts_per_shard=4)
-    pool, select = PoolConfig(top_k=6, steps=3, expand=6), SelectConfig(budget=8, record_top_m=20)
+    pool, select = (
+        PoolConfig(top_k=6, expand_steps=3, expand=6),
+        SelectConfig(budget=8, record_top_m=20),
+    )
     write_synthetic_traces(root / "traces", job, pool, select, SynthConfig(), seed=3)
     return trace_store(root / "traces").dataset()

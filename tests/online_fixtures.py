@@ -25,7 +25,7 @@ from tests.tiny_models import build_tiny_pair, tiny_model_config
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 # 4 + 3 * 12 = 40 candidates: every rule has room to differ from draft ranking at B=6.
-SMALL_POOL = PoolConfig(top_k=4, steps=3, expand=3)
+SMALL_POOL = PoolConfig(top_k=4, expand_steps=3, expand=3)
 FAST = Capacity(n_iter=40, learning_rate=0.1, max_leaves=15)
 TEXTS = [
     ("def add(a, b):\n    return", "coding"),

@@ -17,7 +17,7 @@ from tree.config import PoolConfig, SelectConfig
 def small_stores(root: Path, prompts: int, rounds: int, per_shard: int) -> tuple[Path, Path]:
     """(traces, features) of a synthetic store: both laws, a pool of 4 x 2 steps."""
     job = SynthJobConfig(toy_prompts=prompts, rounds_per_prompt=rounds, prompts_per_shard=per_shard)
-    pool = PoolConfig(top_k=4, steps=2, expand=4)
+    pool = PoolConfig(top_k=4, expand_steps=2, expand=4)
     write_synthetic_traces(root / "traces", job, pool, SelectConfig(budget=8), SynthConfig(), 0)
     extract(root / "traces", root / "features", log=lambda _: None)
     return root / "traces", root / "features"

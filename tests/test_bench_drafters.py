@@ -22,7 +22,7 @@ def test_shapes_follow_the_papers_triples_and_a_block_chain_stops_at_its_block()
     chain8, tree16 = Variant("eagle3", "chain", "1|0", 8), Variant("block", "tree", "1|1", 16)
     assert chain8.triple() == "7/1/8" and tree16.triple() == "8/10/16"
     s = chain8.settings(32)
-    assert s.base.select.budget == 7 and s.base.pool.top_k == 1 and s.base.pool.steps == 6
+    assert s.base.select.budget == 7 and s.base.pool.top_k == 1 and s.base.pool.expand_steps == 6
     assert (s.base.decode.temperature, s.base.decode.draft_temperature) == (1.0, 0.0)
     chosen, skipped = variants(["eagle3", "block"], ["tree", "chain"], ["0|0"], [8, 16],
                                {"block": 8})  # fmt: skip

@@ -40,8 +40,10 @@ from tree.attention import forward_chain, new_cache
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
-CHAIN = PoolConfig(top_k=1, steps=6, expand=1)  # the block's argmax: depth 7 = block_size - 1
-TREE = PoolConfig(top_k=4, steps=4, expand=4)
+CHAIN = PoolConfig(
+    top_k=1, expand_steps=6, expand=1
+)  # the block's argmax: depth 7 = block_size - 1
+TREE = PoolConfig(top_k=4, expand_steps=4, expand=4)
 
 
 def _pair(root, arch: str):
@@ -176,11 +178,13 @@ def test_mismatched_weights_are_refused_by_name(tmp_path, edit, message):
 def test_a_pool_deeper_than_the_block_is_refused_before_loading(pair):
     cfg = block_config(pair.ids["target"], pair.ids["drafter"])
     prompt = [Prompt("p", "qa", "hello")]
-    deep = PoolConfig(top_k=2, steps=7, expand=2)  # depth 8 > block_size - 1 = 7
-    with pytest.raises(ValueError, match=r"pool.steps=7: a pool of depth 8 needs block_size >= 9"):
+    deep = PoolConfig(top_k=2, expand_steps=7, expand=2)  # depth 8 > block_size - 1 = 7
+    with pytest.raises(
+        ValueError, match=r"pool.expand_steps=7: a pool of depth 8 needs block_size >= 9"
+    ):
         check_prompt_lengths(cfg, prompt, 8, deep, "refuse")
     assert check_prompt_lengths(cfg, prompt, 8, CHAIN, "refuse") == prompt
-    with pytest.raises(ValueError, match=r"pool.steps=7: a pool of depth 8"):  # decoding too
+    with pytest.raises(ValueError, match=r"pool.expand_steps=7: a pool of depth 8"):  # decoding too
         decode_recorded(pair.target, pair.drafter, [5, 6, 7], _settings(4, deep), frozenset())
 
 
@@ -336,7 +340,7 @@ def test_rounds_follow_the_reference_s_from_its_first_block(tiny_vocab):
     what the reference's loop accepts, its first round included (one drafted from the prompt's
     last token instead would add a round and shift every later one)."""
     target, drafter = tiny_vocab
-    chain = PoolConfig(top_k=1, steps=drafter.spec.block_size - 2, expand=1)
+    chain = PoolConfig(top_k=1, expand_steps=drafter.spec.block_size - 2, expand=1)
     accepted = 0
     with one_thread(), torch.inference_mode():
         for prompt in ([1, 5, 3, 6], [2, 2, 7, 0, 4], [6, 1]):

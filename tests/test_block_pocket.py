@@ -123,7 +123,7 @@ def test_the_shipped_drafter_is_small_documented_and_drafts(folder, layer_ids, m
     card = (folder / "MODEL_CARD.md").read_text()
     assert f"{facts['params']:,} parameters" in card and "the pad id (0)" in card
     pair = load_model_pair(block_config(PROJECT_ROOT / "models/pocket/target", folder))
-    s = DecodeSettings(pool=PoolConfig(top_k=6, steps=5, expand=6), select=SelectConfig(budget=8),
+    s = DecodeSettings(pool=PoolConfig(top_k=6, expand_steps=5, expand=6), select=SelectConfig(budget=8),
                        decode=DecodeConfig(max_new_tokens=32))  # fmt: skip
     with one_thread():
         accepted, rounds = greedy_acceptance(pair, [p.text for p in _suite(2)], s)

@@ -55,7 +55,7 @@ def test_run_dirs_never_collide(hydra_conf):
 # The paper's settings, from SPEC §2-9 (not from conf/): what experiment=paper must compose to.
 PAPER = {
     "pool.top_k": 10,
-    "pool.steps": 7,
+    "pool.expand_steps": 7,
     "pool.expand": 10,
     "select.rule": "draft",
     "select.budget": 59,

@@ -61,7 +61,7 @@ def test_kept_rows_are_the_rows_each_node_was_drawn_from():
             return torch.randn(len(level.token), 9, generator=self.gen)
 
     draw = DraftDraw(0.7, torch.Generator().manual_seed(3), keep_rows=True)
-    pool = grow_tree_pool(Draft(), PoolConfig(top_k=1, steps=4, expand=1), draw)
+    pool = grow_tree_pool(Draft(), PoolConfig(top_k=1, expand_steps=4, expand=1), draw)
     assert pool.q_rows.shape == (1 + int(pool.expanded.sum()), 9)
     assert torch.equal(pool.q_rows[pool.q_parent_row, pool.token], pool.draft_logprob)
     assert torch.allclose(pool.q_rows.exp().sum(-1), torch.ones(len(pool.q_rows)))
@@ -81,12 +81,12 @@ def test_a_sampled_chain_keeps_the_target_law_and_accepts_more(tiny_vocab, kind)
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"pool": PoolConfig(top_k=3, steps=2, expand=2)}, "verifies a chain"),
+    ({"pool": PoolConfig(top_k=3, expand_steps=2, expand=2)}, "verifies a chain"),
     ({"rule": "root_draw"}, "rule=root_draw"),
     ({"record": True, "score": "record"}, "while recording"),
 ])  # fmt: skip
 def test_coupling_is_refused_where_it_does_not_apply(change, message):
-    base = DecodeSettings(pool=change.pop("pool", PoolConfig(top_k=1, steps=3, expand=1)),
+    base = DecodeSettings(pool=change.pop("pool", PoolConfig(top_k=1, expand_steps=3, expand=1)),
                           select=SelectConfig(budget=3),
                           decode=DecodeConfig(temperature=1.0, verifier="coupling",
                                               draft_temperature=1.0))  # fmt: skip

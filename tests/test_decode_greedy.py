@@ -19,7 +19,7 @@ PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 NEW_TOKENS = 24
 # A mid-size pool keeps the default run fast (6 + 5 * 36 = 186 candidates); B=59
 # runs on the paper's 710-candidate pool.
-SMALL_POOL = PoolConfig(top_k=6, steps=5, expand=6)
+SMALL_POOL = PoolConfig(top_k=6, expand_steps=5, expand=6)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
@@ -72,7 +72,7 @@ def test_greedy_equality_long_outputs(pair, budget):
 def test_greedy_equality_with_a_chain_pool_and_recording(pair):
     """Chain pools (top-k 1) and recording mode change nothing in the output."""
     prompt = encode_prompt(pair.tokenizer, PROMPTS[1])
-    s = _settings(7, PoolConfig(top_k=1, steps=6, expand=1))
+    s = _settings(7, PoolConfig(top_k=1, expand_steps=6, expand=1))
     with one_thread():
         res = decode_recorded(pair.target, pair.drafter, prompt, s, frozenset(), record=True)
         ref = autoregressive_decode(pair.target, prompt, len(res.output))

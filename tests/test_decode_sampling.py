@@ -173,7 +173,9 @@ def assert_samples_follow_the_target_law(target, drafter, verifier: str, n: int,
     drafts accepted. `draft_temperature`: the pair 1|T_d (null: today's deterministic
     drafting). `chain`: a 3-node chain pool, all of it verified, instead of a tree."""
     pool = (
-        PoolConfig(top_k=1, steps=2, expand=1) if chain else PoolConfig(top_k=3, steps=2, expand=2)
+        PoolConfig(top_k=1, expand_steps=2, expand=1)
+        if chain
+        else PoolConfig(top_k=3, expand_steps=2, expand=2)
     )
     s = DecodeSettings(
         pool=pool,
@@ -202,7 +204,7 @@ def assert_samples_follow_the_target_law(target, drafter, verifier: str, n: int,
 def assert_sampling_is_seeded_per_prompt(target, drafter) -> None:
     """The same prompt id gives the same sampled output, another id another one."""
     s = DecodeSettings(
-        pool=PoolConfig(top_k=3, steps=2, expand=2),
+        pool=PoolConfig(top_k=3, expand_steps=2, expand=2),
         select=SelectConfig(budget=5, record_top_m=8),
         decode=DecodeConfig(temperature=1.0, max_new_tokens=30),
     )

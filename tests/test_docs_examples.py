@@ -103,7 +103,10 @@ def project(tmp_path_factory):
     (root / "conf").symlink_to(ROOT / "conf")
     traces = root / "data_out" / "traces"
     job = SynthJobConfig(toy_prompts=4, rounds_per_prompt=4, prompts_per_shard=2)
-    pool, select = PoolConfig(top_k=4, steps=2, expand=4), SelectConfig(budget=4, record_top_m=8)
+    pool, select = (
+        PoolConfig(top_k=4, expand_steps=2, expand=4),
+        SelectConfig(budget=4, record_top_m=8),
+    )
     write_synthetic_traces(traces, job, pool, select, SynthConfig(), seed=3)
     frame = make_candidate_frame(n_prompts=12, rounds=4, temperature=0.0, seed=4)
     with one_thread():

@@ -90,7 +90,7 @@ def test_null_and_zero_draft_the_same_and_one_draws_other_trees(tiny_vocab):
     target, drafters = tiny_vocab
     out = {}
     for t_d in (None, 0.0, 1.0):
-        s = DecodeSettings(pool=PoolConfig(top_k=3, steps=2, expand=2), select=SelectConfig(budget=5),
+        s = DecodeSettings(pool=PoolConfig(top_k=3, expand_steps=2, expand=2), select=SelectConfig(budget=5),
                            decode=DecodeConfig(temperature=1.0, max_new_tokens=12,
                                                draft_temperature=t_d))  # fmt: skip
         with one_thread():

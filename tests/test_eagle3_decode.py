@@ -34,7 +34,7 @@ from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n    return"]
 NEW_TOKENS = 24
-SMALL_POOL = PoolConfig(top_k=6, steps=5, expand=6)
+SMALL_POOL = PoolConfig(top_k=6, expand_steps=5, expand=6)
 
 
 @pytest.fixture(scope="module", params=[("llama", None), ("qwen3", 60)], ids=["llama", "qwen3-d2t"])

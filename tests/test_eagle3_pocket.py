@@ -84,7 +84,7 @@ def _suite(n: int):
 
 @pytest.mark.parametrize("budget", [8, 59])
 def test_greedy_with_the_pocket_head_equals_plain_greedy(pocket, budget):
-    pool = PoolConfig() if budget == 59 else PoolConfig(top_k=6, steps=5, expand=6)
+    pool = PoolConfig() if budget == 59 else PoolConfig(top_k=6, expand_steps=5, expand=6)
     s = DecodeSettings(
         pool=pool, select=SelectConfig(budget=budget), decode=DecodeConfig(max_new_tokens=32)
     )
@@ -95,7 +95,7 @@ def test_greedy_with_the_pocket_head_equals_plain_greedy(pocket, budget):
 
 def test_recording_with_the_head_writes_its_kind_and_layers_to_the_manifest(pocket, tmp_path):
     s = DecodeSettings(
-        pool=PoolConfig(top_k=4, steps=3, expand=3),
+        pool=PoolConfig(top_k=4, expand_steps=3, expand=3),
         select=SelectConfig(budget=8),
         decode=DecodeConfig(max_new_tokens=8),
     )

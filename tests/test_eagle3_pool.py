@@ -61,7 +61,7 @@ def _sequential_row(head, feats: torch.Tensor, path_tokens: list[int]) -> torch.
 
 @pytest.mark.parametrize("fed", [0, 6])
 def test_tree_batched_rows_equal_sequential_rows(pair, fed):
-    head, cfg = pair.drafter.head, PoolConfig(top_k=5, steps=4, expand=4)
+    head, cfg = pair.drafter.head, PoolConfig(top_k=5, expand_steps=4, expand=4)
     with one_thread(), torch.inference_mode():
         feats = _state(pair, 0).features.rows(0, len(CONTEXT) - 1)  # every committed pair's
         st = _state(pair, fed)

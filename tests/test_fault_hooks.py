@@ -39,7 +39,7 @@ from tests.tiny_models import tiny_model_config
 from tree.config import PoolConfig, SelectConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-POOL = PoolConfig(top_k=4, steps=2, expand=4)
+POOL = PoolConfig(top_k=4, expand_steps=2, expand=4)
 JOB = SynthJobConfig(toy_prompts=8, rounds_per_prompt=4, prompts_per_shard=2)
 
 
@@ -111,7 +111,7 @@ def test_a_kill_while_a_shard_is_written_and_the_rerun(tmp_path):
     out = tmp_path / "traces"
     cmd = [sys.executable, "-m", "decode.synth_traces", f"paths.synthetic={out}",
            f"hydra.run.dir={tmp_path / 'h'}", "synth_job.toy_prompts=8", "synth_job.rounds_per_prompt=4",
-           "synth_job.prompts_per_shard=2", "pool.top_k=4", "pool.steps=2", "pool.expand=4",
+           "synth_job.prompts_per_shard=2", "pool.top_k=4", "pool.expand_steps=2", "pool.expand=4",
            "select.budget=8"]  # fmt: skip
     env = {**os.environ, faults.FAULTS_ENV: "shard_write@2=kill"}
     killed = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, timeout=240)

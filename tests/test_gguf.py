@@ -157,7 +157,7 @@ def _settings():
     from decode.stream import DecodeSettings
 
     return DecodeSettings(
-        pool=PoolConfig(top_k=3, steps=3, expand=3), select=SelectConfig(budget=4)
+        pool=PoolConfig(top_k=3, expand_steps=3, expand=3), select=SelectConfig(budget=4)
     )
 
 

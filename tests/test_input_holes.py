@@ -33,7 +33,7 @@ from specrank.tables import SchemaError, sha256_file
 from specrank.trace_schema import TRACE_SPEC, trace_store
 from tree.config import PoolConfig, SelectConfig
 
-POOL = PoolConfig(top_k=4, steps=2, expand=4)  # 4 + 16 + 16 = 36 candidates
+POOL = PoolConfig(top_k=4, expand_steps=2, expand=4)  # 4 + 16 + 16 = 36 candidates
 N_POOL = 36
 
 

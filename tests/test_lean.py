@@ -51,7 +51,7 @@ def test_static_cache_rows_and_pools_equal_the_dynamic_caches(bias):
                        forward_tree(model, tree, pos, vis, static))  # fmt: skip
     for c in (dyn, static):
         compact_cache(c, 20, [21])
-    cfg = PoolConfig(top_k=4, steps=3, expand=3)
+    cfg = PoolConfig(top_k=4, expand_steps=3, expand=3)
     a = grow_pool(model, dyn, ids[21:24], 23, cfg)
     b = grow_pool(model, static, ids[21:24], 23, cfg)
     for f in ("token", "parent", "depth", "draft_logprob", "score", "expanded", "anc",

@@ -26,7 +26,7 @@ from tests.eagle3_heads import eagle3_config, tiny_target, write_head
 from tests.tiny_models import one_thread, tiny_model_config
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
-POOL = PoolConfig(top_k=3, steps=2, expand=3)
+POOL = PoolConfig(top_k=3, expand_steps=2, expand=3)
 SETTINGS = DecodeSettings(pool=POOL, select=SelectConfig(budget=4, record_top_m=4),
                           decode=DecodeConfig(max_new_tokens=6))  # fmt: skip
 LONG = "a" * 4100  # the tiny models' char tokenizer: > max_position_embeddings=4096

@@ -77,7 +77,7 @@ def logged(tmp_path_factory) -> tuple[str, list[TrainResult]]:
     """Two runs of the main job in one experiment, with different settings."""
     root = tmp_path_factory.mktemp("nb")
     job = SynthJobConfig(toy_prompts=8, rounds_per_prompt=8, prompts_per_shard=4)
-    pool, select = PoolConfig(top_k=6, steps=3, expand=6), SelectConfig("draft", 8, 20)
+    pool, select = PoolConfig(top_k=6, expand_steps=3, expand=6), SelectConfig("draft", 8, 20)
     write_synthetic_traces(root / "traces", job, pool, select, SynthConfig(), seed=0)
     extract(root / "traces", root / "features", log=lambda _: None)
     uri = f"sqlite:///{root / 'mlflow.db'}"

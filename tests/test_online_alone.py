@@ -28,7 +28,7 @@ from tree.config import PoolConfig
 from tree.growth import grow_pool
 from tree.root_pass import cached_root_tree_pass, root_pass
 
-CHAIN = PoolConfig(top_k=1, steps=3, expand=1)  # 4 candidates, one per depth
+CHAIN = PoolConfig(top_k=1, expand_steps=3, expand=1)  # 4 candidates, one per depth
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_sampled_law_through_x1_alone(tiny_vocab, rule, verifier):
         rule, 1.0, budget=1 if rule == "covering" else 2, max_new_tokens=2, verifier=verifier
     )
     s = dataclasses.replace(
-        s, base=dataclasses.replace(s.base, pool=PoolConfig(top_k=1, steps=1, expand=1))
+        s, base=dataclasses.replace(s.base, pool=PoolConfig(top_k=1, expand_steps=1, expand=1))
     )
     counts = np.zeros((TINY_V, TINY_V))
     alone = 0

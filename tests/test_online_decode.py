@@ -172,7 +172,7 @@ def test_sampled_outputs_follow_the_target_law(tiny_vocab, rule, verifier, score
     target, drafter, predictor = tiny_vocab
     s = settings(rule, 1.0, budget=3, max_new_tokens=2, verifier=verifier, score=score, top_m=2)
     s = dataclasses.replace(
-        s, base=dataclasses.replace(s.base, pool=PoolConfig(top_k=3, steps=2, expand=2))
+        s, base=dataclasses.replace(s.base, pool=PoolConfig(top_k=3, expand_steps=2, expand=2))
     )
     counts = np.zeros((TINY_V, TINY_V))
     accepted = covered = 0

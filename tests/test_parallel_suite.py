@@ -80,7 +80,7 @@ def _tiny_overrides(tmp_path: Path) -> list[str]:
         f"model.name={model.name}", f"model.target={model.target}",
         f"model.drafter={model.drafter}", "data.name=tiny",
         f"data.sources=[{{kind:jsonl,path:'{prompts}'}}]", "trace.prompts_per_shard=2",
-        "trace.progress=false", "pool.top_k=4", "pool.steps=3", "pool.expand=3",
+        "trace.progress=false", "pool.top_k=4", "pool.expand_steps=3", "pool.expand=3",
         "select.budget=6", "select.record_top_m=12", "decode.max_new_tokens=16",
     ]  # fmt: skip
 

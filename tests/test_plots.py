@@ -30,7 +30,7 @@ def run(tmp_path_factory) -> tuple[Path, str, str]:
     """The main job on small synthetic traces: (run folder, tracking URI, run id)."""
     root = tmp_path_factory.mktemp("plots")
     job = SynthJobConfig(toy_prompts=12, rounds_per_prompt=10, prompts_per_shard=6)
-    pool, select = PoolConfig(top_k=6, steps=3, expand=6), SelectConfig("draft", 8, 20)
+    pool, select = PoolConfig(top_k=6, expand_steps=3, expand=6), SelectConfig("draft", 8, 20)
     write_synthetic_traces(root / "traces", job, pool, select, SynthConfig(), seed=0)
     extract(root / "traces", root / "features", log=lambda _: None)
     cfg = RerankConfig(

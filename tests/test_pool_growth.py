@@ -87,9 +87,9 @@ def test_draft_factors_equal_sequential_drafter_rows(pair):
 def test_pending_tokens_are_fed_before_the_root(pair):
     """A drafter that lags 3 tokens behind grows the same pool (tol 1e-4 on draft factors)."""
     with one_thread():
-        a, _ = _grow(pair, PoolConfig(top_k=4, steps=3, expand=3))
+        a, _ = _grow(pair, PoolConfig(top_k=4, expand_steps=3, expand=3))
         b, cache = _grow(
-            pair, PoolConfig(top_k=4, steps=3, expand=3), pending_from=len(CONTEXT) - 4
+            pair, PoolConfig(top_k=4, expand_steps=3, expand=3), pending_from=len(CONTEXT) - 4
         )
     assert torch.equal(a.token, b.token) and torch.equal(a.parent, b.parent)
     assert torch.allclose(a.draft_logprob, b.draft_logprob, atol=1e-4)
@@ -98,7 +98,7 @@ def test_pending_tokens_are_fed_before_the_root(pair):
 
 def test_chain_setting_grows_a_chain(pair):
     """7/1/8-style chain: one child per step, every node but the last expanded."""
-    cfg = PoolConfig(top_k=1, steps=6, expand=1)
+    cfg = PoolConfig(top_k=1, expand_steps=6, expand=1)
     assert level_sizes(cfg) == [(1, 1)] * 6 + [(1, 0)]
     with one_thread():
         pool, _ = _grow(pair, cfg)
@@ -110,8 +110,8 @@ def test_chain_setting_grows_a_chain(pair):
     ("cfg", "sizes"),
     [
         (PoolConfig(), [(10, 10)] + [(100, 10)] * 6 + [(100, 0)]),
-        (PoolConfig(top_k=4, steps=3, expand=2), [(4, 2), (8, 2), (8, 2), (8, 0)]),
-        (PoolConfig(top_k=3, steps=0, expand=5), [(3, 0)]),
+        (PoolConfig(top_k=4, expand_steps=3, expand=2), [(4, 2), (8, 2), (8, 2), (8, 0)]),
+        (PoolConfig(top_k=3, expand_steps=0, expand=5), [(3, 0)]),
     ],
 )
 def test_level_sizes(cfg, sizes):
@@ -122,8 +122,11 @@ def test_level_sizes(cfg, sizes):
     ("cfg", "msg"),
     [
         (PoolConfig(top_k=0), r"'pool.top_k' must be an int >= 1. Got 0"),
-        (PoolConfig(steps=-1), r"'pool.steps' must be an int >= 0. Got -1"),
-        (PoolConfig(expand=0), r"'pool.expand' must be an int >= 1 when pool.steps > 0. Got 0"),
+        (PoolConfig(expand_steps=-1), r"'pool.expand_steps' must be an int >= 0. Got -1"),
+        (
+            PoolConfig(expand=0),
+            r"'pool.expand' must be an int >= 1 when pool.expand_steps > 0. Got 0",
+        ),
     ],
 )
 def test_bad_pool_settings_are_refused(cfg, msg):

@@ -64,7 +64,7 @@ def _compose(models, prompts: Path, out: Path, *extra: str):
 
 SMALL = [
     "pool.top_k=4",
-    "pool.steps=3",
+    "pool.expand_steps=3",
     "pool.expand=3",
     "select.budget=8",
     "select.record_top_m=12",

@@ -29,7 +29,7 @@ from tree.config import PoolConfig, SelectConfig
 
 # Small pools keep model fits and evaluation to seconds: 6 first-level
 # candidates, 3 further steps, 6 expansions per step.
-POOL = PoolConfig(top_k=6, steps=3, expand=6)
+POOL = PoolConfig(top_k=6, expand_steps=3, expand=6)
 SELECT = SelectConfig(rule="draft", budget=8, record_top_m=20)
 
 

@@ -29,7 +29,7 @@ from tests.candidate_frames import FAST, make_candidate_frame
 from tree.config import PoolConfig, SelectConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-POOL = PoolConfig(top_k=4, steps=2, expand=4)
+POOL = PoolConfig(top_k=4, expand_steps=2, expand=4)
 JOB = SynthJobConfig(toy_prompts=12, rounds_per_prompt=6, prompts_per_shard=4)
 SETS = ["rows"]  # x 2 laws x 2 halves = 4 fits
 

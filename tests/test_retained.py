@@ -162,7 +162,7 @@ def recorded(tmp_path_factory):
     pair = tiny_pair(tmp_path_factory.mktemp("qwen3"), "qwen3")
     prompt = encode_prompt(pair.tokenizer, "aaaa bbbb aaaa bbbb")
     s = DecodeSettings(
-        pool=PoolConfig(top_k=6, steps=4, expand=6),
+        pool=PoolConfig(top_k=6, expand_steps=4, expand=6),
         select=SelectConfig(budget=20, record_top_m=40),
         decode=DecodeConfig(temperature=1.0, max_new_tokens=40),
     )

@@ -86,8 +86,8 @@ def test_mismatched_weights_and_deep_pools_are_refused(tmp_path):
     target = tiny_target(tmp_path, "qwen3")
     drafter = write_semiar("dspark", tmp_path / "d", target)
     cfg = semiar_model_config("dspark", target, drafter)
-    deep = PoolConfig(top_k=2, steps=8, expand=2)  # depth 9 > DSpark's 8 rows
-    with pytest.raises(Refusal, match=r"pool.steps=8: a pool of depth 9, but the dspark"):
+    deep = PoolConfig(top_k=2, expand_steps=8, expand=2)  # depth 9 > DSpark's 8 rows
+    with pytest.raises(Refusal, match=r"pool.expand_steps=8: a pool of depth 9, but the dspark"):
         check_prompt_lengths(cfg, [Prompt("p", "qa", "hi")], 8, deep, "refuse")
     state = load_file(drafter / "model.safetensors")
     del state["markov_head.gate_proj.weight"]
@@ -139,7 +139,7 @@ def _reference_chain(d, hidden: torch.Tensor, root: int) -> list[int]:
 def test_the_corrected_chain_is_the_reference_s(tiny_vocab):
     target, d = tiny_vocab
     prompt = [1, 5, 3, 6, 2]
-    chain = PoolConfig(top_k=1, steps=d.semi.depth - 1, expand=1)
+    chain = PoolConfig(top_k=1, expand_steps=d.semi.depth - 1, expand=1)
     with one_thread(), torch.inference_mode():
         cache = new_cache(target)
         state = d.new_state(cache)
@@ -167,7 +167,7 @@ def test_siblings_children_differ(tiny_vocab):
     drafter's would be one marginal row); Domino's pure draft prefix keeps its first rows
     shared, as its reference leaves them uncorrected."""
     target, d = tiny_vocab
-    tree = PoolConfig(top_k=4, steps=4, expand=4)
+    tree = PoolConfig(top_k=4, expand_steps=4, expand=4)
     with one_thread(), torch.inference_mode():
         cache = new_cache(target)
         state = d.new_state(cache)
@@ -187,7 +187,7 @@ def test_every_tree_node_is_drafted_from_its_own_path(tiny_vocab):
     path (`SemiARModule.correct`, a fresh state per path), whatever the pool's level order,
     the expanded nodes' rows or their parents' places (`Level.prev_row`)."""
     target, d = tiny_vocab
-    tree = PoolConfig(top_k=3, steps=4, expand=4)
+    tree = PoolConfig(top_k=3, expand_steps=4, expand=4)
     prompt = [1, 5, 3, 6, 2]
     with one_thread(), torch.inference_mode():
         cache = new_cache(target)
@@ -223,8 +223,8 @@ def test_greedy_output_equals_plain_greedy_with_drafts_accepted(tiny_vocab, shap
     """With `model.drafter_window` 2 too (every prompt's context passes it)."""
     target, d = tiny_vocab
     d = dataclasses.replace(d, window=window)
-    pool = (PoolConfig(top_k=1, steps=5, expand=1) if shape == "chain"
-            else PoolConfig(top_k=3, steps=4, expand=3))  # fmt: skip
+    pool = (PoolConfig(top_k=1, expand_steps=5, expand=1) if shape == "chain"
+            else PoolConfig(top_k=3, expand_steps=4, expand=3))  # fmt: skip
     accepted = 0
     with one_thread():
         for prompt in ([1, 5, 3, 6], [2, 2, 7, 0, 4], [6, 1]):
@@ -243,7 +243,7 @@ def test_a_real_vocabulary_pair_loads_records_its_manifest_and_decodes(tmp_path)
             pair = load_model_pair(semiar_model_config(kind, target, drafter))
             prompt = encode_prompt(pair.tokenizer, "def add(a, b):\n    return")
             res = decode_recorded(pair.target, pair.drafter, prompt,
-                                  _settings(6, PoolConfig(top_k=3, steps=3, expand=3)),
+                                  _settings(6, PoolConfig(top_k=3, expand_steps=3, expand=3)),
                                   frozenset(), record=True)  # fmt: skip
         assert res.output == autoregressive_decode(pair.target, prompt, len(res.output))
         assert set(models.DRAFTERS[kind].manifest_fields) <= set(pair.ids)

@@ -161,7 +161,7 @@ def test_the_shipped_drafter_is_small_documented_and_drafts(kind):
     card = (folder / "MODEL_CARD.md").read_text()
     assert f"{facts['params']:,}" in card and f"**tau {facts['heldout']['tau']:.3f}**" in card
     pair = load_model_pair(semiar_model_config(kind, POCKET / "target", folder))
-    s = DecodeSettings(pool=PoolConfig(top_k=6, steps=5, expand=6), select=SelectConfig(budget=7),
+    s = DecodeSettings(pool=PoolConfig(top_k=6, expand_steps=5, expand=6), select=SelectConfig(budget=7),
                        decode=DecodeConfig(max_new_tokens=32))  # fmt: skip
     with one_thread():
         accepted, rounds = greedy_acceptance(pair, [p.text for p in _suite(2)], s)

@@ -2,9 +2,8 @@
 
 Every setting and nested section of every section a command reads (`specrank.cli.READS`,
 `EVERY_COMMAND`) is grouped by its last name. A name held by two or more is allowed only
-where `SAME` says why they are one thing; `PENDING` holds the ones that mean different
-things and wait for a rename in files another change owns. Both lists are exact: an entry
-that no longer names a shared leaf fails too, so the lists cannot go stale. A rename leaves a
+where `SAME` says why they are one thing. The list is exact: an entry that no longer names
+a shared leaf fails too, so it cannot go stale. A rename leaves a
 `specrank.renames.RENAMED` entry, so the old name answers "did you mean" and old stores and
 runs migrate (tests/test_renames.py).
 """
@@ -60,6 +59,7 @@ SAME: dict[str, str] = {
     "train": _TRAINING,
     "batch": _TRAINING,
     "lr": _TRAINING,
+    "steps": _TRAINING,
     "warmup": _TRAINING,
     "min_lr_ratio": _TRAINING,
     "max_minutes": _TRAINING,
@@ -77,11 +77,6 @@ SAME: dict[str, str] = {
     "rollout_tokens": _RECIPE,
     "card_prompts": _RECIPE,
     "card_tokens": _RECIPE,
-}
-# leaf name -> the different meanings, kept until the files that hold them are renamed
-PENDING: dict[str, str] = {
-    "steps": "pool.steps (tree/config.py) counts pool depths; every other steps is optimizer "
-    "steps (head.train.steps, pocket_*.train.steps)",
 }
 
 
@@ -133,7 +128,7 @@ def test_every_section_is_read_by_a_command():
 def test_no_two_settings_share_a_leaf_name_unless_they_mean_the_same_thing():
     shared = shared_leaves(names_by_leaf(schema(), _read_sections()))
     unexplained = {leaf: names for leaf, names in shared.items()
-                   if leaf not in SAME and leaf not in PENDING}  # fmt: skip
+                   if leaf not in SAME}  # fmt: skip
     assert not unexplained, (
         f"settings share a leaf name: {unexplained}. Rename the ones that mean different "
         "things (with a specrank.renames.RENAMED entry), or add the leaf to SAME with why "
@@ -143,10 +138,9 @@ def test_no_two_settings_share_a_leaf_name_unless_they_mean_the_same_thing():
 
 def test_the_allow_lists_name_only_shared_leaves():
     shared = shared_leaves(names_by_leaf(schema(), _read_sections()))
-    assert not set(SAME) & set(PENDING)
-    stale = sorted((set(SAME) | set(PENDING)) - set(shared))
-    assert not stale, f"no longer shared, remove from SAME / PENDING: {stale}"
-    assert all(SAME.values()) and all(PENDING.values())
+    stale = sorted(set(SAME) - set(shared))
+    assert not stale, f"no longer shared, remove from SAME: {stale}"
+    assert all(SAME.values())
 
 
 # -- the check can fail: synthetic schemas --------------------------------------------------------

@@ -41,7 +41,7 @@ def smollm2():
         yield load_model_pair(cfg)
 
 
-@pytest.mark.parametrize(("budget", "pool"), [(8, PoolConfig(top_k=8, steps=3, expand=8)),
+@pytest.mark.parametrize(("budget", "pool"), [(8, PoolConfig(top_k=8, expand_steps=3, expand=8)),
                                               (59, PoolConfig())])  # fmt: skip
 def test_greedy_on_the_real_pair_equals_plain_greedy(smollm2, budget, pool):
     s = DecodeSettings(
@@ -74,7 +74,7 @@ def test_sampling_on_the_real_pair_follows_the_targets_law(smollm2):
     prompt = encode_prompt(smollm2.tokenizer, "Name a fruit and a color.")
     law, rest = _first_two_law(smollm2.target, prompt, 6)
     s = DecodeSettings(
-        pool=PoolConfig(top_k=8, steps=3, expand=8), select=SelectConfig(budget=8),
+        pool=PoolConfig(top_k=8, expand_steps=3, expand=8), select=SelectConfig(budget=8),
         decode=DecodeConfig(temperature=1.0, max_new_tokens=2),
     )  # fmt: skip
     cells = {k: i for i, k in enumerate(law)}

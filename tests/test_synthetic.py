@@ -49,7 +49,7 @@ def test_layout_counts_default_and_chain():
     assert lay.n_cand == (10,) + (100,) * 7
     assert lay.n_pool == 710 and lay.n_expanded == 70 and lay.max_depth == 8
     assert lay.n_expand == (10,) * 7 + (0,)
-    chain = pool_layout(PoolConfig(top_k=1, steps=6, expand=1))
+    chain = pool_layout(PoolConfig(top_k=1, expand_steps=6, expand=1))
     assert chain.n_cand == (1,) * 7 and chain.n_expanded == 6
     with pytest.raises(
         ValueError, match=r"The 'pool.top_k' parameter must be an int >= 1. Got 0 instead."
@@ -61,7 +61,7 @@ def test_layout_matches_the_decoders_pool_growth():
     # the real decoder's level sizes, for other shapes too (imports transformers: ~3 s once)
     from tree.pool import level_sizes
 
-    for cfg in (PoolConfig(), PoolConfig(top_k=10, steps=3, expand=4), PoolConfig(4, 5, 6)):
+    for cfg in (PoolConfig(), PoolConfig(top_k=10, expand_steps=3, expand=4), PoolConfig(4, 5, 6)):
         lay = pool_layout(cfg)
         assert list(zip(lay.n_cand, lay.n_expand, strict=True)) == level_sizes(cfg)
 
@@ -126,7 +126,9 @@ def test_tree_is_draft_top_b_and_scored_set(fixture, request):
     assert torch.equal(argmax >= 0, scored)  # -1 exactly where unscored
 
 
-@pytest.mark.parametrize("cfg", [PoolConfig(top_k=10, steps=3, expand=4), PoolConfig(4, 5, 3)])
+@pytest.mark.parametrize(
+    "cfg", [PoolConfig(top_k=10, expand_steps=3, expand=4), PoolConfig(4, 5, 3)]
+)
 def test_other_pool_shapes(cfg):
     select = SelectConfig(budget=12, record_top_m=20)
     rounds = synth_rounds(np.random.default_rng(2), 40, 1.0, cfg, select, SYNTH)

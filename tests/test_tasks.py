@@ -186,7 +186,7 @@ def models(tmp_path_factory):
 def test_recorded_traces_carry_the_mapped_task_and_the_category(hydra_conf, models, tmp_path):
     prompts, out = _prompt_file(tmp_path, 2), tmp_path / "t"  # records labelled "t"
     cfg = _compose(models, prompts, out, "decode.max_new_tokens=4", "pool.top_k=4",
-                   "pool.steps=2", "pool.expand=2", "select.budget=4", "select.record_top_m=0")  # fmt: skip
+                   "pool.expand_steps=2", "pool.expand=2", "select.budget=4", "select.record_top_m=0")  # fmt: skip
     cfg.data.sources[0].tasks = {"t": "qa"}
     _run(cfg)
     t = trace_store(out).read()

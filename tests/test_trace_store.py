@@ -18,7 +18,7 @@ from tree.config import PoolConfig, SelectConfig
 # A tiny pool (3 + 6 + 6 candidates) keeps these tests about the store, not the generator.
 TINY = dict(
     job=SynthJobConfig(toy_prompts=2, rounds_per_prompt=3, prompts_per_shard=2, temperatures=[1.0]),
-    pool=PoolConfig(top_k=3, steps=2, expand=2),
+    pool=PoolConfig(top_k=3, expand_steps=2, expand=2),
     select=SelectConfig(budget=4, record_top_m=6),
     synth=SynthConfig(vocab=8),
     seed=0,

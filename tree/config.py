@@ -16,7 +16,9 @@ class PoolConfig:
     """Pool growth (docs/method.md#pool). Defaults give 10 + 7 * 100 = 710 candidates, 70 expanded."""
 
     top_k: int = setting(10, "children proposed per expanded node (and at the root)")
-    steps: int = setting(7, "further steps after the first level: depths 2 .. steps + 1")
+    expand_steps: int = setting(
+        7, "expansion steps after the first level: candidates at depths 2 .. expand_steps + 1"
+    )
     expand: int = setting(10, "nodes expanded per step (highest cumulative draft log-prob)")
 
 

@@ -88,7 +88,7 @@ class _Plan:
 
 @functools.cache
 def _plan(top_k: int, steps: int, expand: int, device: torch.device) -> _Plan:
-    sizes = level_sizes(PoolConfig(top_k=top_k, steps=steps, expand=expand))
+    sizes = level_sizes(PoolConfig(top_k=top_k, expand_steps=steps, expand=expand))
     fed = [e for _, e in sizes[:-1]]
     n_fed = sum(fed)
     depth = torch.cat([torch.full((n,), d, dtype=torch.long) for d, (n, _) in
@@ -127,7 +127,7 @@ def grow_tree_pool(draft: TreeDraft, cfg: PoolConfig, draw: DraftDraw | None = N
     `draw`: children sampled (`tree.pool._children`), not the top-k."""
     k = cfg.top_k
     root = draft.root_logits(sum(e for _, e in level_sizes(cfg)))  # [1, V']
-    plan = _plan(k, cfg.steps, cfg.expand, root.device)
+    plan = _plan(k, cfg.expand_steps, cfg.expand, root.device)
     # each level's own-slot rows, the context's columns (all seen) before the tree's
     own = F.pad(plan.own, (draft.n_context, 0)).split(plan.fed) if plan.fed else ()
     mapped = draft.token_ids is not None and not getattr(draft, "feeds_columns", False)

@@ -33,11 +33,13 @@ from tree.config import PoolConfig
 def check_pool_config(cfg: PoolConfig) -> None:
     if cfg.top_k < 1:
         raise Refusal(f"The 'pool.top_k' must be an int >= 1. Got {cfg.top_k} instead.")
-    if cfg.steps < 0:
-        raise Refusal(f"The 'pool.steps' must be an int >= 0. Got {cfg.steps} instead.")
-    if cfg.steps > 0 and cfg.expand < 1:
+    if cfg.expand_steps < 0:
         raise Refusal(
-            f"The 'pool.expand' must be an int >= 1 when pool.steps > 0. Got {cfg.expand} instead."
+            f"The 'pool.expand_steps' must be an int >= 0. Got {cfg.expand_steps} instead."
+        )
+    if cfg.expand_steps > 0 and cfg.expand < 1:
+        raise Refusal(
+            f"The 'pool.expand' must be an int >= 1 when pool.expand_steps > 0. Got {cfg.expand} instead."
         )
 
 
@@ -46,8 +48,8 @@ def level_sizes(cfg: PoolConfig) -> list[tuple[int, int]]:
     check_pool_config(cfg)
     sizes = []
     n = cfg.top_k
-    for s in range(cfg.steps + 1):
-        n_exp = min(cfg.expand, n) if s < cfg.steps else 0
+    for s in range(cfg.expand_steps + 1):
+        n_exp = min(cfg.expand, n) if s < cfg.expand_steps else 0
         sizes.append((n, n_exp))
         n = n_exp * cfg.top_k
     return sizes
@@ -63,7 +65,7 @@ class Pool:
 
     token: Tensor  # [P] int64
     parent: Tensor  # [P] int64, -1 = child of the root
-    depth: Tensor  # [P] int64, 1..steps+1
+    depth: Tensor  # [P] int64, 1..expand_steps+1
     draft_logprob: Tensor  # [P] float32, per-edge log q (unit temperature)
     score: Tensor  # [P] float32, cumulative draft log-probability (the draft rule's score)
     expanded: Tensor  # [P] bool

@@ -220,9 +220,9 @@ def check_pool_depth(spec: BlockSpec, pool: PoolConfig, setting: str) -> None:
     depth = len(level_sizes(pool))
     if depth > spec.block_size - 1:
         raise Refusal(
-            f"pool.steps={pool.steps}: a pool of depth {depth} needs block_size >= {depth + 1}, "
+            f"pool.expand_steps={pool.expand_steps}: a pool of depth {depth} needs block_size >= {depth + 1}, "
             f"but the block drafter at {setting} has block_size {spec.block_size} (its "
-            f"marginals cover depths 1..{spec.block_size - 1}); set pool.steps <= "
+            f"marginals cover depths 1..{spec.block_size - 1}); set pool.expand_steps <= "
             f"{spec.block_size - 2}"
         )
 

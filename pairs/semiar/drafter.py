@@ -130,9 +130,9 @@ def check_semiar_depth(semi: SemiARSpec, pool: PoolConfig, setting: str) -> None
     depth = len(level_sizes(pool))
     if depth > semi.depth:
         raise Refusal(
-            f"pool.steps={pool.steps}: a pool of depth {depth}, but the {semi.kind} drafter at "
+            f"pool.expand_steps={pool.expand_steps}: a pool of depth {depth}, but the {semi.kind} drafter at "
             f"{setting} drafts {semi.depth} positions a block (block_size "
-            f"{semi.block.block_size}); set pool.steps <= {semi.depth - 1}"
+            f"{semi.block.block_size}); set pool.expand_steps <= {semi.depth - 1}"
         )
 
 

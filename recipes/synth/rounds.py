@@ -78,7 +78,7 @@ def pool_layout(pool: PoolConfig) -> PoolLayout:
     """Counts per depth of docs/method.md#pool and the fixed row slot of every position's parent."""
     for name, value, low in (
         ("top_k", pool.top_k, 1),
-        ("steps", pool.steps, 0),
+        ("expand_steps", pool.expand_steps, 0),
         ("expand", pool.expand, 1),
     ):
         if not isinstance(value, int) or value < low:
@@ -86,7 +86,7 @@ def pool_layout(pool: PoolConfig) -> PoolLayout:
                 f"The 'pool.{name}' parameter must be an int >= {low}. Got {value!r} instead."
             )
     n_cand, n_expand = [pool.top_k], []
-    for _ in range(pool.steps):
+    for _ in range(pool.expand_steps):
         # each depth but the last expands its `expand` best candidates (all 10 of
         # depth 1 at the defaults), as tree.pool.level_sizes does
         n_expand.append(min(pool.expand, n_cand[-1]))
