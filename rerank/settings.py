@@ -30,7 +30,7 @@ from rerank.fit.boosting import Capacity
 from rerank.fit.halves import SCHEMES
 from rerank.fit.models import FEATURE_SETS
 from rerank.fit.token_prior import PRIOR_SPLITS
-from rerank.report.comparisons import DEFAULT_COMPARISONS, check_comparisons, parse_comparisons
+from rerank.report.comparisons import run_comparisons
 from selection.policies import SCORE_MODES
 from selection.rules import MODEL_KINDS, RULES, learned, mixture, substitution
 from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
@@ -142,7 +142,7 @@ def derived_settings(rerank: RerankConfig) -> CheckedSettings:
     capacity, rules, kind = model_capacity(rerank.booster), run_rules(rerank), rerank.booster.kind
     rerankers = [learned(fs, kind).name for fs in rerank.feature_sets]
     learned_rules = {fs: learned(fs, kind).name for fs in FEATURE_SETS}
-    comparisons = comparison_pairs(rerank, rules)
+    comparisons = run_comparisons(rerank.comparisons, kind, rules)
     simulated = simulated_sets(rerank.feature_sets, rerank.score)
     features, traces = project_path(rerank.features), project_path(rerank.traces)
     fits = None if rerank.fits is None else project_path(rerank.fits)
@@ -238,12 +238,7 @@ def comparison_pairs(rerank: RerankConfig, rules: set[str] | None = None) -> lis
     """The run's paired comparisons: the configured ones, or the paper's among its rules
     (`rules`: `run_rules(rerank)`, when known)."""
     rules = run_rules(rerank) if rules is None else rules
-    if rerank.comparisons is None:
-        pairs = parse_comparisons(DEFAULT_COMPARISONS, rerank.booster.kind)
-        return [p for p in pairs if set(p) <= rules]
-    pairs = parse_comparisons(rerank.comparisons, rerank.booster.kind)
-    check_comparisons(pairs, rules)
-    return pairs
+    return run_comparisons(rerank.comparisons, rerank.booster.kind, rules)
 
 
 def run_rules(rerank: RerankConfig) -> set[str]:

@@ -5,6 +5,10 @@ everywhere in `rerank` and `calibrate`: rows with fold ``f`` are PREDICTED by a
 model TRAINED on the rows with fold ``1 - f``. So a reported number is always
 out-of-fold, and a prompt's rounds never inform their own predictions (rounds
 of one prompt share context, so a row-level split would leak).
+
+Which half each prompt is in is `rerank.fit.halves`'; here: the rows each half's fits train on
+and predict (checked grouped by prompt), the inner validation split and the training
+subsample within a half, and the cross-fitted calibration controls.
 """
 
 from __future__ import annotations

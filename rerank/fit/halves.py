@@ -1,7 +1,7 @@
 """The two prompt halves of cross-fitting (docs/method.md#cross-fitting): which half each
 prompt is in (`prompt_halves`, once over every prompt: `fold_map`), each row's half looked up
-from that map (`frame_folds`), the split's table, and the check that a prompt never spans
-both halves. What is fitted within the halves lives in `rerank.fit.folds`.
+from that map (`frame_folds`, `prompt_folds`), and the split's table. What is fitted within
+the halves lives in `rerank.fit.folds`.
 """
 
 from __future__ import annotations

@@ -90,6 +90,7 @@ def crossfit_predict(
     shared with the cross-fits of its other feature sets (`rerank.fit.binned`). ``memo``: what
     those cross-fits compute alike (`rerank.fit.law_memo`; None: this cross-fit's own).
     """
+    sample_weight = _checked_weights(sample_weight, len(frame))
     check_law_frame(frame, kind, law)
     features = feature_list(feature_set)
     fp_cols = fingerprint_columns(frame, features, law)
@@ -99,7 +100,6 @@ def crossfit_predict(
     cats = task_categories(frame, categories)
     design, column = fold_design(frame, features, cats, masks, priors, pseudo_count,
                                  prior_split == "prompt")  # fmt: skip
-    sample_weight = _checked_weights(sample_weight, len(frame))
     phat = np.full(len(frame), np.nan, dtype=np.float64)
     route = BATCH_ROUTE[kind] if route is None else route
     workers, fit_threads = fold_workers(n_threads, len(masks))

@@ -4,6 +4,8 @@ edges only) and applied to every edge of a pool in the evaluation's pass."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,6 +18,7 @@ from rerank.fit.halves import prompt_folds
 from selection.pool_batch import PoolBatch
 from selection.ranking import pool_levels
 from specrank.errors import Refusal
+from specrank.memory import release_freed_heap
 
 # What the per-depth maps read of the traces (fit_per_depth_maps reads nothing else).
 EDGE_COLUMNS = ["prompt_id", "temperature", "root_argmax", "cand_parent", "cand_depth",
@@ -149,3 +152,17 @@ def per_depth_factors(
             cal = iso.predict(q.reshape(-1), depth[rows].reshape(-1)).reshape(rows.size, -1)
         logf[rows] = torch.from_numpy(np.log(cal).astype(np.float32))  # the maps clip already
     return torch.where(pool.valid, logf, -torch.inf)
+
+
+def per_depth_extra(dataset: ds.Dataset, folds: dict[str, int], max_edges: int, seed: int,
+                    chunk_rounds: int) -> Callable[[PoolBatch, pa.Table], dict[str, torch.Tensor]]:  # fmt: skip
+    """The evaluation pass's `extra_factor` of the per-depth control: every edge's log factor
+    through the maps fitted here out of fold (`fit_per_depth_maps`)."""
+    maps = fit_per_depth_maps(dataset, folds, max_edges, seed, chunk_rounds)
+    release_freed_heap()
+
+    def extra(pool: PoolBatch, table: pa.Table) -> dict[str, torch.Tensor]:
+        ids = table["prompt_id"].to_numpy(zero_copy_only=False)
+        return {"per_depth": per_depth_factors(pool, ids, folds, maps)}
+
+    return extra

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -21,7 +20,7 @@ from rerank.evaluate.recorded import labelled_table, recorded_budgets, store_dra
 from rerank.evaluate.reports import ReportAccumulators
 from rerank.evaluate.values import EvalPlan, LearnedFactors, evaluate_traces
 from rerank.fit.halves import halves_table
-from rerank.fit.per_depth import fit_per_depth_maps, per_depth_factors
+from rerank.fit.per_depth import per_depth_extra
 from rerank.job.fitting import Fitted
 from rerank.report.breakdowns import breakdown_gains, breakdowns
 from rerank.report.comparisons import compare, comparisons_table
@@ -109,7 +108,8 @@ def evaluate_rules(inputs: EvalInputs, fitted: Fitted, seed: int,
     if dataset is None:
         dataset = trace_store(inputs.traces).dataset()
     policy = _policy_rounds(inputs, fitted)
-    extra = _per_depth_factors(inputs, dataset, folds, seed)
+    extra = (per_depth_extra(dataset, folds, inputs.calibration_edges, seed, inputs.chunk_rounds)
+             if inputs.per_depth else None)  # fmt: skip
     plan = EvalPlan(budgets, substitutions=list(inputs.substitutions),
                     mixture_weights=list(inputs.mixture_weights), top_m=inputs.draft_top_m,
                     curve_rules=["root", *(r for r in inputs.rerankers if r not in policy.simulated)])  # fmt: skip
@@ -177,19 +177,3 @@ def _policy_rounds(inputs: EvalInputs, fitted: Fitted) -> PolicyRounds:
     return PolicyRounds(inputs.budgets, inputs.score, inputs.score_top_m,
                         f"rerank.traces={inputs.traces_setting}", simulated=simulated,
                         factors=factors)  # fmt: skip
-
-
-def _per_depth_factors(inputs: EvalInputs, dataset: ds.Dataset, folds: dict[str, int],
-                      seed: int) -> Callable | None:  # fmt: skip
-    """The pass's `extra_factor`: the per-depth calibration's log factor of every edge, from
-    maps fitted out of fold here (None when no `per_depth` control is evaluated)."""
-    if not inputs.per_depth:
-        return None
-    maps = fit_per_depth_maps(dataset, folds, inputs.calibration_edges, seed, inputs.chunk_rounds)
-    release_freed_heap()
-
-    def extra(pool, table):
-        ids = table["prompt_id"].to_numpy(zero_copy_only=False)
-        return {"per_depth": per_depth_factors(pool, ids, folds, maps)}
-
-    return extra

@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -43,7 +42,7 @@ log = logging.getLogger(__name__)
 # keys, the halves' tasks, and what the prediction quality and reliability tables join.
 FITTED_COLUMNS = [*ROUND_KEYS, "cand_index", "task", "draft_prob", *LABEL_OF_LAW.values()]
 # What the fitting process reads of each law when Ray's workers do the cross-fits: the keys and
-# the controls' inputs (`rerank.fit.predict._add_controls`), none of which a policy masks.
+# the controls' inputs (`rerank.fit.folds.add_controls`), none of which a policy masks.
 CONTROL_COLUMNS = list(dict.fromkeys([*FITTED_COLUMNS, "temperature", "draft_rank"]))
 
 
@@ -181,7 +180,12 @@ def fit_rerankers(inputs: FitInputs, seed: int, parallel: ParallelConfig | None 
         # the workers read every feature; this process only the keys and the controls' inputs
         prefit = RayFits(parallel, frame_of)
         if inputs.fit_nodes > 1:
-            prefit = _node_fits(inputs, parallel, columns)
+            from rerank.on_nodes import NodeFits  # Ray is imported only by a run that uses it
+
+            # each fit on fit_nodes Ray Train workers: this process reads each law's keys and
+            # labels, the workers their prompts' rows (`columns`)
+            prefit = NodeFits(parallel, inputs.fit_nodes, partial(law_frame, features, inputs.score),
+                              columns, candidate_store(features).fingerprint(), inputs.fits)  # fmt: skip
         frame_of = partial(law_frame, features, inputs.score, columns=CONTROL_COLUMNS)
     preds = predict_first_factors(
         candidates,
@@ -207,15 +211,3 @@ def fit_rerankers(inputs: FitInputs, seed: int, parallel: ParallelConfig | None 
     release_freed_heap()
     seconds = time.perf_counter() - t0
     return Fitted(candidates, folds, preds, quality, seconds, halves)
-
-
-def _node_fits(inputs: FitInputs, parallel: ParallelConfig, columns: list[str]) -> Any:
-    """The prefit that trains each fit on `inputs.fit_nodes` Ray Train workers: this
-    process reads each law's keys and labels, the workers their prompts' rows (`columns`)."""
-    from rerank.on_nodes import NodeFits  # Ray is imported only by a run that uses it
-
-    return NodeFits(
-        parallel, inputs.fit_nodes, partial(law_frame, inputs.features, inputs.score),
-        columns, candidate_store(inputs.features).fingerprint(),
-        inputs.fits,
-    )  # fmt: skip

@@ -55,6 +55,18 @@ def check_comparisons(pairs: list[tuple[str, str]], rules: set[str]) -> None:
         )
 
 
+def run_comparisons(configured: list[str] | None, learned_kind: str,
+                    rules: set[str]) -> list[tuple[str, str]]:  # fmt: skip
+    """A run's paired comparisons: the `configured` ones (each must name two of the run's
+    `rules`), or, when None, the paper's (`DEFAULT_COMPARISONS`) among its `rules`."""
+    if configured is None:
+        pairs = parse_comparisons(DEFAULT_COMPARISONS, learned_kind)
+        return [p for p in pairs if set(p) <= rules]
+    pairs = parse_comparisons(configured, learned_kind)
+    check_comparisons(pairs, rules)
+    return pairs
+
+
 def compare(draws: list[LawDraws], pairs: list[tuple[str, str]]) -> pd.DataFrame:
     """One row per (law, budget, weighting, a, b): gains of a over b with paired intervals."""
     rows = []
