@@ -103,7 +103,7 @@ format: $(STAMP)  ## ruff autofix + format
 # The docs site (mkdocs.yml): the settings page is generated from the config schema, and
 # tests/test_docs_site.py checks both in make test.
 docs: $(STAMP)  ## regenerate docs/settings.md from the schema and build the site into site/
-	$(PY) -m specrank.settings_doc --write
+	$(PY) -m specrank.settings.settings_doc --write
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # MLflow UI over the project's tracking store (what `make run` / `python -m rerank.train` log).

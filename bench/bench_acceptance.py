@@ -23,7 +23,7 @@ import pandas as pd
 from rerank.job.acceptance import DUMP_FILE
 from rerank.report.acceptance import acceptance_table, acceptance_text
 from rerank.report.acceptance_dump import dump_sets, read_dump
-from specrank.bootstrap import DEFAULT_RESAMPLES
+from specrank.statistics.bootstrap import DEFAULT_RESAMPLES
 
 
 def report(run: Path, resamples: int = DEFAULT_RESAMPLES, seed: int = 0

@@ -60,8 +60,8 @@ from bench.drafters_offline import offline_gains, offline_text
 from pairs.block.drafter import BlockDrafter
 from pairs.config import ModelConfig
 from pairs.models import ModelPair, load_model_pair
-from specrank.bootstrap import ci_text
-from specrank.paths import PROJECT_ROOT, project_path
+from specrank.settings.paths import PROJECT_ROOT, project_path
+from specrank.statistics.bootstrap import ci_text
 
 CACHE = PROJECT_ROOT / "bench" / ".cache" / "drafters"
 

@@ -26,7 +26,7 @@ from bench.bench_drafters import load_kind, machine_load
 from bench.common import suite_prompts
 from bench.drafters import Variant, decode_law, variant_tables
 from recipes.pocket.eagle3_card import write_card
-from specrank.paths import PROJECT_ROOT
+from specrank.settings.paths import PROJECT_ROOT
 
 NAMES = ("standalone", "eagle3")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from features.extract import ExtractReport, extract
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from specrank.trace_schema import SCHEMA_VERSION
+from specrank.store.trace_schema import SCHEMA_VERSION
 from tree.config import PoolConfig, SelectConfig
 
 CACHE = Path(__file__).resolve().parent / ".cache"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from specrank.paths import PROJECT_ROOT
+from specrank.settings.paths import PROJECT_ROOT
 
 
 def law_run(args: argparse.Namespace, temperature: float, out: Path) -> pd.DataFrame:

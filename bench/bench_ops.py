@@ -144,7 +144,7 @@ def load_kind(kind: str) -> ModelPair:
 
     from pairs.config import ModelConfig
     from pairs.models import load_model_pair
-    from specrank.paths import PROJECT_ROOT, project_path
+    from specrank.settings.paths import PROJECT_ROOT, project_path
 
     yaml = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / f"{KINDS[kind]}.yaml")
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml))

@@ -30,7 +30,7 @@ from decode.stream import DecodeSettings
 from pairs.config import DataConfig, ModelConfig, PromptSource
 from pairs.models import load_model_pair
 from pairs.prompts import encode_prompt, load_prompts
-from specrank.paths import PROJECT_ROOT
+from specrank.settings.paths import PROJECT_ROOT
 from tests.tiny_models import TINY_CHAT_TEMPLATE, build_tiny_pair
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 

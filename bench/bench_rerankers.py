@@ -54,7 +54,7 @@ from rerank.fit.halves import prompt_halves
 from rerank.fit.models import LABEL_OF_LAW, feature_list
 from rerank.fit.token_prior import token_prior_features
 from selection.rules import MODEL_KINDS
-from specrank.trace_schema import SCHEMA_VERSION
+from specrank.store.trace_schema import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 FEATURE_SET = "rows"
@@ -220,8 +220,8 @@ def job_rerank_config(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    import specrank.config  # noqa: F401  (registers the Hydra schema)
-    from specrank.paths import CONF_DIR
+    import specrank.settings.config  # noqa: F401  (registers the Hydra schema)
+    from specrank.settings.paths import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_object(compose("train", overrides=overrides).rerank)

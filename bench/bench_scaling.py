@@ -39,7 +39,7 @@ from features.extract import extract
 from features.schema import CANDIDATE_VERSION, candidate_store
 from rerank.fit.halves import prompt_halves
 from rerank.fit.models import fit_reranker
-from specrank.trace_schema import SCHEMA_VERSION
+from specrank.store.trace_schema import SCHEMA_VERSION
 
 PAPER_ROUNDS = 1402 * 261  # 365,922 (bench_extract's paper scale)
 TENFOLD = 10 * PAPER_ROUNDS

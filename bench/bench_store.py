@@ -18,8 +18,8 @@ import time
 
 from bench.bench_extract import paper_traces
 from selection.pool_batch import POOL_COLUMNS
-from specrank.tables import sha256_file
-from specrank.trace_schema import trace_store
+from specrank.store.tables import sha256_file
+from specrank.store.trace_schema import trace_store
 
 
 def _best(fn, repeats: int) -> float:

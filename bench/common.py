@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from pairs.config import DataConfig, ModelConfig
 from pairs.models import ModelPair, load_model_pair
 from pairs.prompts import Prompt, load_prompts
-from specrank.paths import project_path
+from specrank.settings.paths import project_path
 from tests.tiny_models import build_tiny_pair
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from pairs.eagle3 import lean
     from pairs.prompts import encode_prompt
-    from specrank.paths import PROJECT_ROOT
+    from specrank.settings.paths import PROJECT_ROOT
 
     pair = load_kind("eagle3")
     encoded = [encode_prompt(pair.tokenizer, p["prompt"])

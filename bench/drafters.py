@@ -39,7 +39,7 @@ from decode.settings import OnlineSettings
 from decode.stream import DecodeSettings
 from pairs.models import ModelPair
 from pairs.prompts import Prompt, encode_prompt
-from specrank.bootstrap import percentile_interval, resample_weights
+from specrank.statistics.bootstrap import percentile_interval, resample_weights
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 # kind -> conf/model/<name>.yaml; dcore: the block drafter of the DCore recipe (DFlare's

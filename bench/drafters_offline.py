@@ -24,8 +24,8 @@ from pairs.models import ModelPair
 from pairs.prompts import Prompt
 from rerank.config import RerankConfig
 from rerank.train import train_and_evaluate
-from specrank.bootstrap import ci_text
-from specrank.config import MlflowConfig
+from specrank.settings.config import MlflowConfig
+from specrank.statistics.bootstrap import ci_text
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 # the rules printed: the oracle-free ceiling (root), the learned rerankers, a calibration control

@@ -46,7 +46,7 @@ want() { [[ "$STEPS" == *" $1 "* ]]; }
 tests_rc=0 bench_rc=0 scored_rc=0 drafters_rc=0 cost_rc=0
 # The stages' config schemas are found through the project's entry points: without the
 # metadata every step fails at import.
-if ! $PY -c "from importlib.metadata import entry_points as e; assert e(group='specrank.config')" 2>/dev/null; then
+if ! $PY -c "from importlib.metadata import entry_points as e; assert e(group='specrank.settings.config')" 2>/dev/null; then
     log "specrank is not installed here: carry specrank.egg-info (written by make setup) or pip install -e ."
     exit 2
 fi

@@ -48,7 +48,7 @@ from omegaconf import OmegaConf
 from pairs.config import DataConfig
 from pairs.prompts import Prompt, load_prompts
 from selection.policies import SCORE_MODES
-from specrank.paths import CONF_DIR, project_path
+from specrank.settings.paths import CONF_DIR, project_path
 
 
 def heldout_subset(n: int) -> list[Prompt]:

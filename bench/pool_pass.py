@@ -53,7 +53,7 @@ try:
 except ImportError:  # a tree from before rerank/job/ (59e495d: the pass's first timing)
     from rerank.train import Fitted, evaluate
 from rerank.settings import store_budgets
-from specrank.memory import retain_freed_heap
+from specrank.runtime.memory import retain_freed_heap
 
 args = json.loads(sys.argv[1])
 retain_freed_heap()  # as rerank.train's entry point

@@ -38,8 +38,8 @@ from selection.ranking import (
     torch_route,
 )
 from selection.values import evaluate_pools
-from specrank.memory import retain_freed_heap
-from specrank.trace_schema import trace_store
+from specrank.runtime.memory import retain_freed_heap
+from specrank.store.trace_schema import trace_store
 
 PAPER_ROUNDS = 365_922  # = 1402 prompts x 261 rounds
 PAPER_ROUNDS_PER_PROMPT = 261

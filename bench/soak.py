@@ -7,7 +7,7 @@ On the debug suite (pocket models, `debug=default`, 3 + 3 prompts, both laws), e
 `decode.record -m`, `features.extract`, `rerank.train` and `decode.run run.record_traces=true`
 is first run once uninterrupted (the reference), then started again into fresh outputs and
 SIGKILLed: at a random moment of its reference duration, or by a hook while a shard or a
-table is being written (`SPECRANK_FAULTS`, `specrank.faults`). Each kill's phase is read
+table is being written (`SPECRANK_FAULTS`, `specrank.runtime.faults`). Each kill's phase is read
 from `SPECRANK_PHASE_FILE`. The stage is then rerun until it exits 0, and:
 - record, extract, online traces: the store equals the reference in every non-timing column,
   with no duplicate rounds and no temp or claim file left;
@@ -16,7 +16,7 @@ from `SPECRANK_PHASE_FILE`. The stage is then rerun until it exits 0, and:
 `--full-disk` records and trains on a small tmpfs (root needed) filled up mid-run: the error
 names the file, earlier shards stay readable, the rerun completes; a full disk before the
 start is refused with the figure. `--tracking-server` stops a real `mlflow server` while
-`rerank.train` writes its tables: the failure is named and `python -m specrank.log_run`
+`rerank.train` writes its tables: the failure is named and `python -m specrank.tracking.log_run`
 logs the folder once the server is back. Prints one JSON line per kill and a summary.
 """
 

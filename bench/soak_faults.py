@@ -7,7 +7,7 @@ stay readable, and the rerun (space freed) equals the reference; a disk full whe
 `rerank.train` writes its tables fails naming the table, and the rerun completes.
 `tracking_server`: a real `mlflow server` stopped while `rerank.train` writes its tables:
 the run fails naming the logging failure and the command, its folder is complete, and
-`python -m specrank.log_run` logs it to the restarted server.
+`python -m specrank.tracking.log_run` logs it to the restarted server.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.mlflow_server import mlflow_server, stop_server
 from bench.soak_stages import ROOT, read_phase, run, same_store, stage_commands, start
-from specrank.trace_schema import trace_store
+from specrank.store.trace_schema import trace_store
 
 
 def _fill(folder: Path, leave: int) -> Path:
@@ -124,12 +124,12 @@ def tracking_server(root: Path) -> dict:
         proc.wait()
         err = proc.stderr.read()
     _expect(proc.returncode != 0 and f"MLflow logging to {url} failed" in err
-            and f"python -m specrank.log_run {folder}" in err,
+            and f"python -m specrank.tracking.log_run {folder}" in err,
             "the stopped server was not named with the command", err)  # fmt: skip
     _expect((folder / "mlflow_run.json").is_file(), "the run folder is not complete", err)
     with mlflow_server(server_root) as (url2, _):
         logged = subprocess.run(
-            [sys.executable, "-m", "specrank.log_run", str(folder), "--tracking-uri", url2],
+            [sys.executable, "-m", "specrank.tracking.log_run", str(folder), "--tracking-uri", url2],
             cwd=ROOT, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         _expect(logged.returncode == 0, "log_run failed", logged.stderr)

@@ -14,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 
 from features.schema import candidate_store
-from specrank.trace_schema import trace_store
+from specrank.store.trace_schema import trace_store
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ["debug=default"]

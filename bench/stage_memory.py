@@ -23,13 +23,13 @@ import threading
 import time
 from collections.abc import Callable
 
-from specrank.memory import resident_bytes
+from specrank.runtime.memory import resident_bytes
 
 _GIB = 2**30
 
 
 def resident_gib() -> float:
-    """This process's resident memory in GiB (`specrank.memory.resident_bytes`)."""
+    """This process's resident memory in GiB (`specrank.runtime.memory.resident_bytes`)."""
     resident = resident_bytes()
     if resident is None:
         raise RuntimeError("bench.stage_memory reads /proc/self/statm, which this system lacks")
@@ -124,7 +124,7 @@ def main() -> None:
     for spec in args.wrap:
         wrap_named(peaks, spec)
     import rerank.train as train
-    from specrank.cli import run_entry_point
+    from specrank.settings.cli import run_entry_point
 
     sys.argv = ["rerank.train", *args.overrides]
     run_entry_point(train.main, stage="rerank.train")

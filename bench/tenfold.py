@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from bench.bench_extract import CACHE, PAPER_PROMPTS, PAPER_ROUNDS, paper_traces
-from specrank.trace_schema import SCHEMA_VERSION
+from specrank.store.trace_schema import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 TIME = "/usr/bin/time"

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from pairs.config import ModelConfig
 from pairs.models import load_model_pair
-from specrank.paths import CONF_DIR, project_path
+from specrank.settings.paths import CONF_DIR, project_path
 
 
 def load_target(name: str, dtype: str | None) -> torch.nn.Module:

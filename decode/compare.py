@@ -34,8 +34,8 @@ from decode.metrics import PromptTiming, prompt_table
 from decode.session import RunReport
 from selection.rules import online_rules
 from selection.rules import rule as rule_entry
-from specrank.bootstrap import percentile_interval, resample_weights
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
+from specrank.statistics.bootstrap import percentile_interval, resample_weights
 
 
 @dataclass(frozen=True)

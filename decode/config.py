@@ -1,5 +1,5 @@
 """Typed settings of the entry points `decode.record` and `decode.run` (`trace:` and `run:`
-sections; see `specrank.config`).
+sections; see `specrank.settings.config`).
 
 On the command line `rule=<...>` and `reranker=<...>` are short for `run.rule=<...>` and
 `run.reranker=<...>` (see `decode.run`). Pool, budget, temperature, verifier, output limit
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING
 
-from specrank.fields import setting
+from specrank.settings.fields import setting
 
 
 @dataclass
@@ -152,4 +152,4 @@ class RunConfig:
     progress: bool = setting(True, "show a progress bar while decoding")
 
 
-SECTIONS = {"trace": TraceConfig, "run": RunConfig}  # see specrank.config
+SECTIONS = {"trace": TraceConfig, "run": RunConfig}  # see specrank.settings.config

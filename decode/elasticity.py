@@ -20,7 +20,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from specrank.bootstrap import percentile_interval, resample_weights
+from specrank.statistics.bootstrap import percentile_interval, resample_weights
 
 QUANTITIES = ("tps", "tau", "eta")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
+import specrank.settings.config  # noqa: F401  (registers the Hydra schema `config_schema`)
 from pairs.config import DataConfig, ModelConfig
 from pairs.prompts import Prompt, load_prompts
-from specrank.errors import Refusal
-from specrank.parallel import check_launcher
-from specrank.paths import project_path
+from specrank.runtime.parallel import check_launcher
+from specrank.settings.errors import Refusal
+from specrank.settings.paths import project_path
 
 
 def check_prompts(prompts: list[Prompt], data: DataConfig) -> None:

@@ -43,8 +43,13 @@ from selection.ranking import replace_first_factor
 from selection.rules import POOL_RULES
 from selection.rules import rule as rule_entry
 from selection.values import evaluate_pools
-from specrank.bootstrap import PromptSums, percentile_interval, resample_weights, weighted_means
-from specrank.trace_schema import TRACE_SCHEMA
+from specrank.statistics.bootstrap import (
+    PromptSums,
+    percentile_interval,
+    resample_weights,
+    weighted_means,
+)
+from specrank.store.trace_schema import TRACE_SCHEMA
 
 
 @dataclass

@@ -31,10 +31,10 @@ import yaml
 from decode.compare import ratios_of_tables, ratios_text
 from decode.metrics import entropy_halves, run_groups, task_entropy
 from decode.predicted import offline_comparison, offline_text, offline_values
-from specrank.cli import READS, refusals_exit
-from specrank.errors import Refusal
-from specrank.files import atomic_write
-from specrank.renames import migrated_config
+from specrank.settings.cli import READS, refusals_exit
+from specrank.settings.errors import Refusal
+from specrank.settings.renames import migrated_config
+from specrank.store.files import atomic_write
 
 # Keys that differ between the chunks of one run by design (dotted paths of the config).
 _PER_CHUNK = ("data.prompt_chunk", "mlflow.run_name", "hydra", "paths", "run.offline")

@@ -26,9 +26,9 @@ from decode.metrics import PromptTiming, prompt_table
 from rerank.evaluate.policy import DRAFT_SCORED
 from rerank.serving import local_path
 from selection.rules import BASELINE, value_key
-from specrank.bootstrap import Interval, percentile_interval, resample_weights
-from specrank.errors import Refusal
-from specrank.laws import law_name
+from specrank.settings.errors import Refusal
+from specrank.statistics.bootstrap import Interval, percentile_interval, resample_weights
+from specrank.statistics.laws import law_name
 
 _SUMS = ("real", "real_rounds", "pred", "pred_rounds")
 

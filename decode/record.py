@@ -26,7 +26,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
+import specrank.settings.config  # noqa: F401  (registers the Hydra schema `config_schema`)
 from decode.config import TraceConfig, manifest_view
 from decode.inputs import check_job_launcher, check_prompts, resolve_inputs
 from decode.recording import RecordReport, record_bytes, record_traces, recording_settings
@@ -35,12 +35,12 @@ from decode.stream import DecodeSettings
 from pairs.config import DataConfig, ModelConfig
 from pairs.models import load_model_pair
 from pairs.positions import check_prompt_lengths
-from specrank import faults
-from specrank.checks import check_int
-from specrank.cli import exits_on_refusal, run_entry_point
-from specrank.files import check_free_space
-from specrank.parallel import ParallelConfig, check_parallel
-from specrank.paths import CONF_DIR, project_path
+from specrank.runtime import faults
+from specrank.runtime.parallel import ParallelConfig, check_parallel
+from specrank.settings.checks import check_int
+from specrank.settings.cli import exits_on_refusal, run_entry_point
+from specrank.settings.paths import CONF_DIR, project_path
+from specrank.store.files import check_free_space
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 from tqdm import tqdm
 
-import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
+import specrank.settings.config  # noqa: F401  (registers the Hydra schema `config_schema`)
 from decode.loop import PromptRun, decode_prompt
 from decode.round import STAGES
 from decode.settings import OnlineSettings
@@ -28,10 +28,10 @@ from decode.stream import DecodeSettings
 from pairs.models import ModelPair
 from pairs.prompts import Prompt, encode_prompt
 from selection.rules import RULES
-from specrank.checks import check_int
-from specrank.errors import Refusal
-from specrank.parallel import ParallelConfig, part_of
-from specrank.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.runtime.parallel import ParallelConfig, part_of
+from specrank.settings.checks import check_int
+from specrank.settings.errors import Refusal
+from specrank.store.trace_schema import TRACE_SCHEMA, trace_store
 from tree.pool import pool_size
 
 log = logging.getLogger(__name__)

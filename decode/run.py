@@ -37,7 +37,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-import specrank.config  # noqa: F401  (registers the Hydra schema `config_schema`)
+import specrank.settings.config  # noqa: F401  (registers the Hydra schema `config_schema`)
 from decode.compare import (
     RuleSpec,
     combine_reports,
@@ -86,14 +86,14 @@ from rerank.serving import (
     unknown_tasks,
     unseen_prompts,
 )
-from specrank.checks import check_choice, check_int
-from specrank.cli import exits_on_refusal, expand_short_overrides, run_entry_point
-from specrank.config import MlflowConfig
-from specrank.errors import Refusal
-from specrank.laws import pair_key, pair_label
-from specrank.parallel import ParallelConfig, check_parallel
-from specrank.paths import CONF_DIR, project_path
-from specrank.run_record import TrackingError
+from specrank.runtime.parallel import ParallelConfig, check_parallel
+from specrank.settings.checks import check_choice, check_int
+from specrank.settings.cli import exits_on_refusal, expand_short_overrides, run_entry_point
+from specrank.settings.config import MlflowConfig
+from specrank.settings.errors import Refusal
+from specrank.settings.paths import CONF_DIR, project_path
+from specrank.statistics.laws import pair_key, pair_label
+from specrank.tracking.run_record import TrackingError
 from tree.pool import pool_size
 
 log = logging.getLogger(__name__)

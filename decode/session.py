@@ -48,12 +48,12 @@ from rerank.serving import OnlinePredictor
 from selection.policies import EDGE_MODES
 from selection.rules import learned
 from selection.rules import rule as rule_entry
-from specrank.config import MlflowConfig
-from specrank.files import atomic_write
-from specrank.laws import law_name
-from specrank.run_record import RunRecord, log_or_explain, write_record
-from specrank.trace_schema import TRACE_SCHEMA, trace_store
-from specrank.tracking import metric_key
+from specrank.settings.config import MlflowConfig
+from specrank.statistics.laws import law_name
+from specrank.store.files import atomic_write
+from specrank.store.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.tracking.run_record import RunRecord, log_or_explain, write_record
+from specrank.tracking.train_runs import metric_key
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from decode.stream import DecodeSettings
 from selection.policies import EDGE_MODES, SCORE_MODES
 from selection.ranking import Levels
 from selection.rules import RULES, Rule, online_rules, rule
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 from tree.pool import level_sizes
 
 

@@ -1,7 +1,7 @@
 """Ray workers of decode.record and decode.run: each holds its own model pair and decodes shards.
 
 The driver (`record_on_ray`, `run_on_ray`) never loads a model: it plans the
-shards, checks the store, and `specrank.parallel.deal` hands one shard at a time
+shards, checks the store, and `specrank.runtime.parallel.deal` hands one shard at a time
 to each actor. A recording worker writes its shards itself, through the store's
 claims, so the store ends as a single-process recording would leave it (decoding
 is seeded per prompt, so no draw depends on which worker made it); an online-run
@@ -27,9 +27,9 @@ from pairs.config import ModelConfig
 from pairs.models import ModelPair, load_model_pair
 from pairs.prompts import Prompt
 from rerank.serving import OnlinePredictor, load_online_reranker
-from specrank.claims import new_owner
-from specrank.parallel import ParallelConfig, deal
-from specrank.trace_schema import trace_store
+from specrank.runtime.parallel import ParallelConfig, deal
+from specrank.store.claims import new_owner
+from specrank.store.trace_schema import trace_store
 
 
 def _threads(model: ModelConfig) -> None:

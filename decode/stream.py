@@ -23,8 +23,8 @@ from pairs.block.drafter import BlockDrafter, BlockState
 from pairs.eagle3.pool import Eagle3State
 from pairs.models import STATE_DRAFTERS, Drafter
 from pairs.positions import limits_of, needed_positions
-from specrank.checks import check_choice, check_int, check_real
-from specrank.errors import Refusal
+from specrank.settings.checks import check_choice, check_int, check_real
+from specrank.settings.errors import Refusal
 from tree import retained as R
 from tree.attention import draft_cache, forward_chain, new_cache
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
@@ -44,7 +44,7 @@ class DecodeSettings:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
     def check(self) -> None:
-        """Every decode setting, before any model loads (specrank.checks messages)."""
+        """Every decode setting, before any model loads (specrank.settings.checks messages)."""
         n_pool = pool_size(self.pool)  # validates the pool settings
         check_real("decode.temperature", self.decode.temperature, 0.0)
         check_draft_temperature(self.decode)

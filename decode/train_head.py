@@ -11,10 +11,10 @@ import logging
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-import specrank.config  # noqa: F401  (registers the root schema)
+import specrank.settings.config  # noqa: F401  (registers the root schema)
 from recipes.eagle3.recipe import run
-from specrank.cli import exits_on_refusal, run_entry_point
-from specrank.paths import CONF_DIR
+from specrank.settings.cli import exits_on_refusal, run_entry_point
+from specrank.settings.paths import CONF_DIR
 
 log = logging.getLogger("recipes.eagle3")
 

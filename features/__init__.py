@@ -8,6 +8,6 @@ schema.CANDIDATE_SPEC / candidate_store(root)                    the candidate t
 extract.extract(traces, out)                                     `python -m features.extract`
 """
 
-from specrank.interpreter import use_project_interpreter
+from specrank.runtime.interpreter import use_project_interpreter
 
-use_project_interpreter()  # a `python -m` command outside .venv reruns in it (specrank.interpreter)
+use_project_interpreter()  # a `python -m` command outside .venv reruns in it (specrank.runtime.interpreter)

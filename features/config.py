@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrank.fields import setting
+from specrank.settings.fields import setting
 
 
 @dataclass
@@ -23,4 +23,4 @@ class FeaturesConfig:
     out: str = setting("${paths.features}", "candidate store to write (one shard per trace shard)")
 
 
-SECTIONS = {"features": FeaturesConfig}  # see specrank.config
+SECTIONS = {"features": FeaturesConfig}  # see specrank.settings.config

@@ -27,15 +27,15 @@ from omegaconf import DictConfig, OmegaConf
 from features.config import FeaturesConfig
 from features.from_trace import TRACE_COLUMNS, candidate_table
 from features.schema import candidate_store
-from specrank.claims import ShardRun
-from specrank.cli import exits_on_refusal, expand_short_overrides, run_entry_point
-from specrank.config import register_configs
-from specrank.errors import Refusal
-from specrank.files import check_free_space
-from specrank.paths import CONF_DIR, project_path
-from specrank.shard_store import ShardStore
-from specrank.tables import SchemaError
-from specrank.trace_schema import SCHEMA_VERSION, trace_store
+from specrank.settings.cli import exits_on_refusal, expand_short_overrides, run_entry_point
+from specrank.settings.config import register_configs
+from specrank.settings.errors import Refusal
+from specrank.settings.paths import CONF_DIR, project_path
+from specrank.store.claims import ShardRun
+from specrank.store.files import check_free_space
+from specrank.store.shard_store import ShardStore
+from specrank.store.tables import SchemaError
+from specrank.store.trace_schema import SCHEMA_VERSION, trace_store
 
 
 @dataclass

@@ -35,7 +35,7 @@ from features.kernels import draft_mass, fill
 from features.registry import FEATURES, FILL_STEPS, PER_KIND_STEPS, SUBTREE_STEPS
 from features.rounds import FL_ROWS, INT_FIELDS, SCALAR_FIELDS, RoundArrays, RoundBlocks
 from features.subtree import pool_error, pool_pass, subtree_stats
-from specrank.jit import njit
+from specrank.runtime.jit import njit
 from tree.retained import ROW_KINDS
 
 # features.kernels.fill reads the input blocks' rows by position: this order (features.rounds)

@@ -27,8 +27,8 @@ from features.rounds import (
 )
 from features.schema import CANDIDATE_SCHEMA
 from selection.pool_batch import check_draft_logprobs, trace_matrix
-from specrank.tables import SchemaError
-from specrank.trace_schema import TRACE_SCHEMA
+from specrank.store.tables import SchemaError
+from specrank.store.trace_schema import TRACE_SCHEMA
 
 CHUNK_ROUNDS = 512  # rounds per call of first_level_features (cache-sized working arrays)
 RUN_KEYS = ["prompt_id", "temperature", "rule", "budget"]  # one decoding run of one prompt

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specrank.jit import njit
+from specrank.runtime.jit import njit
 
 
 @njit(nogil=True, inline="always")

@@ -17,8 +17,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from features.registry import FEATURES
-from specrank.shard_store import ShardStore
-from specrank.tables import TableSpec
+from specrank.store.shard_store import ShardStore
+from specrank.store.tables import TableSpec
 
 CANDIDATE_VERSION = 2
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specrank.jit import njit
+from specrank.runtime.jit import njit
 
 # pool_pass error codes, in the order they are reported
 NAN_LOGPROB, FIRST_NOT_LEADING, NOT_POOL_ORDER, BAD_PARENT = range(4)

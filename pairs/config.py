@@ -1,5 +1,5 @@
 """Typed settings of a target/drafter pair and the prompts it decodes (`model:` and `data:`
-sections; see `specrank.config`)."""
+sections; see `specrank.settings.config`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING
 
-from specrank.fields import setting
+from specrank.settings.fields import setting
 
 
 @dataclass

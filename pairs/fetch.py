@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pairs.gguf import file_sha256
-from specrank.errors import Refusal
-from specrank.paths import project_path
+from specrank.settings.errors import Refusal
+from specrank.settings.paths import project_path
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from pairs.loading import LOADING
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 
 CACHE_ENV = "SPECRANK_CACHE"  # the cache root; default $XDG_CACHE_HOME/specrank
 PROVENANCE = "specrank_gguf.json"  # written into each converted folder: where it came from

@@ -41,8 +41,8 @@ from pairs.gguf import converted_folder, gguf_file
 from pairs.loading import LOADING
 from pairs.semiar.drafter import attach_semiar, check_semiar_depth, read_semiar, semiar_ids
 from pairs.semiar.layout import READERS as SEMIAR_READERS
-from specrank.checks import check_choice
-from specrank.errors import Refusal
+from specrank.settings.checks import check_choice
+from specrank.settings.errors import Refusal
 from tree.config import PoolConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -24,7 +24,7 @@ from transformers import AutoConfig, AutoTokenizer
 from pairs.config import ModelConfig
 from pairs.models import checkpoint_dir, drafter_kind
 from pairs.prompts import Prompt, encode_prompt
-from specrank.checks import check_choice
+from specrank.settings.checks import check_choice
 from tree.config import PoolConfig
 from tree.pool import level_sizes
 

@@ -36,8 +36,8 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from pairs.config import DataConfig, PromptSource
-from specrank.checks import check_choice
-from specrank.errors import Refusal
+from specrank.settings.checks import check_choice
+from specrank.settings.errors import Refusal
 
 PROMPT_KINDS = ("spec_bench", "humaneval", "jsonl")
 HUMANEVAL_CATEGORY = "humaneval"  # HumanEval has no categories; its own name keeps it apart

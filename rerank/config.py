@@ -1,11 +1,11 @@
-"""Typed settings of `python -m rerank.train` (the `rerank:` section; `mlflow:` is specrank.config's)."""
+"""Typed settings of `python -m rerank.train` (the `rerank:` section; `mlflow:` is specrank.settings.config's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specrank.bootstrap import DEFAULT_RESAMPLES
-from specrank.fields import setting
+from specrank.settings.fields import setting
+from specrank.statistics.bootstrap import DEFAULT_RESAMPLES
 
 # docs/method.md#rule-values: the default budgets and the sweep reported on request.
 DEFAULT_BUDGETS = [8, 59]
@@ -202,4 +202,4 @@ class TransferConfig:
     )
 
 
-SECTIONS = {"rerank": RerankConfig, "transfer": TransferConfig}  # see specrank.config
+SECTIONS = {"rerank": RerankConfig, "transfer": TransferConfig}  # see specrank.settings.config

@@ -42,9 +42,9 @@ from rerank.fit.data_parallel import (
 )
 from rerank.fit.models import FittedReranker
 from rerank.fit.out_of_fold import CrossfitResult, LawFits
-from specrank import faults
-from specrank.laws import law_kind
-from specrank.parallel import ParallelConfig, connect
+from specrank.runtime import faults
+from specrank.runtime.parallel import ParallelConfig, connect
+from specrank.statistics.laws import law_kind
 
 
 def _node_loop(config: dict) -> None:

@@ -3,7 +3,7 @@
     python -m rerank.train launcher=ray parallel.workers=4                      # a local cluster
     python -m rerank.train launcher=ray parallel.workers=16 parallel.address=auto  # a running one
 
-Both stages go through `specrank.parallel.deal`, as recording does: each worker is an actor
+Both stages go through `specrank.runtime.parallel.deal`, as recording does: each worker is an actor
 built once, handed one task at a time, and a task whose worker dies (killed, node lost) is
 dealt again to another (`parallel.max_attempts`); an exception raised by the task's own
 code fails the run.
@@ -37,8 +37,8 @@ import pyarrow.dataset as ds
 
 from rerank.evaluate.pool_chunks import iter_trace_chunks
 from rerank.fit.out_of_fold import CrossfitResult, LawFits
-from specrank import faults
-from specrank.parallel import ParallelConfig, deal
+from specrank.runtime import faults
+from specrank.runtime.parallel import ParallelConfig, deal
 
 TASK_THREADS = 2  # a fit task's threads when rerank.booster.n_threads is null: one per half
 

@@ -29,10 +29,10 @@ from rerank.forest.jit import JitForest, jit_forest, log_phat
 from rerank.forest.table import ForestError, forest_of
 from rerank.forest.walk import CompiledForest, TorchForest, compile_forest, link, prepare
 from selection.policies import NO_TOKEN_ONLY, SCORE_MODES
-from specrank.errors import Refusal
-from specrank.jit import njit
-from specrank.laws import law_kind
-from specrank.paths import project_path
+from specrank.runtime.jit import njit
+from specrank.settings.errors import Refusal
+from specrank.settings.paths import project_path
+from specrank.statistics.laws import law_kind
 
 log = logging.getLogger(__name__)
 PREDICTORS = ("auto", "library", "forest", "compiled")  # run.predictor (OnlinePredictor)
@@ -52,7 +52,7 @@ def local_path(source: str, tracking_uri: str) -> Path:
     if source.startswith(MLFLOW_SCHEMES):
         import mlflow  # only runs that name an MLflow URI pay for the import
 
-        from specrank.tracking import resolve_tracking_uri
+        from specrank.tracking.train_runs import resolve_tracking_uri
 
         uri = resolve_tracking_uri(tracking_uri)
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=source, tracking_uri=uri))

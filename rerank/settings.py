@@ -1,6 +1,6 @@
 """The settings of `python -m rerank.train`, checked before anything is read or fitted.
 
-`check_settings` validates every `rerank` setting (messages from `specrank.checks`
+`check_settings` validates every `rerank` setting (messages from `specrank.settings.checks`
 name the setting, what was expected and what was found) and returns what the settings
 alone decide (`CheckedSettings`): which rules the job reports (`run_rules`), which paired
 comparisons it computes (`comparison_pairs`), the boosting capacity of `rerank.booster`
@@ -33,12 +33,12 @@ from rerank.fit.token_prior import PRIOR_SPLITS
 from rerank.report.comparisons import run_comparisons
 from selection.policies import SCORE_MODES
 from selection.rules import MODEL_KINDS, RULES, learned, mixture, substitution
-from specrank.checks import check_choice, check_int, check_ints, check_real, check_subset
-from specrank.errors import Refusal
-from specrank.parallel import ParallelConfig, check_parallel
-from specrank.paths import project_path
-from specrank.tables import SchemaError
-from specrank.trace_schema import trace_store
+from specrank.runtime.parallel import ParallelConfig, check_parallel
+from specrank.settings.checks import check_choice, check_int, check_ints, check_real, check_subset
+from specrank.settings.errors import Refusal
+from specrank.settings.paths import project_path
+from specrank.store.tables import SchemaError
+from specrank.store.trace_schema import trace_store
 from tree.config import PoolConfig
 from tree.pool import pool_size
 
@@ -88,7 +88,7 @@ def check_train_parallel(p: ParallelConfig, model: BoosterConfig | None = None) 
 
 
 def check_settings(rerank: RerankConfig) -> CheckedSettings:
-    """Every `rerank` setting, before anything is read or fitted (specrank.checks messages);
+    """Every `rerank` setting, before anything is read or fitted (specrank.settings.checks messages);
     returns what the settings decide, for the stages to read."""
     check_choice("rerank.booster.kind", rerank.booster.kind, MODEL_KINDS)
     if rerank.booster.n_threads is not None:

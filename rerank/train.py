@@ -44,17 +44,17 @@ from rerank.job.tracked import pair_tags, run_record
 from rerank.report.plots import write_plots
 from rerank.report.plots_reliability import reliability_table
 from rerank.settings import check_stores, check_train
-from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
-from specrank import faults
-from specrank.cli import exits_on_refusal, run_entry_point
-from specrank.config import MlflowConfig
-from specrank.files import atomic_write
-from specrank.laws import law_kind, law_name
-from specrank.memory import release_freed_heap, retain_freed_heap
-from specrank.parallel import ParallelConfig
-from specrank.paths import CONF_DIR
-from specrank.run_record import TrackingError, log_or_explain, write_record
-from specrank.trace_schema import trace_store
+from specrank.runtime import faults
+from specrank.runtime.memory import release_freed_heap, retain_freed_heap
+from specrank.runtime.parallel import ParallelConfig
+from specrank.settings import config as _schema  # noqa: F401  (registers the Hydra schema)
+from specrank.settings.cli import exits_on_refusal, run_entry_point
+from specrank.settings.config import MlflowConfig
+from specrank.settings.paths import CONF_DIR
+from specrank.statistics.laws import law_kind, law_name
+from specrank.store.files import atomic_write
+from specrank.store.trace_schema import trace_store
+from specrank.tracking.run_record import TrackingError, log_or_explain, write_record
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ def train_and_evaluate(
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 @exits_on_refusal
 def main(cfg: DictConfig) -> None:
-    retain_freed_heap()  # chunked evaluation reuses the same large blocks (specrank.memory)
+    retain_freed_heap()  # chunked evaluation reuses the same large blocks (specrank.runtime.memory)
     rerank: RerankConfig = OmegaConf.to_object(cfg.rerank)
     tracking: MlflowConfig = OmegaConf.to_object(cfg.mlflow)
     parallel: ParallelConfig = OmegaConf.to_object(cfg.parallel)

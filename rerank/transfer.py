@@ -57,16 +57,16 @@ from rerank.serving import reranker_folder, unknown_task_counts
 from rerank.settings import check_settings, check_stores, comparison_pairs
 from rerank.train import write_tables
 from selection.rules import learned
-from specrank import config as _schema  # noqa: F401  (registers the Hydra schema)
-from specrank.checks import check_choice, check_int
-from specrank.cli import exits_on_refusal, run_entry_point
-from specrank.config import MlflowConfig
-from specrank.errors import Refusal
-from specrank.files import atomic_write
-from specrank.laws import law_kind
-from specrank.paths import CONF_DIR, project_path
-from specrank.run_record import RunRecord, TrackingError, log_or_explain, write_record
-from specrank.trace_schema import trace_store
+from specrank.settings import config as _schema  # noqa: F401  (registers the Hydra schema)
+from specrank.settings.checks import check_choice, check_int
+from specrank.settings.cli import exits_on_refusal, run_entry_point
+from specrank.settings.config import MlflowConfig
+from specrank.settings.errors import Refusal
+from specrank.settings.paths import CONF_DIR, project_path
+from specrank.statistics.laws import law_kind
+from specrank.store.files import atomic_write
+from specrank.store.trace_schema import trace_store
+from specrank.tracking.run_record import RunRecord, TrackingError, log_or_explain, write_record
 
 log = logging.getLogger(__name__)
 SEEN = ("skip", "refuse")  # transfer.seen_prompts

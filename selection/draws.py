@@ -25,7 +25,7 @@ from torch import Tensor
 from selection.context import PoolContext
 from selection.kernels import heap_key
 from selection.ranking import compiled_route, kernel_valid, rank_order
-from specrank.jit import njit
+from specrank.runtime.jit import njit
 
 
 def subtree_ranks(ctx: PoolContext) -> tuple[Tensor, Tensor, Tensor]:

@@ -31,7 +31,7 @@ from selection.kernels import (
     heap_offer,
     heap_takes,
 )
-from specrank.jit import njit
+from specrank.runtime.jit import njit
 
 
 @njit(nogil=True)

@@ -22,7 +22,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from specrank.jit import njit
+from specrank.runtime.jit import njit
 
 _INT32_MIN = -(2**31)
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from selection.kernels import greedy_edges
-from specrank.trace_schema import TRACE_SCHEMA
+from specrank.store.trace_schema import TRACE_SCHEMA
 
 # Trace columns the evaluator needs (read only these: the rest is never decoded).
 POOL_COLUMNS = [

@@ -1,7 +1,7 @@
 """The tree selector: score pool candidates, keep an ancestor-closed top-B tree.
 
 Everything is batched over rounds: tensors are `[R, P]` in *pool order* (depths
-non-decreasing, parents before children; see `specrank.trace_schema`), on any
+non-decreasing, parents before children; see `specrank.store.trace_schema`), on any
 device. The same functions serve the offline evaluator (R = hundreds of
 thousands, in chunks) and the online decoder (R = 1), so there is no per-round
 Python loop anywhere.

@@ -8,10 +8,10 @@ import pytest
 from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-import specrank.config  # noqa: F401  (registers the Hydra schema)
+import specrank.settings.config  # noqa: F401  (registers the Hydra schema)
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from specrank.trace_schema import trace_store
+from specrank.store.trace_schema import trace_store
 from tree.config import PoolConfig, SelectConfig
 
 CONF = Path(__file__).resolve().parents[1] / "conf"

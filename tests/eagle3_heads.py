@@ -153,7 +153,7 @@ def pocket_eagle3_config() -> ModelConfig:
     """`model=pocket_eagle3` as Hydra composes it (conf/model/pocket_eagle3.yaml), paths resolved."""
     from omegaconf import OmegaConf
 
-    from specrank.paths import PROJECT_ROOT, project_path
+    from specrank.settings.paths import PROJECT_ROOT, project_path
 
     raw = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / "pocket_eagle3.yaml")
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from specrank.trace_schema import TRACE_SCHEMA
+from specrank.store.trace_schema import TRACE_SCHEMA
 
 VOCAB = 12  # small, so tokens repeat (root token among candidates, same-token rows)
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from specrank.paths import PROJECT_ROOT
+from specrank.settings.paths import PROJECT_ROOT
 
 POCKET_TOKENIZER = PROJECT_ROOT / "models" / "pocket" / "target"
 

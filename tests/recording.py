@@ -59,8 +59,8 @@ def make_run_stages(model: str, tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from specrank.cli import ROUTED_ENV
-    from specrank.paths import PROJECT_ROOT
+    from specrank.settings.cli import ROUTED_ENV
+    from specrank.settings.paths import PROJECT_ROOT
 
     args = [f"model={model}", "debug=default", f"paths.traces={tmp_path}/t",
             f"paths.features={tmp_path}/f", f"hydra.run.dir={tmp_path}/h",

@@ -9,8 +9,8 @@ from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
 from rerank.config import BoosterConfig, RerankConfig
 from rerank.train import train_and_evaluate
-from specrank.config import MlflowConfig
-from specrank.parallel import ParallelConfig
+from specrank.runtime.parallel import ParallelConfig
+from specrank.settings.config import MlflowConfig
 from tree.config import PoolConfig, SelectConfig
 
 

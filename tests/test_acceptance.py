@@ -37,8 +37,8 @@ from rerank.report.acceptance_vllm import (
 )
 from rerank.train import train_and_evaluate
 from rerank.transfer import transfer
-from specrank.config import MlflowConfig
-from specrank.tables import SchemaError
+from specrank.settings.config import MlflowConfig
+from specrank.store.tables import SchemaError
 from tests.small_jobs import small_stores
 
 # six candidates of three prompts: two of them tie at 0.45 across the event

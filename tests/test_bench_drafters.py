@@ -14,7 +14,7 @@ import bench.drafters as drafters
 from bench.bench_drafters import elasticity_text, load_kind, main, max_depth, parse_args
 from bench.common import suite_prompts
 from bench.drafters import Variant, decode_law, tau_versus, variants
-from specrank.trace_schema import trace_store
+from specrank.store.trace_schema import trace_store
 from tests.tiny_models import one_thread
 
 

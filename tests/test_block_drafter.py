@@ -26,7 +26,7 @@ from pairs.block.layout import block_shapes, build_target_layer_ids, read_block_
 from pairs.models import load_causal_lm, load_model_pair
 from pairs.positions import check_prompt_lengths
 from pairs.prompts import Prompt, encode_prompt
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 from tests.block_drafters import block_config, block_spec, write_block
 from tests.eagle3_heads import tiny_target
 from tests.recording import decode_recorded
@@ -364,8 +364,8 @@ def test_a_block_drafter_s_trace_flows_through_extract_and_train(tmp_path):
     from features.extract import extract
     from rerank.config import BoosterConfig, RerankConfig
     from rerank.train import train_and_evaluate
-    from specrank.config import MlflowConfig
-    from specrank.trace_schema import trace_store
+    from specrank.settings.config import MlflowConfig
+    from specrank.store.trace_schema import trace_store
     from tests.online_fixtures import PROMPTS as SUITE
     from tests.online_fixtures import settings
 

@@ -18,8 +18,8 @@ from pairs.prompts import encode_prompt
 from recipes.pocket.block import block_batch, block_logits, decayed_weights, dpace_weights, run
 from recipes.pocket.config import PocketBlockConfig
 from recipes.pocket.eagle3 import target_view
-from specrank.paths import PROJECT_ROOT
-from specrank.trace_schema import trace_store
+from specrank.settings.paths import PROJECT_ROOT
+from specrank.store.trace_schema import trace_store
 from tests.block_drafters import block_config, write_block
 from tests.eagle3_heads import tiny_target
 from tests.recording import decode_recorded, greedy_acceptance, make_run_stages

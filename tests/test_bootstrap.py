@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from specrank.bootstrap import (
+from specrank.statistics.bootstrap import (
     PromptSums,
     bootstrap_means,
     percentile_interval,
@@ -135,7 +135,7 @@ def test_node_equivalent_budget_is_the_first_draft_budget_reaching_the_value():
 def test_the_products_run_on_one_blas_thread_and_the_count_comes_back(monkeypatch) -> None:
     from threadpoolctl import threadpool_info
 
-    from specrank import bootstrap
+    from specrank.statistics import bootstrap
 
     def blas_threads() -> set[int]:
         return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}

@@ -11,7 +11,7 @@ from rerank.fit.predict import FirstFactorPredictions
 from rerank.fit.quality import prediction_quality
 from rerank.report.comparisons import check_comparisons, compare, parse_comparisons
 from rerank.report.summary import law_draws, summarise_draws
-from specrank.bootstrap import resample_weights
+from specrank.statistics.bootstrap import resample_weights
 
 N_RES = 300
 

@@ -7,7 +7,7 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-import specrank.config  # noqa: F401  (registers the schema)
+import specrank.settings.config  # noqa: F401  (registers the schema)
 from tests.conftest import CONF
 
 PRIMARY = sorted(p.stem for p in CONF.glob("*.yaml") if p.stem != "run_dirs")
@@ -107,8 +107,8 @@ def test_the_default_reranker_is_lightgbm_beside_the_papers_hgb(hydra_conf):
 
 
 def test_a_typo_gets_the_closest_valid_keys():
-    from specrank.cli import unknown_key_message
-    from specrank.config import schema
+    from specrank.settings.cli import unknown_key_message
+    from specrank.settings.config import schema
 
     s = schema()
     msg = unknown_key_message(["select.budge=8"], s)
@@ -128,6 +128,6 @@ def test_entry_points_refuse_a_typo_before_hydra_runs():
         [sys.executable, "-m", "rerank.train", "rerank.budgest=[8]"],
         capture_output=True, text=True, timeout=120, cwd=CONF.parent,
     )  # fmt: skip
-    assert res.returncode == 2  # a refusal (specrank.errors): a message, no trace
+    assert res.returncode == 2  # a refusal (specrank.settings.errors): a message, no trace
     assert "error: Key 'budgest' is not in 'rerank'" in res.stderr
     assert "Did you mean 'rerank.budgets'" in res.stderr and "Traceback" not in res.stderr

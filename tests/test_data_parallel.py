@@ -25,8 +25,8 @@ from rerank.fit.halves import fold_map
 from rerank.fit.out_of_fold import LawFits
 from rerank.job.fitting import fit_columns, law_frame
 from rerank.settings import check_train_parallel
-from specrank.laws import law_kind
-from specrank.parallel import ParallelConfig
+from specrank.runtime.parallel import ParallelConfig
+from specrank.statistics.laws import law_kind
 from tests.small_jobs import small_stores
 
 SET = "rows"

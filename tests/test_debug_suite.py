@@ -13,8 +13,8 @@ import os
 import subprocess
 import sys
 
-from specrank.cli import ROUTED_ENV
-from specrank.trace_schema import trace_store
+from specrank.settings.cli import ROUTED_ENV
+from specrank.store.trace_schema import trace_store
 
 
 def test_the_debug_suite_synthesizes_extracts_and_trains(tmp_path):

@@ -3,7 +3,7 @@
 Blocks are found, not listed: a new block in README.md or docs/**/*.md is run without a
 change here. Each block runs in a fresh namespace, in order, in a stand-in project:
 
-- relative paths resolve against the project root (`specrank.paths.project_path`, and
+- relative paths resolve against the project root (`specrank.settings.paths.project_path`, and
   `sqlite:///relative.db` tracking URIs), as they do for every command; here the root is a
   temporary folder holding the tiny fixtures below, with the real `conf/` linked in;
 - `data_out/traces` is a small synthetic trace store (the default `paths.traces`);
@@ -31,8 +31,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-import specrank.paths
-import specrank.tracking
+import specrank.settings.paths
+import specrank.tracking.train_runs
 from rerank.fit.models import FittedReranker, fit_reranker
 from rerank.fit.persist import save_reranker
 from rerank.serving import OnlinePredictor
@@ -160,8 +160,8 @@ def test_the_example_runs(example, project, monkeypatch):
         return
     root, values = project
     code = compile(fill(example.code, values), example.name, "exec")
-    monkeypatch.setattr(specrank.paths, "PROJECT_ROOT", root)
-    monkeypatch.setattr(specrank.tracking, "PROJECT_ROOT", root)
+    monkeypatch.setattr(specrank.settings.paths, "PROJECT_ROOT", root)
+    monkeypatch.setattr(specrank.tracking.train_runs, "PROJECT_ROOT", root)
     monkeypatch.chdir(root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
     namespace: dict = {"__name__": "__docs_example__"}

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from specrank import settings_doc
+from specrank.settings import settings_doc
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # Sections whose every field carries its meaning in the schema's metadata
-# (specrank.fields.setting), checked section by section.
+# (specrank.settings.fields.setting), checked section by section.
 DESCRIBED = (
     "paths", "mlflow", "trace", "run", "features", "head", "model", "data", "parallel",
     "pocket", "pocket_eagle3", "pocket_block", "rerank", "transfer", "synth", "synth_job",
@@ -31,7 +31,7 @@ DESCRIBED = (
 
 def test_the_settings_page_equals_the_schema():
     assert settings_doc.PAGE.read_text() == settings_doc.reference(), (
-        "docs/settings.md is stale: run `python -m specrank.settings_doc --write`"
+        "docs/settings.md is stale: run `python -m specrank.settings.settings_doc --write`"
     )
 
 

@@ -102,7 +102,7 @@ def test_null_and_zero_draft_the_same_and_one_draws_other_trees(tiny_vocab):
 
 
 def test_pairs_are_labelled_as_the_paper_and_keyed_as_mlflow_accepts():
-    from specrank.laws import pair_key, pair_label
+    from specrank.statistics.laws import pair_key, pair_label
 
     assert (pair_label(0.0, None), pair_label(1.0, 0.0), pair_label(1.0, 1.0)) == (
         "0|0", "1|0", "1|1")  # fmt: skip

@@ -22,8 +22,8 @@ from pairs.models import drafter_kind, load_model_pair
 from pairs.prompts import encode_prompt
 from recipes.pocket import block_card, semiar_card
 from recipes.pocket.block import trained_context, training_windows
-from specrank.errors import Refusal
-from specrank.paths import PROJECT_ROOT
+from specrank.settings.errors import Refusal
+from specrank.settings.paths import PROJECT_ROOT
 from tests.block_drafters import block_config, write_block
 from tests.eagle3_heads import tiny_target
 from tests.semiar_drafters import semiar_model_config, write_semiar

@@ -21,8 +21,8 @@ from pairs.prompts import encode_prompt, load_prompts
 from recipes.pocket.config import PocketEagle3Config
 from recipes.pocket.eagle3 import run as train_head
 from recipes.pocket.eagle3 import target_view, ttt_steps
-from specrank.paths import PROJECT_ROOT
-from specrank.trace_schema import trace_store
+from specrank.settings.paths import PROJECT_ROOT
+from specrank.store.trace_schema import trace_store
 from tests.eagle3_heads import head_spec, pocket_eagle3_config, random_head, tiny_target
 from tests.recording import decode_recorded, greedy_acceptance, make_run_stages
 from tests.tiny_models import one_thread

@@ -27,9 +27,9 @@ from features.schema import (
 )
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
-from specrank.shard_store import ShardStore
-from specrank.tables import SchemaError, TableSpec
-from specrank.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, trace_store
+from specrank.store.shard_store import ShardStore
+from specrank.store.tables import SchemaError, TableSpec
+from specrank.store.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, trace_store
 from tests.fake_traces import random_trace
 from tests.test_features import OUTCOME_COLUMNS
 from tree.config import PoolConfig, SelectConfig

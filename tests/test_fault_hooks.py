@@ -1,4 +1,4 @@
-"""Faults placed by hooks (`specrank.faults`): a full disk while a shard or a results table is
+"""Faults placed by hooks (`specrank.runtime.faults`): a full disk while a shard or a results table is
 written, a kill mid-write, a free-space refusal, an MLflow run left RUNNING by a kill.
 
 Each fault names the file; every shard finished before it stays readable; the rerun
@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 import decode.record as record
-import specrank.files as files
+import specrank.store.files as files
 from decode.config import TraceConfig
 from decode.stream import DecodeSettings
 from features.extract import extract
@@ -30,11 +30,11 @@ from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
 from rerank.config import BoosterConfig, RerankConfig
 from rerank.train import train_and_evaluate
-from specrank import faults
-from specrank.config import MlflowConfig
-from specrank.files import DiskSpaceError
-from specrank.run_record import LOGGED, RECORD, RunRecord, log_record, write_record
-from specrank.trace_schema import trace_store
+from specrank.runtime import faults
+from specrank.settings.config import MlflowConfig
+from specrank.store.files import DiskSpaceError
+from specrank.store.trace_schema import trace_store
+from specrank.tracking.run_record import LOGGED, RECORD, RunRecord, log_record, write_record
 from tests.tiny_models import tiny_model_config
 from tree.config import PoolConfig, SelectConfig
 
@@ -152,7 +152,7 @@ def test_recording_and_extraction_refuse_a_disk_without_room(tmp_path, monkeypat
 
 _LOG_KILLED = """
 import sys
-from specrank.run_record import log_record
+from specrank.tracking.run_record import log_record
 log_record(sys.argv[1])
 """
 
@@ -185,7 +185,7 @@ def test_a_run_left_running_by_a_kill_is_marked_killed(tmp_path):
 
 def test_a_new_sqlite_tracking_store_is_created_whole(tmp_path):
     """Built aside and renamed (a kill mid-migration once left a store no run could open)."""
-    from specrank.tracking import ensure_sqlite_store
+    from specrank.tracking.train_runs import ensure_sqlite_store
 
     uri = f"sqlite:///{tmp_path / 'db' / 'm.db'}"
     ensure_sqlite_store(uri)

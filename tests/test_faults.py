@@ -21,10 +21,10 @@ from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import write_synthetic_traces
 from rerank.config import RerankConfig
 from rerank.train import train_and_evaluate
-from specrank.config import MlflowConfig
-from specrank.shard_store import ShardStore
-from specrank.tables import SchemaError, sha256_file
-from specrank.trace_schema import SCHEMA_VERSION, TRACE_SPEC, trace_store
+from specrank.settings.config import MlflowConfig
+from specrank.store.shard_store import ShardStore
+from specrank.store.tables import SchemaError, sha256_file
+from specrank.store.trace_schema import SCHEMA_VERSION, TRACE_SPEC, trace_store
 from tests.tiny_models import tiny_model_config
 from tree.config import DecodeConfig, SelectConfig
 

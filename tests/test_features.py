@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from features.first_level import FEATURE_DTYPES, first_level_features
 from features.from_trace import candidate_table
 from features.rounds import RoundArrays
-from specrank.trace_schema import TRACE_SCHEMA
+from specrank.store.trace_schema import TRACE_SCHEMA
 from tests.fake_traces import random_round, random_trace
 
 LN2 = math.log(2.0)

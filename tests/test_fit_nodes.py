@@ -21,8 +21,8 @@ from rerank.fit.halves import fold_map
 from rerank.fit.out_of_fold import LawFits
 from rerank.job.fitting import fit_columns, law_frame
 from rerank.on_nodes import RayNodes
-from specrank import faults
-from specrank.parallel import ParallelConfig
+from specrank.runtime import faults
+from specrank.runtime.parallel import ParallelConfig
 from tests.small_jobs import run_small_job, small_stores
 from tests.toy_workers import lean_ray
 

@@ -1,4 +1,4 @@
-"""`specrank.frames.scanned_frame` gives the frame Arrow's whole-table conversion gives."""
+"""`specrank.store.frames.scanned_frame` gives the frame Arrow's whole-table conversion gives."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from specrank.frames import scanned_frame
+from specrank.store.frames import scanned_frame
 
 
 @pytest.fixture

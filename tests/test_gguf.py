@@ -23,7 +23,7 @@ from decode.baseline import autoregressive_decode
 from pairs.config import ModelConfig
 from pairs.gguf import PROVENANCE, converted_folder, file_sha256
 from pairs.models import checkpoint_dir, load_model_pair
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 from tests.gguf_files import POCKET_TOKENIZER, tiny_llama, write_gguf
 from tests.recording import decode_recorded
 from tests.tiny_models import one_thread

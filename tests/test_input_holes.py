@@ -27,10 +27,10 @@ from rerank.config import BoosterConfig, RerankConfig
 from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.report.summary import _node_budgets, results_table, summarise_draws
 from selection.pool_batch import check_draft_logprobs, list_matrix, pool_batch_from_table
-from specrank.bootstrap import MAX_NONFINITE_SHARE, ci_text, percentile_interval
-from specrank.config import MlflowConfig
-from specrank.tables import SchemaError, sha256_file
-from specrank.trace_schema import TRACE_SPEC, trace_store
+from specrank.settings.config import MlflowConfig
+from specrank.statistics.bootstrap import MAX_NONFINITE_SHARE, ci_text, percentile_interval
+from specrank.store.tables import SchemaError, sha256_file
+from specrank.store.trace_schema import TRACE_SPEC, trace_store
 from tree.config import PoolConfig, SelectConfig
 
 POOL = PoolConfig(top_k=4, expand_steps=2, expand=4)  # 4 + 16 + 16 = 36 candidates

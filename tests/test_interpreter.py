@@ -1,5 +1,5 @@
 """A README command typed with another `python` runs in the project's .venv, or fails saying
-what is missing and how to get it (specrank.interpreter)."""
+what is missing and how to get it (specrank.runtime.interpreter)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specrank import interpreter
-from specrank.paths import PROJECT_ROOT
+from specrank.runtime import interpreter
+from specrank.settings.paths import PROJECT_ROOT
 
 
 def test_the_module_command_is_what_follows_the_interpreter_s_options():

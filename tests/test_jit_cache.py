@@ -1,4 +1,4 @@
-"""specrank.jit: a cached kernel recompiles when a kernel or constant of another file it was
+"""specrank.runtime.jit: a cached kernel recompiles when a kernel or constant of another file it was
 compiled from changes; numba's own cache=True keeps the old machine code (shown alongside,
 so the test would fail if the two did not differ)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from specrank.paths import PROJECT_ROOT
+from specrank.settings.paths import PROJECT_ROOT
 
 CALLEE = """\
 {decorator_import}
@@ -36,7 +36,7 @@ def caller(x):
 def through_module(x):
     return callee.bump(x)
 """
-OURS = {"decorator_import": "from specrank.jit import njit", "decorator": "njit"}
+OURS = {"decorator_import": "from specrank.runtime.jit import njit", "decorator": "njit"}
 NUMBAS = {"decorator_import": "import numba\n\ndef njit(**o):\n    return numba.njit(cache=True, **o)",
           "decorator": "njit"}  # fmt: skip
 
@@ -59,7 +59,7 @@ def _run(folder: Path) -> tuple[int, int]:
     return value * 1000 + via_module, hits
 
 
-@pytest.mark.parametrize("decorator", [OURS, NUMBAS], ids=["specrank.jit", "numba"])
+@pytest.mark.parametrize("decorator", [OURS, NUMBAS], ids=["specrank.runtime.jit", "numba"])
 def test_a_kernel_recompiles_when_what_it_inlined_changes(tmp_path: Path, decorator) -> None:
     _write(tmp_path, decorator, step=10, inc=1)
     assert _run(tmp_path) == (12002, 0)  # compiled: bump(1) + STEP = 12, bump(1) = 2
@@ -70,7 +70,7 @@ def test_a_kernel_recompiles_when_what_it_inlined_changes(tmp_path: Path, decora
     second, _ = _run(tmp_path)
     if decorator is OURS:
         assert (first, second) == (13003, 23003)
-    else:  # numba's own key: the stale values, the hazard specrank.jit removes
+    else:  # numba's own key: the stale values, the hazard specrank.runtime.jit removes
         assert (first, second) == (12002, 12002)
 
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specrank.paths import PROJECT_ROOT
+from specrank.settings.paths import PROJECT_ROOT
 
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 

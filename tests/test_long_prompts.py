@@ -21,7 +21,7 @@ from decode.settings import OnlineSettings
 from decode.stream import DecodeSettings
 from pairs.config import DataConfig, ModelConfig, PromptSource
 from pairs.models import load_model_pair
-from specrank.trace_schema import trace_store
+from specrank.store.trace_schema import trace_store
 from tests.eagle3_heads import eagle3_config, tiny_target, write_head
 from tests.tiny_models import one_thread, tiny_model_config
 from tree.config import DecodeConfig, PoolConfig, SelectConfig

@@ -27,8 +27,8 @@ from rerank.train import train_and_evaluate
 from rerank.transfer import transfer
 from selection.ranking import rank_order
 from selection.values import evaluate_pools, lead_factor_scores
-from specrank.config import MlflowConfig
-from specrank.trace_schema import trace_store
+from specrank.settings.config import MlflowConfig
+from specrank.store.trace_schema import trace_store
 from tests.fake_traces import random_trace
 from tests.online_fixtures import PROMPTS, settings
 from tests.small_jobs import small_stores

@@ -15,8 +15,8 @@ from rerank.evaluate import joined
 from rerank.evaluate.joined import joined_columns, joined_rows, law_major_order, law_spans
 from rerank.fit.design import codes_in, same_values, shared_strings
 from rerank.fit.halves import frame_folds, prompt_folds
-from specrank import memory
-from specrank.memory import GrowthTrim, heap_retained, return_freed_heap
+from specrank.runtime import memory
+from specrank.runtime.memory import GrowthTrim, heap_retained, return_freed_heap
 
 VALUES = ["p2", "p0", None, "p1", "p0", "p2", "p9"]
 
@@ -202,7 +202,7 @@ def test_a_crossfit_returns_no_heap_between_its_fits_and_predictions(monkeypatch
 
     events: list[str] = []
 
-    class Libc:  # every return of the heap ends in malloc_trim (specrank.memory)
+    class Libc:  # every return of the heap ends in malloc_trim (specrank.runtime.memory)
         def malloc_trim(self, pad):
             events.append("trim")
 

@@ -34,8 +34,8 @@ from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.persist import load_reranker
 from rerank.report.runs import read_csv_table
 from rerank.train import train_and_evaluate
-from specrank.config import MlflowConfig
-from specrank.trace_schema import trace_store
+from specrank.settings.config import MlflowConfig
+from specrank.store.trace_schema import trace_store
 from tree.config import PoolConfig, SelectConfig
 
 
@@ -198,9 +198,9 @@ def test_a_server_stopped_mid_run_loses_nothing_and_the_folder_is_logged_later(
     stores, tmp_path, monkeypatch
 ):
     """The server dies after the tables are written: the failure is named, the folder is
-    complete, and `python -m specrank.log_run` logs it once a server is back."""
+    complete, and `python -m specrank.tracking.log_run` logs it once a server is back."""
     import rerank.train as train_module
-    from specrank.run_record import TrackingError
+    from specrank.tracking.run_record import TrackingError
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once, not after minutes
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
@@ -227,12 +227,12 @@ def test_a_server_stopped_mid_run_loses_nothing_and_the_folder_is_logged_later(
             mlflow.set_tracking_uri(previous_uri)
     message = str(err.value)
     assert f"MLflow logging to {url} failed" in message
-    assert f"python -m specrank.log_run {out}" in message
+    assert f"python -m specrank.tracking.log_run {out}" in message
     for name in ("summary.csv", "comparisons.csv", "results.txt", "mlflow_run.json"):
         assert (out / name).is_file(), name
     with mlflow_server(server_root) as (url2, _):  # the same store, a new server
         done = subprocess.run(
-            [sys.executable, "-m", "specrank.log_run", str(out), "--tracking-uri", url2],
+            [sys.executable, "-m", "specrank.tracking.log_run", str(out), "--tracking-uri", url2],
             capture_output=True, text=True, timeout=240, cwd=tmp_path,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]

@@ -28,7 +28,7 @@ from rerank.report import run_tables as T
 from rerank.report import runs as R
 from rerank.report.acceptance import acceptance_cell
 from rerank.train import TrainResult, train_and_evaluate
-from specrank.config import MlflowConfig
+from specrank.settings.config import MlflowConfig
 from tree.config import PoolConfig, SelectConfig
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "compare_runs.ipynb"

@@ -27,8 +27,8 @@ from decode.run import run_online
 from decode.session import Arm, arm_order, decode_all
 from pairs.config import DataConfig, PromptSource
 from pairs.prompts import Prompt
-from specrank.config import MlflowConfig
-from specrank.trace_schema import trace_store
+from specrank.settings.config import MlflowConfig
+from specrank.store.trace_schema import trace_store
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 

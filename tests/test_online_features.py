@@ -23,7 +23,7 @@ from pairs.models import load_model_pair
 from pairs.prompts import encode_prompt
 from rerank.fit.design import design_matrix
 from rerank.serving import ROW_READING, OnlinePredictor, load_online_reranker
-from specrank.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.store.trace_schema import TRACE_SCHEMA, trace_store
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.tiny_models import one_thread, tiny_model_config
 

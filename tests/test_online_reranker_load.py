@@ -25,7 +25,7 @@ from rerank.serving import (
     unknown_tasks,
     unseen_prompts,
 )
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 from tests.candidate_frames import FAST, make_candidate_frame
 from tests.tiny_models import one_thread
 

@@ -14,15 +14,15 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-import specrank.config  # noqa: F401  (registers the schema)
+import specrank.settings.config  # noqa: F401  (registers the schema)
 from decode.config import RunConfig
 from decode.run import expand_run_overrides, run_online
 from decode.settings import OnlineSettings
 from features.extract import extract
 from pairs.config import DataConfig, PromptSource
-from specrank.config import MlflowConfig
-from specrank.tables import SchemaError
-from specrank.trace_schema import trace_store
+from specrank.settings.config import MlflowConfig
+from specrank.store.tables import SchemaError
+from specrank.store.trace_schema import trace_store
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 

@@ -37,7 +37,7 @@ from rerank.fit.models import fit_reranker
 from rerank.forest.table import forest_of
 from rerank.forest.walk import compile_forest, link, prepare, walk_numpy
 from rerank.serving import OnlinePredictor
-from specrank.trace_schema import TRACE_SCHEMA
+from specrank.store.trace_schema import TRACE_SCHEMA
 from tests.candidate_frames import TASKS, make_candidate_frame
 from tests.fake_traces import random_trace
 from tests.forest_inputs import forest_inputs, library_predict

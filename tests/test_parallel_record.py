@@ -29,10 +29,10 @@ from decode.config import RunConfig, TraceConfig
 from decode.run import run_online
 from decode.stream import DecodeSettings
 from pairs.config import DataConfig, PromptSource
-from specrank.claims import HOST, ClaimLost, claim_files, release
-from specrank.parallel import ParallelConfig, check_launcher, check_parallel, deal, part_of
-from specrank.shard_store import ShardStore
-from specrank.tables import SchemaError
+from specrank.runtime.parallel import ParallelConfig, check_launcher, check_parallel, deal, part_of
+from specrank.store.claims import HOST, ClaimLost, claim_files, release
+from specrank.store.shard_store import ShardStore
+from specrank.store.tables import SchemaError
 from tests.online_fixtures import settings
 from tests.tiny_models import tiny_model_config
 from tests.toy_workers import TOY, ToyWorker, lean_ray, toy_table
@@ -120,8 +120,8 @@ _WRITER = textwrap.dedent(
     from pathlib import Path
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from specrank.shard_store import ShardStore
-    from specrank.tables import TableSpec
+    from specrank.store.shard_store import ShardStore
+    from specrank.store.tables import TableSpec
 
     root, log, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     spec = TableSpec("toy", 1, pa.schema([("shard", pa.string()), ("writer", pa.int64())]))

@@ -29,9 +29,9 @@ from decode.recording import RecordReport
 from decode.run import run_online
 from decode.stream import DecodeSettings
 from pairs.config import DataConfig, PromptSource
-from specrank.parallel import ParallelConfig
-from specrank.tables import SchemaError
-from specrank.trace_schema import trace_store
+from specrank.runtime.parallel import ParallelConfig
+from specrank.store.tables import SchemaError
+from specrank.store.trace_schema import trace_store
 from tests.online_fixtures import PROMPTS, settings
 from tests.tiny_models import one_thread, tiny_model_config
 from tests.toy_workers import lean_ray

@@ -26,7 +26,7 @@ from rerank.fit.persist import (
     read_sidecar,
     save_reranker,
 )
-from specrank.tables import sha256_file
+from specrank.store.tables import sha256_file
 from tests.candidate_frames import FAST, make_candidate_frame
 
 

@@ -19,7 +19,7 @@ from rerank.report.plot_style import COLORS, MARKERS, family_of, group_rules, st
 from rerank.report.plots_gain import comparison_forest, gain_figure
 from rerank.report.plots_reliability import EDGES, reliability_figure
 from rerank.train import train_and_evaluate
-from specrank.config import MlflowConfig
+from specrank.settings.config import MlflowConfig
 from tree.config import PoolConfig, SelectConfig
 
 BUDGETS = [2, 8, 16]

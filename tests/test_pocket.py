@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-import specrank.config  # noqa: F401  (registers the root schema)
+import specrank.settings.config  # noqa: F401  (registers the root schema)
 from pairs.config import DataConfig
 from recipes.pocket import corpus
 from recipes.pocket.config import (

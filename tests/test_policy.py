@@ -33,7 +33,7 @@ from rerank.serving import OnlinePredictor, load_online_reranker
 from rerank.settings import check_settings
 from selection.ranking import rank_order, ranks_of_order, torch_route
 from selection.values import rule_scores
-from specrank.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.store.trace_schema import TRACE_SCHEMA, trace_store
 from tests.fake_traces import random_trace
 from tests.online_fixtures import PROMPTS, fitted_reranker, settings
 from tests.test_reports import IDX, NAMES, trace_row

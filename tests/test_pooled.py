@@ -16,8 +16,8 @@ from decode.pooled import pooled_report, read_chunks
 from decode.run import run_online
 from pairs.config import DataConfig, PromptSource
 from pairs.prompts import chunk_prompts, load_prompts
-from specrank.config import MlflowConfig
-from specrank.errors import Refusal
+from specrank.settings.config import MlflowConfig
+from specrank.settings.errors import Refusal
 from tests.online_fixtures import PROMPTS, settings
 from tests.tiny_models import one_thread, tiny_model_config
 

@@ -13,13 +13,13 @@ from omegaconf import OmegaConf
 
 import decode.record as record
 import decode.recording as recording
-import specrank.config  # noqa: F401  (registers the schema)
+import specrank.settings.config  # noqa: F401  (registers the schema)
 from pairs.config import DataConfig, PromptSource
 from pairs.prompts import encode_prompt, load_prompts, load_source
-from specrank.errors import Refusal
-from specrank.paths import project_path
-from specrank.tables import SchemaError
-from specrank.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.settings.errors import Refusal
+from specrank.settings.paths import project_path
+from specrank.store.tables import SchemaError
+from specrank.store.trace_schema import TRACE_SCHEMA, trace_store
 from tests.tiny_models import one_thread, tiny_model_config, tiny_pair
 
 SPEC_BENCH = (

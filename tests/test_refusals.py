@@ -1,4 +1,4 @@
-"""A refused setting or input (`specrank.errors.Refusal`) ends a command with `error:
+"""A refused setting or input (`specrank.settings.errors.Refusal`) ends a command with `error:
 <message>` and status 2, no stack trace; any other exception keeps its trace."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from specrank.checks import check_choice
-from specrank.cli import REFUSED, exits_on_refusal, run_entry_point
-from specrank.errors import Refusal
-from specrank.faults import FAULTS_ENV
+from specrank.runtime.faults import FAULTS_ENV
+from specrank.settings.checks import check_choice
+from specrank.settings.cli import REFUSED, exits_on_refusal, run_entry_point
+from specrank.settings.errors import Refusal
 
 
 def _run(tmp_path, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -84,7 +84,7 @@ def test_every_hydra_entry_point_turns_refusals_into_messages() -> None:
     refusal's stack otherwise)."""
     import re
 
-    from specrank.paths import PROJECT_ROOT
+    from specrank.settings.paths import PROJECT_ROOT
 
     bare = []
     for path in PROJECT_ROOT.glob("*/**/*.py"):
@@ -106,7 +106,7 @@ def test_modules_refuse_a_bad_setting_or_file_by_name(tmp_path, monkeypatch):
     from rerank.fit.folds import prompt_subsample
     from rerank.fit.halves import prompt_halves
     from rerank.serving import reranker_folder, unseen_prompts
-    from specrank import faults
+    from specrank.runtime import faults
     from tree.config import PoolConfig
     from tree.pool import check_pool_config
 

@@ -1,4 +1,4 @@
-"""The old entry-point names (`decode.renamed`): `python -m decode.pocket[.eagle3|.block|
+"""The old entry-point names (`specrank.settings.renames`): `python -m decode.pocket[.eagle3|.block|
 .dspark|.domino]` and `python -m decode.synth` print their new name on stderr, then run the
 new command with the same arguments (its config, its refusals and its exit status)."""
 
@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from decode.renamed import NEW_NAMES, notice
-from specrank.cli import ROUTED_ENV
+from specrank.settings.cli import ROUTED_ENV
+from specrank.settings.renames import NEW_NAMES, notice
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {k: v for k, v in os.environ.items() if k != ROUTED_ENV}

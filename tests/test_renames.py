@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from specrank.cli import checked_argv
-from specrank.errors import Refusal
-from specrank.renames import RENAMED, migrated_config, migrated_params, new_name
-from specrank.tables import SchemaError
-from specrank.trace_schema import trace_store
+from specrank.settings.cli import checked_argv
+from specrank.settings.errors import Refusal
+from specrank.settings.renames import RENAMED, migrated_config, migrated_params, new_name
+from specrank.store.tables import SchemaError
+from specrank.store.trace_schema import trace_store
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = sorted((old, new) for old, new in RENAMED.items() if "." in old)

@@ -12,7 +12,7 @@ from rerank.evaluate.coverage import coverage_table
 from rerank.evaluate.draw_sizes import draw_size_table, size_means
 from rerank.evaluate.reports import report_tables
 from rerank.evaluate.row_agreement import row_agreement
-from specrank.trace_schema import TRACE_SCHEMA
+from specrank.store.trace_schema import TRACE_SCHEMA
 
 U = 0.125  # draft log-prob unit: sums of multiples of 1/8 are exact in float32, so ties are exact
 

@@ -23,8 +23,8 @@ from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.evaluate.values import EvalPlan, evaluate_traces
 from rerank.report.summary import choose_mixture_weights
 from rerank.train import train_and_evaluate
-from specrank.config import MlflowConfig
-from specrank.trace_schema import trace_store
+from specrank.settings.config import MlflowConfig
+from specrank.store.trace_schema import trace_store
 from tree.config import PoolConfig, SelectConfig
 
 # Small pools keep model fits and evaluation to seconds: 6 first-level

@@ -23,8 +23,8 @@ from rerank.fit.out_of_fold import SavedFit
 from rerank.fit.persist import RerankerLoadError
 from rerank.fit.resume import FitFolder
 from rerank.train import train_and_evaluate
-from specrank import faults
-from specrank.config import MlflowConfig
+from specrank.runtime import faults
+from specrank.settings.config import MlflowConfig
 from tests.candidate_frames import FAST, make_candidate_frame
 from tree.config import PoolConfig, SelectConfig
 

@@ -34,7 +34,7 @@ from selection.ranking import (
 )
 from selection.rules import DRAW_RULES, POOL_RULES
 from selection.values import evaluate_pools, lead_factor_scores
-from specrank.paths import PROJECT_ROOT
+from specrank.settings.paths import PROJECT_ROOT
 from tests.random_pools import random_pool_batch, random_tree
 
 

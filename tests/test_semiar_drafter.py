@@ -20,7 +20,7 @@ from pairs import models
 from pairs.models import load_causal_lm, load_model_pair
 from pairs.prompts import encode_prompt
 from pairs.semiar.drafter import attach_semiar, read_semiar
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 from tests.eagle3_heads import tiny_target
 from tests.recording import decode_recorded
 from tests.semiar_drafters import semiar_model_config, write_semiar

@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from features.schema import candidate_store
-from specrank.cli import ROUTED_ENV
-from specrank.paths import PROJECT_ROOT
-from specrank.trace_schema import trace_store
+from specrank.settings.cli import ROUTED_ENV
+from specrank.settings.paths import PROJECT_ROOT
+from specrank.store.trace_schema import trace_store
 from tests.recording import make_run_stages
 
 # what each kind's rows are corrected by, as its manifest names it

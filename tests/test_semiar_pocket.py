@@ -24,7 +24,7 @@ from recipes.pocket.domino import DominoLoss, lambda_base
 from recipes.pocket.dspark import dspark_terms, dspark_weights, ece, prefix_nll, sts_fit, sts_scores
 from recipes.pocket.eagle3 import target_view
 from recipes.pocket.semiar import teacher_forced
-from specrank.paths import PROJECT_ROOT
+from specrank.settings.paths import PROJECT_ROOT
 from tests.eagle3_heads import tiny_target
 from tests.recording import greedy_acceptance
 from tests.semiar_drafters import semiar_model_config, write_semiar

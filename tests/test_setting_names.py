@@ -1,10 +1,10 @@
 """No two settings share a leaf name across commands unless they mean the same thing.
 
-Every setting and nested section of every section a command reads (`specrank.cli.READS`,
+Every setting and nested section of every section a command reads (`specrank.settings.cli.READS`,
 `EVERY_COMMAND`) is grouped by its last name. A name held by two or more is allowed only
 where `SAME` says why they are one thing. The list is exact: an entry that no longer names
 a shared leaf fails too, so it cannot go stale. A rename leaves a
-`specrank.renames.RENAMED` entry, so the old name answers "did you mean" and old stores and
+`specrank.settings.renames.RENAMED` entry, so the old name answers "did you mean" and old stores and
 runs migrate (tests/test_renames.py).
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from specrank.cli import EVERY_COMMAND, READS
-from specrank.config import schema
+from specrank.settings.cli import EVERY_COMMAND, READS
+from specrank.settings.config import schema
 
 _TRAINING = "the same knob of a drafter or target training loop (head.train, pocket_*.train)"
 _ARCH = "the same architecture number of a trained transformer (head, pocket's target/drafter)"
@@ -131,7 +131,7 @@ def test_no_two_settings_share_a_leaf_name_unless_they_mean_the_same_thing():
                    if leaf not in SAME}  # fmt: skip
     assert not unexplained, (
         f"settings share a leaf name: {unexplained}. Rename the ones that mean different "
-        "things (with a specrank.renames.RENAMED entry), or add the leaf to SAME with why "
+        "things (with a specrank.settings.renames.RENAMED entry), or add the leaf to SAME with why "
         "they are one thing"
     )
 

@@ -16,7 +16,7 @@ from decode.stream import DecodeSettings
 from pairs.config import ModelConfig
 from pairs.models import load_model_pair
 from pairs.prompts import encode_prompt
-from specrank.paths import CONF_DIR, project_path
+from specrank.settings.paths import CONF_DIR, project_path
 from tests.recording import decode_recorded, greedy_acceptance
 from tests.test_decode_sampling import ALPHA, _chi_square_p
 from tests.tiny_models import one_thread

@@ -13,8 +13,8 @@ from recipes.synth.job import synth_chunk, write_synthetic_traces
 from recipes.synth.rounds import pool_layout, synth_rounds
 from selection.pool_batch import pool_batch_from_table
 from selection.ranking import draft_scores, path_product, top_b
-from specrank.shard_store import ShardStore
-from specrank.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.store.shard_store import ShardStore
+from specrank.store.trace_schema import TRACE_SCHEMA, trace_store
 from tree.config import PoolConfig, SelectConfig
 from tree.stopping import expected_outcome
 
@@ -355,7 +355,7 @@ def test_entry_point_composes_and_writes(tmp_path):
     from hydra import compose, initialize_config_dir
 
     from recipes.synth.job import main
-    from specrank.paths import PROJECT_ROOT
+    from specrank.settings.paths import PROJECT_ROOT
 
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose("synth", overrides=["debug=default", f"paths.synthetic={tmp_path / 's'}"])

@@ -18,9 +18,9 @@ from decode.round import STAGES  # the stages the row assembly reads
 from pairs.config import DataConfig, PromptSource
 from pairs.positions import check_prompt_lengths
 from pairs.prompts import Prompt, load_prompts, load_source
-from specrank.bootstrap import PromptSums
-from specrank.paths import project_path
-from specrank.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, trace_store
+from specrank.settings.paths import project_path
+from specrank.statistics.bootstrap import PromptSums
+from specrank.store.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, trace_store
 from tests.test_record import _compose, _prompt_file, _run
 from tests.tiny_models import tiny_model_config
 

@@ -10,9 +10,9 @@ import pytest
 
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.job import synth_chunk
-from specrank.shard_store import ShardStore
-from specrank.tables import SchemaError, TableSpec, sha256_file
-from specrank.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, TRACE_SPEC, trace_store
+from specrank.store.shard_store import ShardStore
+from specrank.store.tables import SchemaError, TableSpec, sha256_file
+from specrank.store.trace_schema import SCHEMA_VERSION, TRACE_SCHEMA, TRACE_SPEC, trace_store
 from tree.config import PoolConfig, SelectConfig
 
 # A tiny pool (3 + 6 + 6 candidates) keeps these tests about the store, not the generator.

@@ -15,10 +15,10 @@ import pytest
 from rerank import on_ray
 from rerank.config import RerankConfig
 from rerank.train import train_and_evaluate
-from specrank import faults
-from specrank.config import MlflowConfig
-from specrank.parallel import Dealt, ParallelConfig
-from specrank.trace_schema import trace_store
+from specrank.runtime import faults
+from specrank.runtime.parallel import Dealt, ParallelConfig
+from specrank.settings.config import MlflowConfig
+from specrank.store.trace_schema import trace_store
 from tests.small_jobs import run_small_job, small_stores
 from tests.toy_workers import lean_ray
 
@@ -82,7 +82,7 @@ def _same_runs(one: Path, two: Path) -> None:
 
 
 def _in_process_deal(shard_ids, factory, p, gpu, cpus_per_worker=1, **_):
-    """`specrank.parallel.deal` without Ray: the worker factory must pickle (Ray ships it to
+    """`specrank.runtime.parallel.deal` without Ray: the worker factory must pickle (Ray ships it to
     each actor that way), and the tasks run last to first (the merge must follow the store)."""
     assert cloudpickle.dumps(factory)
     worker = factory()

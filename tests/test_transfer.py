@@ -21,8 +21,8 @@ from rerank.config import TransferConfig
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.train import train_and_evaluate
 from rerank.transfer import transfer
-from specrank.config import MlflowConfig
-from specrank.errors import Refusal
+from specrank.settings.config import MlflowConfig
+from specrank.settings.errors import Refusal
 from tests.test_rerank_job import POOL, SELECT, _config
 
 KEYS = [*ROUND_KEYS, "cand_index"]

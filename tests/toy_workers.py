@@ -10,8 +10,8 @@ from pathlib import Path
 import pyarrow as pa
 import ray
 
-from specrank.shard_store import ShardStore
-from specrank.tables import TableSpec
+from specrank.store.shard_store import ShardStore
+from specrank.store.tables import TableSpec
 
 TOY = TableSpec("toy", 1, pa.schema([("shard", pa.string()), ("writer", pa.int64())]))
 

@@ -1,5 +1,5 @@
 """Typed settings of one round's tree: pool growth, selection, verification (`pool:`,
-`select:` and `decode:` sections; see `specrank.config`).
+`select:` and `decode:` sections; see `specrank.settings.config`).
 
 Plain dataclasses: Hydra schemas, and the typed values library functions receive.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrank.fields import setting
+from specrank.settings.fields import setting
 
 
 @dataclass

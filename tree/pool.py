@@ -15,7 +15,7 @@ a draft vocabulary mapped to target ids, in `pairs.eagle3.pool`).
 
 Pool order: depth-major; within a depth, by parent pool index, then by the
 child's rank under its parent. Parents therefore precede children, and the
-first `top_k` entries are the first-level candidates (see `specrank.trace_schema`).
+first `top_k` entries are the first-level candidates (see `specrank.store.trace_schema`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 from tree.config import PoolConfig
 
 

@@ -1,5 +1,5 @@
 """`python -m decode.pocket`: the old name of `python -m decode.train_pocket`."""
 
-from decode.renamed import run_renamed
+from specrank.settings.renames import run_renamed
 
 run_renamed("decode.pocket")

@@ -1,6 +1,6 @@
 """`python -m decode.pocket.block`: the old name of `python -m decode.train_pocket.block`."""
 
-from decode.renamed import run_renamed
+from specrank.settings.renames import run_renamed
 
 if __name__ == "__main__":
     run_renamed("decode.pocket.block")

@@ -1,2 +1,2 @@
 """`python -m decode.synth`: the old name of `python -m decode.synth_traces`, kept as an alias
-(`decode.renamed`)."""
+(`specrank.settings.renames`)."""

@@ -1,5 +1,5 @@
 """`python -m decode.synth`: the old name of `python -m decode.synth_traces`."""
 
-from decode.renamed import run_renamed
+from specrank.settings.renames import run_renamed
 
 run_renamed("decode.synth")

@@ -2,7 +2,7 @@
 (`recipes.pocket.block`)."""
 
 from recipes.pocket.block import main
-from specrank.cli import run_entry_point
+from specrank.settings.cli import run_entry_point
 
 if __name__ == "__main__":
     run_entry_point(main, stage="decode.train_pocket.block")

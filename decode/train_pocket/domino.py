@@ -5,8 +5,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from decode.train_pocket.semiar import train_and_measure
-from specrank.cli import exits_on_refusal, run_entry_point
-from specrank.paths import CONF_DIR
+from specrank.settings.cli import exits_on_refusal, run_entry_point
+from specrank.settings.paths import CONF_DIR
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="pocket")

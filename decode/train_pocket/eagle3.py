@@ -2,7 +2,7 @@
 (`recipes.pocket.eagle3`)."""
 
 from recipes.pocket.eagle3 import main
-from specrank.cli import run_entry_point
+from specrank.settings.cli import run_entry_point
 
 if __name__ == "__main__":
     run_entry_point(main, stage="decode.train_pocket.eagle3")

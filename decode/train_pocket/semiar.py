@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-import specrank.config  # noqa: F401  (registers the root schema)
+import specrank.settings.config  # noqa: F401  (registers the root schema)
 from decode.baseline import autoregressive_decode
 from decode.loop import decode_prompt
 from decode.settings import OnlineSettings
@@ -29,7 +29,7 @@ from pairs.models import load_model_pair
 from pairs.prompts import Prompt, encode_prompt, load_prompts
 from recipes.pocket import domino, dspark
 from recipes.pocket.config import PocketSemiARConfig
-from specrank.paths import CONF_DIR, project_path
+from specrank.settings.paths import CONF_DIR, project_path
 from tree.config import DecodeConfig, PoolConfig, SelectConfig
 
 log = logging.getLogger("decode.train_pocket.semiar")

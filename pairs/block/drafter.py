@@ -52,7 +52,7 @@ from pairs.block.layout import (
 from pairs.block.module import BlockDrafterModule, ContextKV
 from pairs.config import ModelConfig
 from pairs.eagle3.capture import AuxCapture, FeatureRows
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 from tree.config import PoolConfig
 from tree.growth import Level, grow_tree_pool
 from tree.pool import DraftDraw, Pool, level_sizes

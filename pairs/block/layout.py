@@ -48,7 +48,7 @@ from torch import Tensor
 from transformers import Qwen3Config
 
 from pairs.block.module import BlockDrafterModule
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 
 DRAFTER_SETTING = "model.drafter"
 

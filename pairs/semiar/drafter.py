@@ -34,7 +34,7 @@ from pairs.config import ModelConfig
 from pairs.eagle3.capture import AuxCapture
 from pairs.semiar.layout import READERS, SemiARSpec, read_semiar_weights
 from pairs.semiar.module import SemiARModule
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 from tree.config import PoolConfig
 from tree.growth import Level, grow_tree_pool
 from tree.pool import DraftDraw, Pool, level_sizes

@@ -42,7 +42,7 @@ from pairs.block.layout import (
     read_checked_weights,
     refusal,
 )
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 
 KINDS = {"dspark": "Qwen3DSparkModel", "domino": "DominoDraftModel"}
 OTHER_BACKBONES = ("Gemma4DSparkModel",)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specrank.renames import migrated_config
+from specrank.settings.renames import migrated_config
 
 
 def _suite(s: dict | None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specrank.fields import setting
+from specrank.settings.fields import setting
 
 
 @dataclass

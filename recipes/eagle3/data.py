@@ -31,7 +31,7 @@ from pairs.prompts import encode_prompt
 from recipes.eagle3.config import HeadCorpusConfig
 from recipes.pocket import corpus
 from recipes.pocket.config import CorpusConfig
-from specrank.paths import project_path
+from specrank.settings.paths import project_path
 
 Doc = tuple[list[int], list[bool]]  # token ids, loss mask (assistant tokens)
 

@@ -24,8 +24,8 @@ from recipes.eagle3.config import HeadRecipeConfig
 from recipes.eagle3.fit import fit_head
 from recipes.pocket.config import CorpusConfig
 from recipes.pocket.eagle3 import export_head, make_head, make_spec
-from specrank.checks import check_choice
-from specrank.paths import project_path
+from specrank.settings.checks import check_choice
+from specrank.settings.paths import project_path
 
 
 def check(hc: HeadRecipeConfig) -> None:

@@ -45,7 +45,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import Qwen3Config
 
-import specrank.config  # noqa: F401  (registers the root schema)
+import specrank.settings.config  # noqa: F401  (registers the root schema)
 from pairs.block.layout import CONTEXT_MIXING, BlockSpec, save_block_drafter
 from pairs.block.module import BlockDrafterModule
 from recipes.pocket import corpus, train
@@ -53,8 +53,8 @@ from recipes.pocket.block_card import write_card
 from recipes.pocket.config import PocketBlockConfig
 from recipes.pocket.eagle3 import TrainingData, load_target, target_view, training_data
 from recipes.pocket.train import Log
-from specrank.cli import exits_on_refusal
-from specrank.paths import CONF_DIR
+from specrank.settings.cli import exits_on_refusal
+from specrank.settings.paths import CONF_DIR
 
 log = logging.getLogger("recipes.pocket.block")
 POSITION_WEIGHTS = ("decayed", "dpace")

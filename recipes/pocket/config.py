@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specrank.fields import setting
+from specrank.settings.fields import setting
 
 RECIPE_STAGES = ("corpus", "tokenizer", "target", "drafter", "export", "evaluate")
 DRAFTER_INITS = ("target_layers", "random")
@@ -358,7 +358,7 @@ class PocketDominoConfig(PocketSemiARConfig):
     )
 
 
-SECTIONS = {  # python -m decode.train_pocket, .eagle3, .block, .dspark, .domino (specrank.config)
+SECTIONS = {  # python -m decode.train_pocket, .eagle3, .block, .dspark, .domino (specrank.settings.config)
     "pocket": PocketConfig,
     "pocket_eagle3": PocketEagle3Config,
     "pocket_block": PocketBlockConfig,

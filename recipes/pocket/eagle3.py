@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, LlamaConfig
 
-import specrank.config  # noqa: F401  (registers the root schema)
+import specrank.settings.config  # noqa: F401  (registers the root schema)
 from pairs.eagle3.capture import join_aux, resolve_aux_layers
 from pairs.eagle3.head import Eagle3Head
 from pairs.eagle3.layout import HeadSpec
@@ -48,8 +48,8 @@ from recipes.pocket import corpus, tokenizer, train
 from recipes.pocket.config import CorpusConfig, PocketBlockConfig, PocketEagle3Config
 from recipes.pocket.eagle3_card import write_card
 from recipes.pocket.train import Log
-from specrank.cli import exits_on_refusal
-from specrank.paths import CONF_DIR
+from specrank.settings.cli import exits_on_refusal
+from specrank.settings.paths import CONF_DIR
 from tree.attention import to_attention_mask
 
 log = logging.getLogger("recipes.pocket.eagle3")

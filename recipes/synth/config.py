@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrank.fields import setting
+from specrank.settings.fields import setting
 
 
 @dataclass
@@ -69,4 +69,4 @@ class SynthJobConfig:
     )
 
 
-SECTIONS = {"synth": SynthConfig, "synth_job": SynthJobConfig}  # see specrank.config
+SECTIONS = {"synth": SynthConfig, "synth_job": SynthJobConfig}  # see specrank.settings.config

@@ -28,10 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 from recipes.synth.config import SynthConfig, SynthJobConfig
 from recipes.synth.retained import Retained, retained_features
 from recipes.synth.rounds import SynthRounds, synth_rounds
-from specrank.cli import exits_on_refusal
-from specrank.errors import Refusal
-from specrank.paths import CONF_DIR, project_path
-from specrank.trace_schema import TRACE_SCHEMA, trace_store
+from specrank.settings.cli import exits_on_refusal
+from specrank.settings.errors import Refusal
+from specrank.settings.paths import CONF_DIR, project_path
+from specrank.store.trace_schema import TRACE_SCHEMA, trace_store
 from tree.config import PoolConfig, SelectConfig
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from rerank.evaluate.pool_chunks import ROUND_KEYS, RoundCodes
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 
 EVENT_COLUMNS = [*ROUND_KEYS, "accepted_path", "continuation_token", "root_entropy"]
 

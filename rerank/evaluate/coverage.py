@@ -31,9 +31,9 @@ import torch
 from rerank.evaluate.joined import joined_columns, law_ordered_frame, law_spans
 from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
 from selection.rules import parse_value_key, value_key
-from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
-from specrank.jit import njit
-from specrank.laws import law_columns
+from specrank.runtime.jit import njit
+from specrank.statistics.bootstrap import PromptSums, bootstrap_means, percentile_interval
+from specrank.statistics.laws import law_columns
 
 COVERAGE_COLUMNS = ["task", "cand_scored"]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
-from specrank.jit import njit
+from specrank.runtime.jit import njit
 
 
 @dataclass

@@ -37,9 +37,9 @@ from torch import Tensor
 from rerank.evaluate.pool_chunks import PoolChunk, iter_pool_chunks
 from selection.draws import matched_budget
 from selection.rules import parse_value_key
-from specrank.bootstrap import PromptSums, bootstrap_means, percentile_interval
-from specrank.jit import njit
-from specrank.laws import law_columns
+from specrank.runtime.jit import njit
+from specrank.statistics.bootstrap import PromptSums, bootstrap_means, percentile_interval
+from specrank.statistics.laws import law_columns
 
 
 @njit(nogil=True)

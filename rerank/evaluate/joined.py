@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from specrank.memory import release_freed_heap
+from specrank.runtime.memory import release_freed_heap
 
-# The parts were allocated in the pass, on the heap it keeps (`specrank.memory.heap_retained`),
+# The parts were allocated in the pass, on the heap it keeps (`specrank.runtime.memory.heap_retained`),
 # where a freed part stays resident until the heap is trimmed: placing them all before a trim
 # held every part twice (the 10x job's report tables peaked 2.9 GiB over the pass's end).
 TRIM_BYTES = 256 * 2**20

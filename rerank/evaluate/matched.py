@@ -39,7 +39,7 @@ from rerank.evaluate.policy import own_tree_coverage
 from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, chunk_of, predecessors
 from selection.policies import SIMULATED
 from selection.pool_batch import POOL_COLUMNS
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 
 VARIANTS = ("fit", "with", "without")  # availability: draft's trees / always / never
 _KEYS = [*ROUND_KEYS, "cand_index"]

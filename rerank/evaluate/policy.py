@@ -47,9 +47,9 @@ from selection.policies import SCORE_MODES, SIMULATED
 from selection.ranking import compiled_route, rank_order, ranks_of_order
 from selection.rules import BASELINE, parse_value_key, value_key
 from selection.values import lead_factor_scores, rule_scores, values_at_budgets
-from specrank.errors import Refusal
-from specrank.jit import njit
-from specrank.laws import law_name
+from specrank.runtime.jit import njit
+from specrank.settings.errors import Refusal
+from specrank.statistics.laws import law_name
 
 ROOT_IF_COVERED = "root_if_covered"
 DRAFT_SCORED = "draft_scored"

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from rerank.evaluate.policy import with_scored_prefixes
-from specrank.laws import law_name, pair_label
+from specrank.statistics.laws import law_name, pair_label
 
 RECORDED = "recorded_budget"
 PAIR = "pair"  # the paper's T_t|T_d of each row's law

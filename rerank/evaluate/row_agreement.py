@@ -38,8 +38,8 @@ import pyarrow.dataset as ds
 from rerank.evaluate.joined import joined_rows, law_ordered_frame, law_spans
 from rerank.evaluate.pool_chunks import ROUND_KEYS, PoolChunk, RoundCodes, iter_pool_chunks
 from selection.pool_batch import list_matrix, trace_matrix
-from specrank.jit import njit
-from specrank.laws import law_name
+from specrank.runtime.jit import njit
+from specrank.statistics.laws import law_name
 from tree.retained import TOKEN_ONLY_MAX
 
 SCALAR_ROWS = {"matched": "matched", "cache": "cache", "same": "same", "preceding": "prev"}

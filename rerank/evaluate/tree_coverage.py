@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from specrank.jit import njit
+from specrank.runtime.jit import njit
 
 # the policies whose scored set reaches outside the tree (`tree` scores the tree alone)
 _MODES = {"top_m": 0, "frontier": 1, "record": 2, "pool": 3}

@@ -45,11 +45,11 @@ from selection.pool_batch import POOL_COLUMNS, PoolBatch, pool_batch_from_table,
 from selection.ranking import pool_levels
 from selection.rules import POOL_RULES, mixture, substitution, value_key
 from selection.values import evaluate_pools
-from specrank.errors import Refusal
-from specrank.memory import GrowthTrim
+from specrank.runtime.memory import GrowthTrim
+from specrank.settings.errors import Refusal
 
 # resident growth between returns of the heap's free pages: the kept results fragment the
-# heap the pass reuses (specrank.memory.GrowthTrim)
+# heap the pass reuses (specrank.runtime.memory.GrowthTrim)
 TRIM_GROWTH = 512 * 2**20
 RETAINED_ROWS = {"cache": "fl_cache_logprob", "same": "fl_same_logprob", "prev": "fl_prev_logprob"}
 VALUE_INPUTS = sorted(

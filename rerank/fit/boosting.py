@@ -45,7 +45,7 @@ from rerank.fit.design import CATEGORICAL, DesignColumns, DesignRows
 from rerank.fit.folds import inner_validation
 from rerank.fit.law_memo import LawMemo, rows_key
 from rerank.fit.token_prior import PriorColumn, split_priors
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 
 SMALL_FIT_ROWS = 100_000  # fits on fewer rows run on one thread (module doc)
 

@@ -67,8 +67,8 @@ from rerank.fit.token_prior import (
     split_priors,
     token_prior_features,
 )
-from specrank.errors import Refusal
-from specrank.laws import law_kind
+from specrank.settings.errors import Refusal
+from specrank.statistics.laws import law_kind
 
 _KEYS = ("prompt_id", "task", "round_index", "cand_index", "token")  # what the fit task reads
 TRAIN, HELD = 1, 2  # a row's role on its node (0: not read)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from rerank.fit.token_prior import PriorColumn
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 
 TOKEN_PRIOR = "token_prior"  # the design column filled from rerank.fit.token_prior
 CATEGORICAL = ("task",)  # the design columns the models split as categories

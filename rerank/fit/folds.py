@@ -22,7 +22,7 @@ import pandas as pd
 
 from calibrate.isotonic import DEFAULT_BINS, EqualCountIsotonic, PerDepthIsotonic
 from calibrate.rank_control import DraftRankMeans
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 
 
 def distinct_strings(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -15,8 +15,8 @@ import pandas as pd
 from rerank.evaluate.pool_chunks import ROUND_KEYS
 from rerank.fit.design import per_value
 from rerank.fit.folds import prompt_tasks
-from specrank.checks import check_choice
-from specrank.errors import Refusal
+from specrank.settings.checks import check_choice
+from specrank.settings.errors import Refusal
 
 SCHEMES = ("even_odd", "seeded")
 

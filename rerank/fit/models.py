@@ -45,7 +45,7 @@ from rerank.forest.jit import JitForest, batch_phat, jit_forest
 from rerank.forest.table import ForestError, forest_of
 from rerank.forest.walk import compile_forest
 from selection.rules import MODEL_KINDS
-from specrank.laws import law_kind
+from specrank.statistics.laws import law_kind
 
 log = logging.getLogger(__name__)
 PREDICT_ROUTES = ("library", "forest")

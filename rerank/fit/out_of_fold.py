@@ -30,7 +30,7 @@ from rerank.fit.models import (
     fingerprint_columns,
 )
 from rerank.fit.token_prior import DEFAULT_PSEUDO_COUNT
-from specrank.laws import law_kind
+from specrank.statistics.laws import law_kind
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from rerank.evaluate.pool_chunks import iter_trace_chunks
 from rerank.fit.halves import prompt_folds
 from selection.pool_batch import PoolBatch
 from selection.ranking import pool_levels
-from specrank.errors import Refusal
-from specrank.memory import release_freed_heap
+from specrank.runtime.memory import release_freed_heap
+from specrank.settings.errors import Refusal
 
 # What the per-depth maps read of the traces (fit_per_depth_maps reads nothing else).
 EDGE_COLUMNS = ["prompt_id", "temperature", "root_argmax", "cand_parent", "cand_depth",

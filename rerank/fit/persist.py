@@ -37,8 +37,8 @@ from rerank.fit.boosting import Capacity
 from rerank.fit.models import LAWS, FittedReranker
 from rerank.fit.token_prior import TokenPrior
 from selection.rules import MODEL_KINDS
-from specrank.errors import Refusal
-from specrank.tables import sha256_file
+from specrank.settings.errors import Refusal
+from specrank.store.tables import sha256_file
 
 FORMAT = "specrank.reranker"
 FORMAT_VERSION = 1

@@ -27,8 +27,8 @@ from rerank.fit.law_memo import LawMemo
 from rerank.fit.models import LABEL_OF_LAW, FittedReranker
 from rerank.fit.out_of_fold import CrossfitResult, FitStore, LawFits
 from selection.rules import learned
-from specrank.laws import law_kind
-from specrank.memory import release_freed_heap
+from specrank.runtime.memory import release_freed_heap
+from specrank.statistics.laws import law_kind
 
 log = logging.getLogger(__name__)
 # Cross-fits every (temperature, feature set) job elsewhere: (settings, jobs, folds) -> results

@@ -7,8 +7,8 @@ import pandas as pd
 
 from rerank.fit.models import LABEL_OF_LAW
 from rerank.fit.predict import FirstFactorPredictions
-from specrank.jit import njit
-from specrank.laws import law_kind
+from specrank.runtime.jit import njit
+from specrank.statistics.laws import law_kind
 
 
 def _mean(x: np.ndarray) -> float:

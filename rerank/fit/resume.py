@@ -30,8 +30,8 @@ import numpy as np
 
 from rerank.fit.out_of_fold import SavedFit
 from rerank.fit.persist import load_reranker, save_reranker
-from specrank import faults
-from specrank.errors import Refusal
+from specrank.runtime import faults
+from specrank.settings.errors import Refusal
 
 PHAT_FILE = "phat.npy"
 FIT_FILE = "fit.json"

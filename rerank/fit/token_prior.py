@@ -31,8 +31,8 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from specrank.checks import check_choice
-from specrank.errors import Refusal
+from specrank.settings.checks import check_choice
+from specrank.settings.errors import Refusal
 
 DEFAULT_PSEUDO_COUNT = 20.0
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ from scipy.special import expit
 from calibrate.isotonic import PROB_FLOOR
 from rerank.forest.table import MAX_CATEGORY, ForestError
 from rerank.forest.walk import LGB_ZERO, CompiledForest, prepare
-from specrank.jit import njit
+from specrank.runtime.jit import njit
 
 MAX_COLUMN = 2**16 - 1  # Xv columns a node can name (16 bits)
 MAX_OFFSET = 2**15 - 1  # preorder distance to a right child (15 bits): trees < 32k nodes

@@ -45,7 +45,7 @@ from rerank.report.acceptance_plots import (
     save_figure,
 )
 from rerank.settings import derived_settings
-from specrank.files import atomic_write
+from specrank.store.files import atomic_write
 
 log = logging.getLogger(__name__)
 CANDIDATE_EXTRA = ["token", "draft_rank", "margin_top_sibling"]  # read again from the table

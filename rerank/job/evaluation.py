@@ -27,10 +27,10 @@ from rerank.report.comparisons import compare, comparisons_table
 from rerank.report.summary import choose_mixture_weights, law_draws, results_table, summarise_draws
 from rerank.report.variants import variant_table, variants_text
 from rerank.settings import CheckedSettings, derived_settings
-from specrank import faults
-from specrank.memory import heap_retained, release_freed_heap
-from specrank.parallel import ParallelConfig
-from specrank.trace_schema import trace_store
+from specrank.runtime import faults
+from specrank.runtime.memory import heap_retained, release_freed_heap
+from specrank.runtime.parallel import ParallelConfig
+from specrank.store.trace_schema import trace_store
 
 
 @dataclass

@@ -30,11 +30,11 @@ from rerank.fit.predict import FirstFactorPredictions, predict_first_factors
 from rerank.fit.quality import prediction_quality
 from rerank.fit.resume import FitFolder
 from rerank.settings import CheckedSettings, derived_settings
-from specrank import faults
-from specrank.frames import scanned_frame
-from specrank.memory import release_freed_heap
-from specrank.parallel import ParallelConfig
-from specrank.trace_schema import trace_store
+from specrank.runtime import faults
+from specrank.runtime.memory import release_freed_heap
+from specrank.runtime.parallel import ParallelConfig
+from specrank.store.frames import scanned_frame
+from specrank.store.trace_schema import trace_store
 
 log = logging.getLogger(__name__)
 

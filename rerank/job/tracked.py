@@ -9,10 +9,10 @@ import pandas as pd
 
 from rerank.job.evaluation import Evaluation
 from rerank.job.fitting import Fitted
-from specrank.config import MlflowConfig
-from specrank.laws import law_name, pair_key
-from specrank.run_record import ChildRun, RunRecord
-from specrank.tracking import metric_key
+from specrank.settings.config import MlflowConfig
+from specrank.statistics.laws import law_name, pair_key
+from specrank.tracking.run_record import ChildRun, RunRecord
+from specrank.tracking.train_runs import metric_key
 
 
 def _quality_metrics(quality: pd.DataFrame, fold: object) -> dict[str, float]:
@@ -33,7 +33,7 @@ def run_record(
     total_seconds: float,
 ) -> RunRecord:
     """What the run logs: one parent run (params = `resolved_config`, logged verbatim) and a
-    child run per fold (`specrank.run_record` logs it)."""
+    child run per fold (`specrank.tracking.run_record` logs it)."""
     metrics = {"time/total_s": total_seconds, "time/fit_s": fitted.seconds}
     metrics |= {f"time/{stage}_s": secs for stage, secs in ev.seconds.items()}
     metrics |= evaluation_metrics(ev, fitted.quality)

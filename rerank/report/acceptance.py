@@ -47,9 +47,9 @@ from rerank.report.acceptance_vllm import (
     margin_feature,
     online_refit,
 )
-from specrank.bootstrap import percentile_interval
-from specrank.laws import law_columns, law_kind, law_name
-from specrank.tracking import metric_key
+from specrank.statistics.bootstrap import percentile_interval
+from specrank.statistics.laws import law_columns, law_kind, law_name
+from specrank.tracking.train_runs import metric_key
 
 CANDIDATE_SETS = {"top": "the drafter's top first-level candidate (the chain's first token)",
                   "all": "every first-level candidate"}  # fmt: skip

@@ -24,9 +24,9 @@ from rerank.report.acceptance import VLLM_FITTED, VLLM_ONLINE, LawSet, law_label
 from rerank.report.acceptance_plots import root_entropy_halves, text_values
 from rerank.report.acceptance_vllm import VLLM_SOURCE, logit_q_feature, margin_feature
 from selection.rules import learned
-from specrank.files import atomic_write
-from specrank.laws import law_name
-from specrank.tables import SchemaError, TableSpec, check_columns, check_nulls
+from specrank.statistics.laws import law_name
+from specrank.store.files import atomic_write
+from specrank.store.tables import SchemaError, TableSpec, check_columns, check_nulls
 
 DUMP_VERSION = 1
 _f32, _f64, _i32 = pa.float32(), pa.float64(), pa.int32()

@@ -3,7 +3,7 @@ intervals (`rerank.report.acceptance` reports them).
 
 Every figure is a mean over candidates (each first-level candidate of the set weighs the
 same), and every resample draws prompts with replacement with the weights
-`specrank.bootstrap.resample_weights` gives the run's round-weighted figures (prompts sorted,
+`specrank.statistics.bootstrap.resample_weights` gives the run's round-weighted figures (prompts sorted,
 the run's seed), keeping a prompt's candidates together. Each statistic is a ratio of
 per-prompt sums, so a resample is two matrix products, and every estimator is resampled
 with the same weights: the difference of two estimators is paired.
@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from calibrate.isotonic import PROB_FLOOR
-from specrank.bootstrap import resample_weights
-from specrank.jit import njit
+from specrank.runtime.jit import njit
+from specrank.statistics.bootstrap import resample_weights
 
 ECE_BINS = 15
 CLIP = PROB_FLOOR  # log-loss clips predictions to [CLIP, 1 - CLIP]

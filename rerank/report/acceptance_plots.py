@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from rerank.report.acceptance import CANDIDATE_SETS, LawSet, law_label
 from rerank.report.acceptance_metrics import ECE_BINS, METRICS, ece_bin
 from rerank.report.plot_style import styles
-from specrank.laws import law_columns
+from specrank.statistics.laws import law_columns
 
 ACCEPTANCE_RELIABILITY_COLUMNS = [
     "law", "target_temperature", "candidates", "estimator", "by", "group", "bin_low",

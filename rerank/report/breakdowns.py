@@ -13,8 +13,13 @@ import pandas as pd
 
 from rerank.report.summary import budget_rows, value_columns
 from selection.rules import budgets_of, parse_value_key
-from specrank.bootstrap import DEFAULT_RESAMPLES, PromptSums, resample_weights, weighted_means
-from specrank.laws import law_columns
+from specrank.statistics.bootstrap import (
+    DEFAULT_RESAMPLES,
+    PromptSums,
+    resample_weights,
+    weighted_means,
+)
+from specrank.statistics.laws import law_columns
 
 GROUPINGS = ("task", "category", "entropy_quintile", "draft_top_is_argmax")
 

@@ -16,8 +16,8 @@ from features.registry import FEATURE_SET_TREE
 from rerank.fit.models import FEATURE_SETS
 from rerank.report.summary import LawDraws
 from selection.rules import RULES
-from specrank.bootstrap import ci_text, emitted_gain, percentile_interval, relative_gain
-from specrank.laws import law_columns
+from specrank.statistics.bootstrap import ci_text, emitted_gain, percentile_interval, relative_gain
+from specrank.statistics.laws import law_columns
 
 # The default comparisons (rule_a:rule_b), from the registries' `compare` entries: the
 # paper's claims, what each richer feature set adds over its parent, and every learned rule

@@ -30,10 +30,10 @@ from mlflow.exceptions import MlflowException
 from rerank.evaluate.recorded import RECORDED
 from rerank.fit.models import FEATURE_SETS
 from selection.rules import learned, parse_value_key, value_key
-from specrank.bootstrap import WEIGHTINGS, fill_notes
-from specrank.config import MlflowConfig
-from specrank.renames import migrated_params
-from specrank.tracking import resolve_tracking_uri
+from specrank.settings.config import MlflowConfig
+from specrank.settings.renames import migrated_params
+from specrank.statistics.bootstrap import WEIGHTINGS, fill_notes
+from specrank.tracking.train_runs import resolve_tracking_uri
 
 # Tables every `rerank.train` run logs under `tables/` (CSV), and the larger
 # per-round / per-candidate tables (Parquet), read only on request.

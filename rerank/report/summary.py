@@ -32,7 +32,7 @@ from selection.rules import (
     value_key,
 )
 from selection.rules import rule as rule_entry
-from specrank.bootstrap import (
+from specrank.statistics.bootstrap import (
     DEFAULT_RESAMPLES,
     WEIGHTINGS,
     PromptSums,
@@ -45,7 +45,7 @@ from specrank.bootstrap import (
     share_recovered,
     weighted_means,
 )
-from specrank.laws import law_columns
+from specrank.statistics.laws import law_columns
 
 
 def value_columns(frame: pd.DataFrame) -> list[str]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from specrank.bootstrap import ci_text
-from specrank.laws import law_name
+from specrank.statistics.bootstrap import ci_text
+from specrank.statistics.laws import law_name
 
 CONTROL = "rank_control"
 VARIANT_COLUMNS = [

@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from specrank.shard_store import ShardStore
-from specrank.tables import TableSpec
+from specrank.store.shard_store import ShardStore
+from specrank.store.tables import TableSpec
 
 SCHEMA_VERSION = 3
 

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from specrank.paths import PROJECT_ROOT  # standard library only, as this module
+from specrank.settings.paths import PROJECT_ROOT  # standard library only, as this module
 
 VENV = PROJECT_ROOT / ".venv"
 # What every entry point imports first (pyproject.toml's dependencies)

@@ -3,7 +3,7 @@
 Hydra only knows full paths into the schema; a few entry points document a
 shorter form. Rewriting argv before `@hydra.main` parses it keeps Hydra's own
 parsing (and its errors) for everything else. A refused setting or input
-(`specrank.errors.Refusal`) ends a command with its message and status 2, no trace.
+(`specrank.settings.errors.Refusal`) ends a command with its message and status 2, no trace.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
-from specrank.errors import Refusal
-from specrank.renames import renamed_message
+from specrank.settings.errors import Refusal
+from specrank.settings.renames import renamed_message
 
 REFUSED = 2  # exit status of a refused setting or input (argparse's for a bad argument)
 
@@ -203,7 +203,7 @@ def checked_argv(argv: list[str], aliases: Mapping[str, str], stage: str | None)
     import dataclasses
     import os
 
-    from specrank.config import schema
+    from specrank.settings.config import schema
 
     argv = expand_short_overrides(argv, aliases)
     for arg in argv:

@@ -1,11 +1,11 @@
-"""Settings that were renamed, and the one place old names are mapped to new ones.
+"""Settings and commands that were renamed, and the one place old names are mapped to new ones.
 
 A setting keeps one name across every command (`run.score_top_m` online is the M of
 `rerank.score_top_m` offline), and no two settings share a leaf name unless they mean the
 same thing (tests/test_setting_names.py): names that meant other things were renamed for
 what they are. An old name on the command line is refused with the new one
-(`specrank.cli.checked_argv`); a trace store whose manifest was written under an old name
-is read as if written under the new one (`specrank.shard_store`), and a logged run's
+(`specrank.settings.cli.checked_argv`); a trace store whose manifest was written under an old name
+is read as if written under the new one (`specrank.store.shard_store`), and a logged run's
 parameters are shown under the new names (`rerank.report.runs`).
 
 An entry renames a setting or a whole sub-section: every name under `rerank.model` moves
@@ -16,6 +16,8 @@ config group (`rerank_model=lgbm` -> `booster=lgbm`): no top-level setting was r
 
 from __future__ import annotations
 
+import runpy
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -116,3 +118,30 @@ def migrated_config(config: Mapping[str, Any]) -> dict[str, Any]:
 def migrated_params(params: Mapping[str, str]) -> dict[str, str]:
     """Flat `section.key` parameters (a logged run's) under the new names."""
     return {new_name(k) or k: v for k, v in params.items()}
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+# old module -> new module, for every renamed entry point (`python -m <old>` still runs)
+NEW_NAMES = {
+    "decode.pocket": "decode.train_pocket",
+    "decode.pocket.eagle3": "decode.train_pocket.eagle3",
+    "decode.pocket.block": "decode.train_pocket.block",
+    "decode.pocket.dspark": "decode.train_pocket.dspark",
+    "decode.pocket.domino": "decode.train_pocket.domino",
+    "decode.synth": "decode.synth_traces",
+    "specrank.log_run": "specrank.tracking.log_run",
+    "specrank.settings_doc": "specrank.settings.settings_doc",
+}
+
+
+def notice(old: str) -> str:
+    """The line an old name prints before it runs the new command."""
+    return f"python -m {old} is now python -m {NEW_NAMES[old]}; the old name will be removed"
+
+
+def run_renamed(old: str) -> None:
+    """Run `python -m <old>` as its new name: the notice on stderr, then the new module as
+    `__main__` with `sys.argv[1:]` unchanged."""
+    print(notice(old), file=sys.stderr)
+    runpy.run_module(NEW_NAMES[old], run_name="__main__", alter_sys=True)

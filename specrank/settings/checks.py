@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Sequence
 from numbers import Integral, Real
 
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 
 
 def check_choice(setting: str, value: object, allowed: Sequence[object]) -> None:

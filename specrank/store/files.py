@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from specrank import faults
+from specrank.runtime import faults
 
 
 class DiskSpaceError(OSError):

@@ -5,7 +5,7 @@ folder's completion mark: params, tags, metrics, artifacts, child runs), then lo
 record. Logging reads only the folder, so when the tracking server is down the outputs
 are complete, the failure is named, and
 
-    python -m specrank.log_run <run folder> [--tracking-uri URI]
+    python -m specrank.tracking.log_run <run folder> [--tracking-uri URI]
 
 logs the same run later. `mlflow_logged.json` then holds the run id, and logging the
 folder a second time is refused. Runs carry their host and pid: a run left RUNNING by a
@@ -21,15 +21,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specrank import faults
-from specrank.claims import HOST, pid_alive
-from specrank.files import atomic_write
-from specrank.tracking import ensure_sqlite_store, parent_run, resolve_tracking_uri
+from specrank.runtime import faults
+from specrank.store.claims import HOST, pid_alive
+from specrank.store.files import atomic_write
+from specrank.tracking.train_runs import ensure_sqlite_store, parent_run, resolve_tracking_uri
 
 log = logging.getLogger(__name__)
 RECORD = "mlflow_run.json"
 LOGGED = "mlflow_logged.json"
-LOG_LATER = "python -m specrank.log_run"
+LOG_LATER = "python -m specrank.tracking.log_run"
 
 
 @dataclass

@@ -15,9 +15,9 @@ Both do nothing unless their environment variable is set (one lookup per call).
 
 Points: `shard_write` (a shard's temp file is written, not yet renamed: `ShardStore`),
 `shard_marker` (the shard is renamed, its completion marker not yet written),
-`table_write` (a results table's temp file is written: `specrank.files.atomic_write`),
+`table_write` (a results table's temp file is written: `specrank.store.files.atomic_write`),
 `fit_saved` (a finished fit is kept for a rerun: `rerank.fit.resume`) and
-`run_logging` (an MLflow run is started, nothing logged to it yet: `specrank.run_record`) and
+`run_logging` (an MLflow run is started, nothing logged to it yet: `specrank.tracking.run_record`) and
 `ray_task` (a Ray worker of `rerank.train launcher=ray` starts a fit or a trace shard) and
 `fit_node` (a Ray Train worker of `rerank.booster.fit_nodes` has grown a tree and is about to
 combine its held-out loss with the other nodes').
@@ -31,7 +31,7 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from specrank.errors import Refusal
+from specrank.settings.errors import Refusal
 
 FAULTS_ENV = "SPECRANK_FAULTS"
 COUNTS_ENV = "SPECRANK_FAULT_COUNTS"

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from specrank import faults
+from specrank.runtime import faults
 
 if TYPE_CHECKING:  # annotations only
     import pyarrow as pa
@@ -247,7 +247,7 @@ class heartbeat:  # lower-case: reads as a context manager
 
 
 class ClaimableStore(Protocol):
-    """What the claim loop needs of a store (`specrank.shard_store.ShardStore`, which
+    """What the claim loop needs of a store (`specrank.store.shard_store.ShardStore`, which
     imports this module: a protocol keeps the two from importing each other)."""
 
     root: Path

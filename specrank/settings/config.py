@@ -19,7 +19,7 @@ from importlib.metadata import entry_points
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from specrank.fields import setting
+from specrank.settings.fields import setting
 
 ENTRY_POINT_GROUP = "specrank.config"
 

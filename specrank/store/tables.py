@@ -1,5 +1,5 @@
 """Declared tables: an Arrow schema with a name and a version, and the checks every writer
-and reader of a `specrank.shard_store.ShardStore` applies with it."""
+and reader of a `specrank.store.shard_store.ShardStore` applies with it."""
 
 from __future__ import annotations
 

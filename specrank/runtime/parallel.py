@@ -29,9 +29,9 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from specrank.checks import check_choice, check_int, check_real
-from specrank.errors import Refusal
-from specrank.fields import setting
+from specrank.settings.checks import check_choice, check_int, check_real
+from specrank.settings.errors import Refusal
+from specrank.settings.fields import setting
 
 log = logging.getLogger(__name__)
 BACKENDS = ("local", "ray")

@@ -131,7 +131,7 @@ class _FunctionCache(caching.FunctionCache):
 def njit(**options: Any) -> Callable[[Callable[..., Any]], Dispatcher]:
     """`numba.njit(**options, cache=True)`, its cache entry keyed by its dependencies too."""
     if "cache" in options:
-        raise TypeError("specrank.jit.njit always caches; drop cache=")
+        raise TypeError("specrank.runtime.jit.njit always caches; drop cache=")
 
     def decorate(func: Callable[..., Any]) -> Dispatcher:
         _DIGESTS[func] = dependency_digest(func)

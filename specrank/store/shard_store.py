@@ -12,7 +12,7 @@ finished shards on a rerun, so rounds are never duplicated. Tables are cast to t
 or extra columns are refused) and checked against it on read.
 
 Processes on one machine or many may write one store at once: `write_pending`
-claims each shard first (`specrank.claims`), so no two write the same shard and
+claims each shard first (`specrank.store.claims`), so no two write the same shard and
 a killed writer's shard is redone; the manifest is created exclusively, so of two
 writers with different configs starting together, one is refused.
 
@@ -34,12 +34,18 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from specrank import claims as claims_
-from specrank import faults
-from specrank.claims import Claim, ClaimLost, ShardRun, new_owner
-from specrank.files import named_os_error
-from specrank.renames import migrated_config
-from specrank.tables import SchemaError, TableSpec, check_columns, fingerprint_json, sha256_file
+from specrank.runtime import faults
+from specrank.settings.renames import migrated_config
+from specrank.store import claims as claims_
+from specrank.store.claims import Claim, ClaimLost, ShardRun, new_owner
+from specrank.store.files import named_os_error
+from specrank.store.tables import (
+    SchemaError,
+    TableSpec,
+    check_columns,
+    fingerprint_json,
+    sha256_file,
+)
 
 MANIFEST = "manifest.json"
 _SHARD_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")

@@ -1,0 +1,1 @@
+"""How work runs: Ray/job sharding, memory, the numba cache, the interpreter, fault points."""

@@ -1,0 +1,1 @@
+"""The statistics every report shares: decoding laws and the paired prompt bootstrap."""

@@ -1,0 +1,1 @@
+"""MLflow: what a run logs, the run record beside its outputs, logging a finished folder."""
