@@ -96,7 +96,7 @@ class Variant:
 
     def triple(self) -> str:
         p = self.pool()
-        return f"{p.steps + 1}/{p.top_k}/{self.budget}"
+        return f"{p.expand_steps + 1}/{p.top_k}/{self.budget}"
 
     def settings(self, max_new_tokens: int, seed: int = 0) -> OnlineSettings:
         t_t, t_d = self.temperatures
@@ -119,7 +119,7 @@ def variants(kinds: list[str], shapes: list[str], pairs: list[str], budgets: lis
     for kind in kinds:
         for shape in shapes:
             for b in budgets:
-                depth = Variant(kind, shape, "0|0", b).pool().steps + 1
+                depth = Variant(kind, shape, "0|0", b).pool().expand_steps + 1
                 if depth > max_depth.get(kind, depth):
                     skipped.append(f"{kind}/{shape} at B={b}: depth {depth} > its "
                                    f"{max_depth[kind]} (the positions a block drafts)")  # fmt: skip

@@ -95,16 +95,19 @@ def wrap_stages(peaks: StagePeaks) -> None:
     import rerank.evaluate.policy as policy
     import rerank.evaluate.reports as reports
     import rerank.fit.out_of_fold as halves
+    import rerank.fit.per_depth as per_depth
     import rerank.job.evaluation as evaluation
     import rerank.job.fitting as fitting
     import rerank.train as train
 
-    for name in ("fit", "evaluate", "write_tables"):
-        peaks.wrap(train, name, name)
+    for name, label in (("fit_rerankers", "fit"), ("evaluate_rules", "evaluate"),
+                        ("write_tables", "write_tables")):  # fmt: skip
+        peaks.wrap(train, name, label)
     peaks.wrap(fitting, "law_frame", "law frame")
     peaks.wrap(halves.LawFits, "crossfit", "cross-fit")
-    for name in ("fit_per_depth_maps", "evaluate_traces", "choose_mixture_weights", "law_draws",
-                 "breakdown_gains", "breakdowns"):  # fmt: skip
+    peaks.wrap(per_depth, "fit_per_depth_maps", "fit_per_depth_maps")
+    for name in ("evaluate_traces", "choose_mixture_weights", "law_draws", "breakdown_gains",
+                 "breakdowns"):  # fmt: skip
         peaks.wrap(evaluation, name, name)
     peaks.wrap(policy.PolicyRounds, "apply", "policy rows")
     peaks.wrap(reports.ReportAccumulators, "tables", "report tables")

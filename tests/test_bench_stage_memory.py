@@ -44,7 +44,7 @@ def test_every_stage_the_bench_names_exists(monkeypatch):
         peaks, "wrap", lambda owner, attr, name: wrapped.append(getattr(owner, attr))
     )
     stage_memory.wrap_stages(peaks)
-    assert train.fit in wrapped and fitting.law_frame in wrapped
+    assert train.fit_rerankers in wrapped and fitting.law_frame in wrapped
     assert halves.LawFits.crossfit in wrapped and evaluation.evaluate_traces in wrapped
     assert policy.PolicyRounds.apply in wrapped and reports.ReportAccumulators.tables in wrapped
     assert len(wrapped) == 13
