@@ -156,3 +156,15 @@ def test_a_head_recipe_written_before_the_rename_gives_the_same_card(tmp_path):
     assert (tmp_path / "MODEL_CARD.md").read_text() == (shipped / "MODEL_CARD.md").read_text()
     config = json.loads((tmp_path / "recipe.json").read_text())["config"]
     assert config["corpus"]["target_top_k"] == facts["config"]["data"]["top_k"]
+
+
+def test_a_store_written_before_expand_steps_is_read_under_the_new_name(tmp_path):
+    """Readers of a manifest's sections (the pool size the job evaluates at), not only the
+    writer's compatibility check, see an old store under today's names."""
+    from rerank.settings import store_pool_size
+
+    old = {"pool": {"top_k": 10, "steps": 7, "expand": 10}, "select": {"budget": 8}}
+    trace_store(tmp_path / "traces").open_for_writing(old, {"target": "t"})
+    store = trace_store(tmp_path / "traces")
+    assert store.manifest()["config"]["pool"] == {"top_k": 10, "expand_steps": 7, "expand": 10}
+    assert store_pool_size(store.manifest(), store.root) == 710

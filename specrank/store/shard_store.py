@@ -126,8 +126,8 @@ class ShardStore:
         self._check_version(old)
         # Compared as JSON (what the manifest stores: tuples are lists there).
         want = {"config": _as_json(config), "models": _as_json(models or {})}
-        # a store written before a setting was renamed compares under the new name
-        got = {"config": migrated_config(old.get("config", {})), "models": old.get("models", {})}
+        # manifest() reads a store written before a rename under the new names
+        got = {"config": old.get("config", {}), "models": old.get("models", {})}
         if models is None:
             want["models"] = got["models"]
         if fingerprint_json(want) != fingerprint_json(got):
@@ -139,7 +139,9 @@ class ShardStore:
             )
 
     def manifest(self) -> dict[str, Any]:
-        """The store's manifest, refused when it does not match its own fingerprint."""
+        """The store's manifest, refused when it does not match its own fingerprint; its config
+        is read under today's setting names (a store written before a rename reads as if
+        written after it: `specrank.settings.renames`)."""
         path = self.root / MANIFEST
         if not path.exists():
             raise FileNotFoundError(
@@ -159,7 +161,7 @@ class ShardStore:
                 f"{path}: the manifest's config and models do not match its recorded "
                 f"fingerprint {str(want)[:12]} (found {got[:12]}): corrupt or edited; {remedy}"
             )
-        return manifest
+        return {**manifest, "config": migrated_config(manifest.get("config", {}))}
 
     def _check_version(self, manifest: Mapping[str, Any]) -> None:
         name, version = manifest.get("table"), manifest.get("schema_version")
