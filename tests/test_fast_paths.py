@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 import torch
 
-from calibrate.isotonic import DEFAULT_BINS, PROB_FLOOR, PerDepthIsotonic
+from calibrate.isotonic import PROB_FLOOR
 from rerank.evaluate.curves import PromptCurves
 from rerank.evaluate.policy import PolicyRounds
 from rerank.evaluate.pool_chunks import ROUND_KEYS, RoundCodes, chunk_of, iter_trace_chunks
@@ -29,7 +29,12 @@ from rerank.fit.design import design_matrix
 from rerank.fit.halves import fold_map
 from rerank.fit.models import fit_reranker
 from rerank.fit.out_of_fold import crossfit_predict
-from rerank.fit.per_depth import EDGE_COLUMNS, fit_per_depth_maps, per_depth_factors
+from rerank.fit.per_depth import (
+    EDGE_COLUMNS,
+    fit_per_depth_maps,
+    maps_of_buckets,
+    per_depth_factors,
+)
 from rerank.fit.predict import predict_first_factors
 from rerank.fit.quality import round_firsts
 from selection.draws import subtree_ranks
@@ -141,14 +146,7 @@ def _reference_maps(dataset, folds, max_edges, seed, chunk_rounds):
                     x, d, y = _dense_edges(part)
                     keep = rng.random(x.size) < rate
                     buckets.setdefault((float(t), half), []).append((x[keep], d[keep], y[keep]))
-    maps = {}
-    for (t, half), chunks in buckets.items():
-        x, d, y = (np.concatenate(c) for c in zip(*chunks, strict=True))
-        if x.size > max_edges:
-            pick = rng.choice(x.size, max_edges, replace=False)
-            x, d, y = x[pick], d[pick], y[pick]
-        maps[(t, 1 - half)] = PerDepthIsotonic(n_bins=DEFAULT_BINS).fit(x, y, d)
-    return maps
+    return maps_of_buckets(buckets, max_edges, rng)
 
 
 def test_per_depth_maps_and_scores_equal_the_dense_reference(fast_traces):

@@ -103,15 +103,21 @@ def fit_per_depth_maps(dataset: ds.Dataset, folds: dict[str, int], max_edges: in
                     buckets.setdefault((float(t), half), []).append(
                         edges.arrays(*edges.positions(rows, keep))
                     )
+    return maps_of_buckets(buckets, max_edges, rng)
+
+
+def maps_of_buckets(buckets: dict[tuple[float, int], list[tuple[np.ndarray, ...]]],
+                    max_edges: int, rng: np.random.Generator,
+                    ) -> dict[tuple[float, int], PerDepthIsotonic]:  # fmt: skip
+    """The per-depth map of each (temperature, half)'s kept edges (x, depth, y), at most
+    `max_edges` of them drawn without replacement, keyed by the half it predicts."""
     maps = {}
     for (t, half), chunks in buckets.items():
         x, d, y = (np.concatenate(c) for c in zip(*chunks, strict=True))
         if x.size > max_edges:
             pick = rng.choice(x.size, max_edges, replace=False)
             x, d, y = x[pick], d[pick], y[pick]
-        maps[(t, 1 - half)] = PerDepthIsotonic(n_bins=DEFAULT_BINS).fit(
-            x, y, d
-        )  # predicts the other half
+        maps[(t, 1 - half)] = PerDepthIsotonic(n_bins=DEFAULT_BINS).fit(x, y, d)
     return maps
 
 
