@@ -112,7 +112,7 @@ class RunConfig:
         "verified tree (docs/method.md#scored-set). tree: nothing else (speed runs); top_m: the "
         "run.score_top_m best-ranked candidates outside it; frontier: every child of a tree node; "
         "record: like decode.record; pool: all. record and pool are needed to record traces and "
-        "for offline values",
+        "for offline values. The same policy as rerank.score offline",
     )
     score_top_m: int = setting(
         100,
