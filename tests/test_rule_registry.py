@@ -9,7 +9,7 @@ weight w sits in the entry's `params`.
 
 from __future__ import annotations
 
-import pickle
+import copy
 
 import numpy as np
 import pytest
@@ -108,8 +108,9 @@ def test_a_rule_defined_here_gets_offline_values(half_root):
 def test_the_rule_joins_the_tables_only_while_registered(half_root):
     assert rule("half_root") is half_root and "half_root" in online_rules()
     OnlineSettings(rule="half_root").check()  # run.rule accepts it
-    # routes are registry values: a pickled entry holds the same route objects
-    back = pickle.loads(pickle.dumps(half_root))
+    # routes are registry values: a copied entry (copy and pickle both go through the routes'
+    # __reduce__, so workers receive it alike) holds the same route objects, not copies
+    back = copy.deepcopy(half_root)
     assert back.offline is HALF_ROOT_OFFLINE and back.online is HALF_ROOT_ONLINE
 
 
