@@ -76,6 +76,15 @@ def test_the_cache_is_read_not_rebuilt_and_a_changed_file_gets_a_new_key(tmp_pat
         converted_folder(path, "model.target", root=tmp_path / "c")
 
 
+def _in_two_threads(fn) -> None:
+    """Run `fn` in two threads at once and wait for both."""
+    threads = [threading.Thread(target=fn) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def test_writers_converting_at_once_leave_one_complete_folder(tiny_file, tmp_path, monkeypatch):
     """Two writers both convert (neither finds the folder), then race to rename: one wins,
     the other keeps the winner's folder and leaves no temporary behind."""
@@ -95,11 +104,7 @@ def test_writers_converting_at_once_leave_one_complete_folder(tiny_file, tmp_pat
         except Exception as err:  # reported below, in the test's own thread
             errors.append(err)
 
-    threads = [threading.Thread(target=writer) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_two_threads(writer)
     assert not errors and len(set(found)) == 1
     assert [p.name for p in tmp_path.iterdir()] == [found[0].name]
     assert (found[0] / PROVENANCE).is_file() and (found[0] / "model.safetensors").is_file()
@@ -128,11 +133,7 @@ def test_two_threads_never_load_at_once(tiny_file, monkeypatch):
         except LookupError as err:
             errors.append(err)
 
-    threads = [threading.Thread(target=convert) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _in_two_threads(convert)
     assert len(errors) == 2 and most[0] == 1
 
 
