@@ -35,7 +35,7 @@ from specrank.store.claims import ShardRun
 from specrank.store.files import check_free_space
 from specrank.store.shard_store import ShardStore
 from specrank.store.tables import SchemaError
-from specrank.store.trace_schema import SCHEMA_VERSION, trace_store
+from specrank.store.trace_schema import trace_store
 
 
 @dataclass
@@ -101,7 +101,8 @@ def _open_candidate_store(source: ShardStore, out: Path) -> ShardStore:
     target.open_for_writing(
         config={
             "source_table": "trace",
-            "source_schema_version": SCHEMA_VERSION,
+            # the store's own (a v3 store reads as v4: its candidate tables stay resumable)
+            "source_schema_version": manifest.get("schema_version"),
             "source_fingerprint": source.fingerprint(),
             "source_config_fingerprint": manifest.get("config_fingerprint"),
         },

@@ -1,4 +1,4 @@
-"""Small random trace tables (trace schema v3) for the feature tests.
+"""Small random trace tables (trace schema v4; `draft_confidence` left null) for the feature tests.
 
 Values are random but honour the trace contract: pool order, first-level
 candidates first, retained rows aligned with them (nulls where absent, the

@@ -19,7 +19,13 @@ from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score
 from bench.bench_acceptance import report as bench_report
 from rerank.config import BoosterConfig, RerankConfig, TransferConfig
 from rerank.report.acceptance import law_sets, set_table
-from rerank.report.acceptance_dump import DUMP_SCHEMA, DUMP_SPEC, read_dump, write_dump
+from rerank.report.acceptance_dump import (
+    DUMP_SCHEMA,
+    DUMP_SPEC,
+    DUMP_VERSION,
+    read_dump,
+    write_dump,
+)
 from rerank.report.acceptance_metrics import (
     ECE_BINS,
     PromptWeights,
@@ -246,7 +252,8 @@ def test_the_dump_round_trips_its_declared_schema(job, tmp_path):
     # another version, a missing column, a null where none is declared: refused
     old = dump.replace_schema_metadata({**dump.schema.metadata, b"specrank.version": b"0"})
     pq.write_table(old, tmp_path / "old.parquet")
-    with pytest.raises(SchemaError, match="acceptance_dump table v1"):
+    with pytest.raises(SchemaError, match=f"acceptance_dump table v{DUMP_VERSION}, found "
+                       "acceptance_dump v0"):  # fmt: skip
         read_dump(tmp_path / "old.parquet")
     pq.write_table(dump.drop_columns(["event"]), tmp_path / "short.parquet")
     with pytest.raises(SchemaError, match=r"missing column\(s\) \['event'\]"):

@@ -68,7 +68,9 @@ def test_every_trace_column_is_input_or_outcome() -> None:
     assert inputs.isdisjoint(OUTCOME_COLUMNS)
     assert read_outcomes <= set(OUTCOME_COLUMNS)
     # identity the extractor does not read: breakdowns take the category from the traces
-    not_read = {"category"}
+    # ... and the drafter's own confidence (known before verification), which the acceptance
+    # report reads from the traces
+    not_read = {"category", "draft_confidence"}
     assert set(TRACE_SCHEMA.names) == inputs | set(OUTCOME_COLUMNS) | not_read
 
 

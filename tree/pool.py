@@ -79,6 +79,10 @@ class Pool:
     q_rows: Tensor | None = None
     q_parent_row: Tensor | None = None
     q_ids: Tensor | None = None
+    # The drafter's own estimate of the acceptance of its top first-level candidate, a 0-d
+    # float32 tensor (DSpark's calibrated confidence, `pairs.semiar.drafter`); None for a
+    # drafter without one. Read only by recording (the trace's `draft_confidence`).
+    confidence: Tensor | None = None
 
     @property
     def size(self) -> int:

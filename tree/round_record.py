@@ -84,8 +84,9 @@ def round_trace_fields(
             edge_logprob(row_logp, pool, prow).exp(),
             entropy[None],
             root_logp.max().exp()[None],
+            *([pool.confidence.float().reshape(1)] if pool.confidence is not None else []),
         ]
-    ).cpu()  # [2P + 2]
+    ).cpu()  # [2P + 2 (+ 1: the drafter's confidence)]
     n = pool.size
     fields = {
         "root_token": root,
@@ -103,6 +104,7 @@ def round_trace_fields(
         "root_top1_prob": float(floats[2 * n + 1]),
         "accepted_path": path.tolist(),
         "continuation_token": cont,
+        "draft_confidence": float(floats[2 * n + 2]) if pool.confidence is not None else None,
     }
     rr = round_rows(root, host, path, cont)
     e = R.emitted_node(rr)

@@ -11,10 +11,22 @@ children row is its own, the pool grows best-first on the corrected path probabi
 product of the corrected conditionals, `tree.growth.grow_tree_pool`), ancestor-closed, at most
 D deep. Per-node state lives in each level's small tensors: a level's nodes' states are
 gathered from their parents' rows (`Level.prev_row`), as the growth's other tensors are.
+
+DSpark's confidence head gives each block row a logit of its draft's acceptance (trained
+towards 1 - TV(q, p), `recipes.pocket.dspark`). The pool carries the calibrated value of
+row 1, the block's first draft token, as the drafter's estimate for its top first-level
+candidate (`Pool.confidence`, the trace's `draft_confidence`): sigmoid(z_1 / T_1), z_1 the
+head's logit of row 1 after the root token, T_1 the sequential temperature scaling's
+temperature of position 1 from `recipe.json` beside the drafter (`sts.temperatures[0]`,
+written by `python -m decode.train_pocket.dspark`; DeepSpec's own layout has no key for it,
+so a drafter without that file is uncalibrated: T_1 = 1, as the manifest says). It reads the
+block's hidden state only: the pool, and every other column, are the same without it.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +55,30 @@ from tree.pool import DraftDraw, Pool, level_sizes
 @dataclass
 class SemiARCheckpoint(BlockCheckpoint):
     semi: SemiARSpec | None = None
+
+
+CALIBRATION_FILE = "recipe.json"  # beside the drafter: the pocket recipe's facts, STS's among them
+
+
+def confidence_temperature(folder: Path) -> float | None:
+    """The fitted STS temperature of block position 1 (`sts.temperatures[0]` of
+    `recipe.json` in `folder`, `recipes.pocket.dspark.calibrate`); None without that file or
+    key (the head is then read uncalibrated). A present but unusable value is refused."""
+    path = Path(folder) / CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    try:
+        facts = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise refusal(DRAFTER_SETTING, path, f"not valid JSON ({err})") from err
+    temps = (facts.get("sts") or {}).get("temperatures") if isinstance(facts, dict) else None
+    if temps is None:
+        return None
+    t = temps[0] if isinstance(temps, list) and temps else None
+    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
+        raise refusal(DRAFTER_SETTING, path, f"sts.temperatures: expected a list of positive "
+                     f"temperatures, one a block position, found {temps!r}")  # fmt: skip
+    return float(t)
 
 
 def read_semiar(kind: str, folder: Path, target: PretrainedConfig) -> SemiARCheckpoint:
@@ -78,6 +114,8 @@ class SemiARDrafter(BlockDrafter):
 
     semi: SemiARSpec | None = None
     gru_embed: nn.Module | None = None  # Domino: the target's embedding, the GRU's input
+    # DSpark: the confidence head's temperature at block position 1 (None: uncalibrated, 1)
+    confidence_temperature: float | None = None
 
     def grow(self, state: BlockState, tokens: list[int], root_position: int,
              cfg: PoolConfig, draw: DraftDraw | None = None) -> Pool:  # fmt: skip
@@ -86,7 +124,19 @@ class SemiARDrafter(BlockDrafter):
         rows = hidden[:d] if self.semi.shift else hidden[1 : d + 1]
         draft = _CorrectedDraft(self.lm_head(rows), rows, self.module, self.gru_embed,
                                 tokens[-1], root_position)  # fmt: skip
-        return grow_tree_pool(draft, cfg, draw)
+        pool = grow_tree_pool(draft, cfg, draw)
+        pool.confidence = self.first_confidence(rows[0], tokens[-1])
+        return pool
+
+    def first_confidence(self, row: Tensor, root: int) -> Tensor | None:
+        """sigmoid(z_1 / T_1) [] float32 of block row 1 (`row` [H]) after the `root` token:
+        the drafter's calibrated estimate of its first draft token's acceptance (module
+        doc); None without a confidence head (Domino, a DSpark drafter without one)."""
+        prev = torch.tensor([root], device=row.device)
+        z = self.module.confidence(row[None], prev)
+        if z is None:
+            return None
+        return torch.sigmoid(z[0] / (self.confidence_temperature or 1.0))
 
     def check_pool(self, pool: PoolConfig, setting: str) -> None:
         check_semiar_depth(self.semi, pool, setting)
@@ -152,7 +202,9 @@ def attach_semiar(ckpt: SemiARCheckpoint, target: PreTrainedModel, cfg: ModelCon
     return SemiARDrafter(module, semi.block, AuxCapture(target, semi.block.capture_ids), embed,
                          head, strict_positions=cfg.strict_head_positions,
                          window=cfg.drafter_window, semi=semi,
-                         gru_embed=None if own else target.get_input_embeddings())  # fmt: skip
+                         gru_embed=None if own else target.get_input_embeddings(),
+                         confidence_temperature=confidence_temperature(ckpt.folder)
+                         if own else None)  # fmt: skip
 
 
 def semiar_ids(d: SemiARDrafter) -> dict[str, str]:
@@ -167,6 +219,13 @@ def semiar_ids(d: SemiARDrafter) -> dict[str, str]:
         "pool_conditionals": f"block rows corrected by {semi.conditions_on}",
         "first_round": FIRST_ROUND_NOTE,
     }
+    if semi.kind == "dspark":  # what the trace's draft_confidence is
+        t = d.confidence_temperature
+        has_head = getattr(d.module, "confidence_head", None) is not None
+        out["draft_confidence"] = (
+            "none: no confidence head" if not has_head
+            else f"sigmoid(z_1 / {t!r}), T_1 from {CALIBRATION_FILE} sts.temperatures[0]"
+            if t is not None else f"sigmoid(z_1): uncalibrated (no {CALIBRATION_FILE} sts)")  # fmt: skip
     if semi.kind == "domino":
         out |= {
             "shift_label": str(semi.shift).lower(),

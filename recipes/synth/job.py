@@ -218,6 +218,7 @@ def rounds_to_table(
     cols |= _retained_columns(retained)
     for stage in ("draft", "select", "verify", "bookkeeping"):
         cols[f"time_{stage}_ms"] = pa.array(zeros)
+    cols["draft_confidence"] = pa.nulls(n, pa.float32())  # no drafter, no confidence head
     return pa.Table.from_pydict(cols, schema=TRACE_SCHEMA)
 
 

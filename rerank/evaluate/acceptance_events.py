@@ -24,7 +24,8 @@ import pyarrow.dataset as ds
 from rerank.evaluate.pool_chunks import ROUND_KEYS, RoundCodes
 from specrank.settings.errors import Refusal
 
-EVENT_COLUMNS = [*ROUND_KEYS, "accepted_path", "continuation_token", "root_entropy"]
+EVENT_COLUMNS = [*ROUND_KEYS, "accepted_path", "continuation_token", "root_entropy",
+                 "draft_confidence"]  # fmt: skip
 
 
 def _first_items(column: pa.ChunkedArray) -> np.ndarray:
@@ -40,12 +41,16 @@ def _first_items(column: pa.ChunkedArray) -> np.ndarray:
 def round_events(dataset: ds.Dataset) -> pd.DataFrame:
     """One row per round of `dataset` in its order: the round keys, `x1_index` (the pool
     index of the first accepted node, -1 when none was accepted), `continuation_token`,
-    `root_entropy` (nats, the target's root row) and `order` (0, 1, ... in store order)."""
+    `root_entropy` (nats, the target's root row), `draft_confidence` (the drafter's own
+    estimate for its top candidate, NaN where the trace holds none: every kind but DSpark, a
+    v3 store) and `order` (0, 1, ... in store order)."""
     table = dataset.to_table(columns=EVENT_COLUMNS)
     frame = table.select(ROUND_KEYS).to_pandas()
     frame["x1_index"] = _first_items(table["accepted_path"])
     frame["continuation_token"] = table["continuation_token"].to_numpy().astype(np.int64)
     frame["root_entropy"] = table["root_entropy"].to_numpy().astype(np.float64)
+    conf = table["draft_confidence"].cast(pa.float64()).fill_null(np.nan)
+    frame["draft_confidence"] = conf.to_numpy()
     frame["order"] = np.arange(len(frame), dtype=np.int64)
     return frame
 

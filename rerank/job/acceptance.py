@@ -84,7 +84,7 @@ def report_rows(features: Path, fitted: Fitted, dataset: ds.Dataset) -> pd.DataF
         frame[c] = extra[c].to_numpy()[at]
     rounds = round_events(dataset)
     at = round_positions(rounds, frame)
-    for c in ("root_entropy", "order"):
+    for c in ("root_entropy", "order", "draft_confidence"):
         frame[c] = rounds[c].to_numpy()[at]
     frame["event"] = candidate_events(frame["cand_index"].to_numpy(np.int64),
                                       frame["token"].to_numpy(np.int64),

@@ -11,7 +11,12 @@ candidate. The estimators, all held out:
 - the draft probability q(c), as it is;
 - vLLM's logistic model on the drafter's confidence (`rerank.report.acceptance_vllm`):
   `vllm_logit_q` and `vllm_margin` fitted on the training half (the run's halves), and
-  `vllm_online`, vLLM's own online refit over the prompts in recording order.
+  `vllm_online`, vLLM's own online refit over the prompts in recording order;
+- DSpark's calibrated confidence (`dspark_confidence`, the `top` set only): the drafter's
+  own estimate of its first draft token's acceptance, as recorded (the trace's
+  `draft_confidence`, `pairs.semiar.drafter`); present for a law when every one of its
+  rounds holds one, absent otherwise (the report says why: `DSPARK_NOTE`). Nothing is
+  fitted on it.
 
 Labels: AUROC of the realized event X1 = c (`rerank.evaluate.acceptance_events`); the
 Brier score, ECE and log-loss against the realized event (`event`) and, at T>0, against the
@@ -41,6 +46,7 @@ from rerank.report.acceptance_metrics import (
 )
 from rerank.report.acceptance_vllm import (
     DSPARK_NOTE,
+    DSPARK_PRESENT,
     VLLM_SOURCE,
     crossfit_logistic,
     logit_q_feature,
@@ -57,10 +63,12 @@ CANDIDATE_SETS = {"top": "the drafter's top first-level candidate (the chain's f
 ACCEPTANCE_ROW_COLUMNS = [
     *ROUND_KEYS, "cand_index", "token", "task", "fold", "draft_prob", "draft_rank",
     "margin_top_sibling", "label_is_argmax", "label_target_prob", "event", "root_entropy",
-    "order",
+    "order", "draft_confidence",
 ]  # fmt: skip
 VLLM_FITTED = ("vllm_logit_q", "vllm_margin")  # fitted on the training half
 VLLM_ONLINE = "vllm_online"
+DSPARK = "dspark_confidence"  # the drafter's recorded confidence, `top` set only
+CONFIDENCE_COLUMN = "draft_confidence"  # the report rows' (the trace's) column it reads
 TABLE_COLUMNS = ["law", "target_temperature", "candidates", "estimator", "metric", "label",
                  "reference", "n", "prompts", "events"] + [
     f"{k}{x}" for k in ("value", "advantage") for x in ("", "_lo", "_hi", "_nonfinite", "_note")
@@ -103,10 +111,20 @@ def _vllm_preds(part: pd.DataFrame, crossfit: bool) -> dict[str, np.ndarray]:
     return out
 
 
+def dspark_preds(part: pd.DataFrame) -> dict[str, np.ndarray]:
+    """DSpark's recorded confidence on one law's `top` set, when every round holds one
+    (a frame without the column, or with a null on any round: none)."""
+    if CONFIDENCE_COLUMN not in part or part.empty:
+        return {}
+    values = part[CONFIDENCE_COLUMN].to_numpy(np.float64)
+    return {DSPARK: values} if np.isfinite(values).all() else {}
+
+
 def law_sets(frame: pd.DataFrame, fitted: Sequence[str], crossfit: bool = True) -> list[LawSet]:
     """Every law's two candidate sets with their estimators: draft_prob, the `fitted` columns
-    (held-out predictions of the run) and vLLM's (`crossfit`: its training-half fits too,
-    which need both halves)."""
+    (held-out predictions of the run), vLLM's (`crossfit`: its training-half fits too,
+    which need both halves) and, on the `top` set, DSpark's recorded confidence where the
+    law's rounds all hold one (`dspark_preds`)."""
     out = []
     temps = frame["temperature"].to_numpy()
     for t in np.unique(temps):
@@ -117,7 +135,10 @@ def law_sets(frame: pd.DataFrame, fitted: Sequence[str], crossfit: bool = True) 
             rows = order if name == "all" else order[frame["draft_rank"].to_numpy()[order] == 0]
             part = frame.iloc[rows]
             preds = {c: part[c].to_numpy(np.float64) for c in ["draft_prob", *fitted]}
-            out.append(LawSet(float(t), name, rows, preds | _vllm_preds(part, crossfit)))
+            preds |= _vllm_preds(part, crossfit)
+            if name == "top":
+                preds |= dspark_preds(part)
+            out.append(LawSet(float(t), name, rows, preds))
     return out
 
 
@@ -228,5 +249,16 @@ def acceptance_text(table: pd.DataFrame, notes: Sequence[str] = ()) -> str:
               f"[{CLIP:g}, 1 - {CLIP:g}]; event: X1 = c as recorded; exact: p(c) (T>0).",
               f"vllm_*: vLLM's logistic model on the drafter's confidence ({VLLM_SOURCE}); "
               f"vllm_logit_q / vllm_margin fitted on the training half, vllm_online refitted "
-              f"online over the prompts in recording order.", DSPARK_NOTE, *notes]  # fmt: skip
+              f"online over the prompts in recording order.", dspark_note(table), *notes]  # fmt: skip
     return "\n".join(lines)
+
+
+def dspark_note(table: pd.DataFrame) -> str:
+    """What the report says of DSpark's confidence: what it is where evaluated (at which
+    laws), else why not (`DSPARK_NOTE`)."""
+    laws = list(dict.fromkeys(table.loc[table["estimator"] == DSPARK, "law"]))
+    if not laws:
+        return DSPARK_NOTE
+    missing = [law for law in dict.fromkeys(table["law"]) if law not in laws]
+    why = f"; not at {', '.join(missing)}: {DSPARK_NOTE.split(': ', 1)[1]}" if missing else ""
+    return f"{DSPARK_PRESENT} ({', '.join(laws)}){why}"

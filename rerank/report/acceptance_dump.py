@@ -5,8 +5,11 @@ One row per prompt, round and first-level candidate of the report (held-out rows
 in the recording's order within each law. `docs/acceptance.md` documents every column.
 Estimator columns are null where the run has no such estimator (a feature set it did not
 fit, the controls and the training-half vLLM fits under `rerank.transfer`, a `*_top`
-column off the drafter's top candidate); every other column is never null.
-Change a column and bump `DUMP_VERSION`; `read_dump` refuses other versions.
+column off the drafter's top candidate, `dspark_confidence_top` where the drafter records
+no confidence); every other column is never null.
+Change a column and bump `DUMP_VERSION`; `read_dump` refuses other versions but the
+declared migrations (`DUMP_MIGRATIONS`: v1, before `dspark_confidence_top`, reads as v2 with
+it null).
 """
 
 from __future__ import annotations
@@ -20,15 +23,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rerank.fit.models import FEATURE_SETS
-from rerank.report.acceptance import VLLM_FITTED, VLLM_ONLINE, LawSet, law_label
+from rerank.report.acceptance import DSPARK, VLLM_FITTED, VLLM_ONLINE, LawSet, law_label
 from rerank.report.acceptance_plots import root_entropy_halves, text_values
 from rerank.report.acceptance_vllm import VLLM_SOURCE, logit_q_feature, margin_feature
 from selection.rules import learned
 from specrank.statistics.laws import law_name
 from specrank.store.files import atomic_write
-from specrank.store.tables import SchemaError, TableSpec, check_columns, check_nulls
+from specrank.store.tables import Migration, SchemaError, TableSpec, check_columns, check_nulls
 
-DUMP_VERSION = 1
+DUMP_VERSION = 2
 _f32, _f64, _i32 = pa.float32(), pa.float64(), pa.int32()
 _COLUMNS = {  # name -> type; never null
     "prompt_id": pa.string(), "task": pa.string(), "law": pa.string(),
@@ -42,12 +45,16 @@ CONTROLS = ("rank_control", "iso_q1")
 ESTIMATOR_COLUMNS = [
     *(f"reranker_{fs}" for fs in FEATURE_SETS), *CONTROLS,
     *(f"{v}_{s}" for v in (*VLLM_FITTED, VLLM_ONLINE) for s in ("top", "all")),
+    f"{DSPARK}_top",  # v2: the drafter's recorded confidence, its top candidate only
 ]  # fmt: skip
+TOP_ONLY = (DSPARK,)  # estimators of the `top` set alone: one `_top` column
 DUMP_SCHEMA = pa.schema(
     [*(pa.field(n, t, nullable=False) for n, t in _COLUMNS.items()),
      *(pa.field(n, _f64, nullable=True) for n in ESTIMATOR_COLUMNS)]
 )  # fmt: skip
-DUMP_SPEC = TableSpec(name="acceptance_dump", version=DUMP_VERSION, schema=DUMP_SCHEMA)
+DUMP_MIGRATIONS = (Migration(1, (f"{DSPARK}_top",)),)
+DUMP_SPEC = TableSpec(name="acceptance_dump", version=DUMP_VERSION, schema=DUMP_SCHEMA,
+                      migrations=DUMP_MIGRATIONS)  # fmt: skip
 
 
 def _base_columns(part: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -87,7 +94,7 @@ def dump_table(frame: pd.DataFrame, sets: Sequence[LawSet], fitted: Mapping[str,
     position = pd.Series(np.arange(rows.size), index=rows)
     for ls in sets:
         at = position.loc[ls.rows].to_numpy()
-        for est in (*VLLM_FITTED, VLLM_ONLINE):
+        for est in (*VLLM_FITTED, VLLM_ONLINE, *TOP_ONLY):
             if est in ls.preds:
                 out[f"{est}_{ls.candidates}"][at] = ls.preds[est]
     table = pa.table({n: _column(out[n], DUMP_SCHEMA.field(n)) for n in DUMP_SCHEMA.names})
@@ -126,14 +133,23 @@ def write_dump(path: Path, table: pa.Table) -> None:
 
 
 def read_dump(path: Path | str) -> pa.Table:
-    """A dump read back, checked: its table name and version, every column, the nulls."""
+    """A dump read back, checked: its table name and version, every column, the nulls. A
+    version `DUMP_MIGRATIONS` declares reads as this one, the columns it lacks null."""
     table = pq.read_table(path)
     meta = table.schema.metadata or {}
     name, version = meta.get(b"specrank.table", b"").decode(), meta.get(b"specrank.version", b"")
-    if name != DUMP_SPEC.name or version.decode() != str(DUMP_VERSION):
+    found = int(version) if version.isdigit() else None
+    migration = DUMP_SPEC.migration(found)
+    if name != DUMP_SPEC.name or (found != DUMP_VERSION and migration is None):
         raise SchemaError(f"{path}: expected an {DUMP_SPEC.name} table v{DUMP_VERSION}, found "
                           f"{name or 'no name'} v{version.decode() or '?'}")  # fmt: skip
-    check_columns(DUMP_SPEC, table.column_names)
+    absent = migration.added if migration is not None else ()
+    check_columns(DUMP_SPEC, table.column_names, absent)
+    if absent:  # the older version's table as this one: its added columns null, in place
+        cols = {n: table[n] if n in table.column_names
+                else pa.nulls(len(table), DUMP_SCHEMA.field(n).type) for n in DUMP_SCHEMA.names}  # fmt: skip
+        table = pa.table(cols, schema=DUMP_SCHEMA.with_metadata(
+            {**meta, b"specrank.version": str(DUMP_VERSION).encode()}))  # fmt: skip
     check_nulls(DUMP_SPEC, table)
     if table.schema.remove_metadata() != DUMP_SCHEMA.remove_metadata():
         raise SchemaError(f"{path}: the column types differ from {DUMP_SPEC.name} v{DUMP_VERSION}")
@@ -161,7 +177,7 @@ def dump_sets(table: pa.Table) -> tuple[pd.DataFrame, list[LawSet], str]:
             part = d.iloc[rows]
             preds = {"draft_prob": part["draft_prob"].to_numpy()} | {
                 names[c]: part[c].to_numpy() for c in present}  # fmt: skip
-            for est in (VLLM_ONLINE, *VLLM_FITTED):
+            for est in (VLLM_ONLINE, *VLLM_FITTED, *(TOP_ONLY if cands == "top" else ())):
                 values = part[f"{est}_{cands}"].to_numpy()
                 if not np.isnan(values).all():
                     preds[est] = values

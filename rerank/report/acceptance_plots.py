@@ -28,7 +28,7 @@ ACCEPTANCE_RELIABILITY_COLUMNS = [
 ]  # fmt: skip
 RELIABILITY_TICKS = (0.0, 0.25, 0.5, 0.75, 1.0)
 # drawn in the reliability figures when present (the reference reranker first)
-SHOWN = ("draft_prob", "iso_q1", "vllm_logit_q", "vllm_online")
+SHOWN = ("draft_prob", "iso_q1", "vllm_logit_q", "vllm_online", "dspark_confidence")
 
 
 def root_entropy_halves(frame: pd.DataFrame) -> np.ndarray:

@@ -30,12 +30,12 @@ At depth 1 there is one position, so one slope and one intercept. Two fits of it
   realized event (what a server sees): each round is predicted before its label joins the
   fit, so the prediction is held out in the prequential sense.
 
-DSpark's trained confidence head is not evaluated. The drafter kind `dspark` landed in
-6637963 (`pairs.semiar`, whose `SemiARModule.confidence` gives the head's logits), but no
-recording holds them: the pools are grown without it and trace schema v3 has no column for
-it, and `make run`'s pocket pair has no DSpark drafter. The mapping, once recorded: the
-sigmoid of its position-1 logit is the estimate for the block's first draft token, the
-drafter's top first-level candidate (the `top` set).
+DSpark's trained confidence head is evaluated beside these (`rerank.report.acceptance`,
+`dspark_confidence`), as recorded: trace schema v4's `draft_confidence` holds the calibrated
+sigmoid of its block row 1 logit (`pairs.semiar.drafter`), the estimate for the block's
+first draft token, the drafter's top first-level candidate (the `top` set). A store whose
+drafter has no confidence head (every other kind, synthetic traces, a v3 store) records
+none, and the report says so (`DSPARK_NOTE`).
 """
 
 from __future__ import annotations
@@ -50,8 +50,12 @@ REFIT_INTERVAL = 100  # decode steps (here: rounds) between two refits
 DAMPING = 50.0  # a refit's step is scaled by n / (n + DAMPING)
 RIDGE = 1e-3  # L2 on the Newton solve (sklearn: C = 1 / RIDGE)
 INITIAL = (0.0, 1.5)  # (slope, intercept) before the first refit
-DSPARK_NOTE = ("DSpark's calibrated confidence: not evaluated (the dspark drafter kind records "
-               "no confidence: trace schema v3 has no column for it)")  # fmt: skip
+DSPARK_NOTE = ("DSpark's calibrated confidence: not evaluated: this store's drafter records no "
+               "confidence (the trace's draft_confidence is null on the law's rounds: a "
+               "drafter without a confidence head, or a v3 store)")  # fmt: skip
+DSPARK_PRESENT = ("dspark_confidence: DSpark's calibrated confidence of its first draft token "
+                  "as recorded (the trace's draft_confidence, sigmoid(z_1 / T_1)), on the "
+                  "drafter's top candidate, nothing fitted")  # fmt: skip
 
 
 def logit_q_feature(q: np.ndarray) -> np.ndarray:

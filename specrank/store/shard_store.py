@@ -11,6 +11,13 @@ half a shard; `write_pending` (the one shard-writing loop of every stage) skips
 finished shards on a rerun, so rounds are never duplicated. Tables are cast to the declared schema on write (missing
 or extra columns are refused) and checked against it on read.
 
+Versions: the manifest's version is the store's, and every shard carries it (a store never
+mixes two). A store of the spec's version is read and written; a store of a version the spec
+declares a migration from (`TableSpec.migrations`) is read as the current version, the
+columns that version lacks null, and refused for writing; any other version is refused,
+naming the file, the expected and the found version. This is the one place a store's
+version is read (`ShardStore.dataset`, `ShardStore.check_compatible`).
+
 Processes on one machine or many may write one store at once: `write_pending`
 claims each shard first (`specrank.store.claims`), so no two write the same shard and
 a killed writer's shard is redone; the manifest is created exclusively, so of two
@@ -40,6 +47,7 @@ from specrank.store import claims as claims_
 from specrank.store.claims import Claim, ClaimLost, ShardRun, new_owner
 from specrank.store.files import named_os_error
 from specrank.store.tables import (
+    Migration,
     SchemaError,
     TableSpec,
     check_columns,
@@ -163,13 +171,25 @@ class ShardStore:
             )
         return {**manifest, "config": migrated_config(manifest.get("config", {}))}
 
-    def _check_version(self, manifest: Mapping[str, Any]) -> None:
+    def _check_version(
+        self, manifest: Mapping[str, Any], reading: bool = False
+    ) -> Migration | None:
+        """Refuse a manifest of another table or version, naming the file. `reading`: a
+        version the spec declares a migration from is accepted too (its stores read as the
+        current version, their added columns null: `TableSpec.migrations`), and returned;
+        they are never written into (mixing versions in one store)."""
         name, version = manifest.get("table"), manifest.get("schema_version")
-        if name != self.spec.name or version != self.spec.version:
-            raise SchemaError(
-                f"{self.root}: expected table '{self.spec.name}' schema version {self.spec.version}, "
-                f"found table '{name}' schema version {version}"
-            )
+        migration = self.spec.migration(version) if name == self.spec.name else None
+        if name == self.spec.name and version == self.spec.version:
+            return None
+        if reading and migration is not None:
+            return migration
+        why = (f"; a v{version} store reads as v{self.spec.version} but is not written into: "
+               f"write to a new folder") if migration is not None else ""  # fmt: skip
+        raise SchemaError(
+            f"{self.root / MANIFEST}: expected table '{self.spec.name}' schema version "
+            f"{self.spec.version}, found table '{name}' schema version {version}{why}"
+        )
 
     # -- shards -------------------------------------------------------------------
     def _paths(self, shard_id: str) -> tuple[Path, Path]:
@@ -289,7 +309,10 @@ class ShardStore:
         fraction of parsing, see bench/bench_store.py), then its row count, table
         name and version. Every refusal names the shard, the store and the remedy.
         """
-        self._check_version(self.manifest())
+        manifest = self.manifest()
+        migration = self._check_version(manifest, reading=True)
+        # every shard is of the manifest's version: a store never mixes two
+        want, absent = str(manifest["schema_version"]), migration.added if migration else ()
         files = []
         for sid in self.done_shards():
             data_path, done_path = self._paths(sid)
@@ -320,16 +343,17 @@ class ShardStore:
                 )
             found = meta_file.schema.to_arrow_schema()
             try:
-                check_columns(self.spec, found.names)
+                check_columns(self.spec, found.names, absent)
             except SchemaError as err:
                 raise SchemaError(f"{data_path}: {err}") from err
             meta = found.metadata or {}
             version = meta.get(b"specrank.version", b"?").decode()
-            if version != str(self.spec.version):
+            if version != want:
                 raise SchemaError(
-                    f"{data_path}: expected {self.spec.name} schema version {self.spec.version}, found {version}"
+                    f"{data_path}: expected {self.spec.name} schema version {want}, found {version}"
                 )
             files.append(str(data_path))
+        # an older version's shards lack its migration's added columns: read as null
         return ds.dataset(files, schema=self.spec.schema, format="parquet")
 
     def read(self, columns: list[str] | None = None) -> pa.Table:

@@ -18,19 +18,44 @@ class SchemaError(ValueError):
 
 
 @dataclass(frozen=True)
+class Migration:
+    """An older version of a table that reads as the current one: a store of `version` lacks
+    the columns `added`, which read as null (each must be a nullable column of the current
+    schema). Its stores are read, never written into (`ShardStore`)."""
+
+    version: int
+    added: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class TableSpec:
-    """A declared table: name, version and Arrow schema (with provenance metadata)."""
+    """A declared table: name, version and Arrow schema (with provenance metadata), and the
+    older versions that read as this one (`migrations`)."""
 
     name: str
     version: int
     schema: pa.Schema
+    migrations: tuple[Migration, ...] = ()
 
     def __post_init__(self) -> None:
+        for m in self.migrations:
+            if m.version == self.version:
+                raise ValueError(
+                    f"{self.name}: a migration from v{m.version} is the current version"
+                )
+            for n in m.added:
+                if n not in self.schema.names or not self.schema.field(n).nullable:
+                    raise ValueError(f"{self.name} v{m.version} -> v{self.version}: added column "
+                                     f"{n!r} must be a nullable column of the schema")  # fmt: skip
         meta = {
             b"specrank.table": self.name.encode(),
             b"specrank.version": str(self.version).encode(),
         }
         object.__setattr__(self, "schema", self.schema.with_metadata(meta))
+
+    def migration(self, version: object) -> Migration | None:
+        """The declared migration from `version`, None when there is none."""
+        return next((m for m in self.migrations if m.version == version), None)
 
     def conform(self, table: pa.Table) -> pa.Table:
         """Cast `table` to this schema; refuse missing or extra columns, and nulls the schema
@@ -71,9 +96,11 @@ def check_nulls(spec: TableSpec, table: pa.Table) -> None:
                 )
 
 
-def check_columns(spec: TableSpec, found: Iterable[str]) -> None:
-    found = list(found)
-    missing = [n for n in spec.schema.names if n not in found]
+def check_columns(spec: TableSpec, found: Iterable[str], absent: Iterable[str] = ()) -> None:
+    """Refuse missing or extra columns; `absent`: columns an older version lacks (a
+    `Migration`'s), not missing there."""
+    found, absent = list(found), set(absent)
+    missing = [n for n in spec.schema.names if n not in found and n not in absent]
     extra = [n for n in found if n not in spec.schema.names]
     if missing or extra:
         parts = []

@@ -1,4 +1,4 @@
-"""Trace schema v3: one Arrow row per decoding round.
+"""Trace schema v4: one Arrow row per decoding round.
 
 This is the contract between the decoder (`decode.record`, `recipes.synth`) and
 everything downstream (`features.extract`, `rerank.train`). Change a column and
@@ -12,6 +12,13 @@ the paper's three first-level columns, all known before verification: the matche
 row at the first-level candidates (`fl_matched_logprob`), the token-only rows
 aggregated there (mean and max log-prob) with each one's argmax, and every
 role row's entropy, top-1 mass and argmax. v2 stores are refused: record them again.
+v4 adds `draft_confidence`, the drafter's own estimate of the acceptance of its top
+first-level candidate, known before verification: DSpark's calibrated confidence of block
+row 1 (`pairs.semiar.drafter.SemiARDrafter.grow`), null for every drafter kind without a
+confidence head (eagle3, block, domino, standalone, synthetic traces). v3 stores read as v4
+(`TRACE_MIGRATIONS`: the store's one migration, in `specrank.store.shard_store`), the new
+column all null; they are not written into (record a new folder), and no store mixes v3 and
+v4 shards.
 
 Pool layout (docs/method.md#pool). The `cand_*` list columns have one entry per pool
 candidate (P = 710 by default), in *pool order*: depths are non-decreasing and
@@ -36,7 +43,7 @@ only the `fl_*` items (an absent retained row at a candidate) and the scalar
 retained-row columns may. Writers (`TableSpec.conform`) and every reader of the
 pool and outcome lists (`selection.pool_batch.trace_matrix`) refuse a null
 anywhere else, naming the column and the row; v3 stores written before the item
-declarations read the same (their values are unchanged).
+declarations read the same (their values are unchanged). `draft_confidence` may be null.
 """
 
 from __future__ import annotations
@@ -44,9 +51,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from specrank.store.shard_store import ShardStore
-from specrank.store.tables import TableSpec
+from specrank.store.tables import Migration, TableSpec
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _f32 = pa.float32()
 _i32 = pa.int32()
@@ -131,10 +138,18 @@ TRACE_SCHEMA = pa.schema(
         pa.field("time_select_ms", _f32, nullable=False),
         pa.field("time_verify_ms", _f32, nullable=False),
         pa.field("time_bookkeeping_ms", _f32, nullable=False),
+        # -- the drafter's own acceptance estimate of its top first-level candidate (v4) ----
+        # DSpark: sigmoid(z_1 / T_1), z_1 its confidence head's logit of block row 1 (the
+        # block's first draft token), T_1 the card's fitted STS temperature of that position
+        # (1 without one); null for every kind without a confidence head
+        pa.field("draft_confidence", _f32, nullable=True),
     ]
 )
 
-TRACE_SPEC = TableSpec(name="trace", version=SCHEMA_VERSION, schema=TRACE_SCHEMA)
+# v3 stores read as v4, the drafter's estimate absent (null)
+TRACE_MIGRATIONS = (Migration(3, ("draft_confidence",)),)
+TRACE_SPEC = TableSpec(name="trace", version=SCHEMA_VERSION, schema=TRACE_SCHEMA,
+                       migrations=TRACE_MIGRATIONS)  # fmt: skip
 
 
 def trace_store(root) -> ShardStore:
