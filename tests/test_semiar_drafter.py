@@ -60,6 +60,8 @@ def _edit(folder, **changes):
     ("dspark", {"vocab_size": 50}, r"vocab_size: its drafts are the target's ids"),
     ("domino", {"dflash_config.projector_type": "dspark"}, r"requires 'domino'"),
     ("domino", {"dflash_config.markov_rank": 8}, r"keys \['markov_rank'\]: not Domino's"),
+    ("domino", {"shared_with_target": ["lm_head"]}, r"keys \['shared_with_target'\]: not Domino's"),
+    ("dspark", {"shared_with_target": ["markov_head"]}, r"shared_with_target: expected a list of"),
     ("domino", {"dflash_config.emb_dim": None}, r"dflash_config.emb_dim: absent"),
     ("domino", {"dflash_config.shift_label": "yes"}, r"shift_label: expected true or false"),
     ("domino", {"dflash_config.pure_draft_prefix_len": 7}, r"leaves no corrected row"),
@@ -93,6 +95,32 @@ def test_mismatched_weights_and_deep_pools_are_refused(tmp_path):
     del state["markov_head.gate_proj.weight"]
     save_file(state, drafter / "model.safetensors")
     with pytest.raises(Refusal, match=r"lacks key 'markov_head.gate_proj.weight'"):
+        load_model_pair(cfg)
+
+
+def test_a_dspark_file_without_the_target_s_embedding_and_lm_head_needs_the_shared_key(tmp_path):
+    """A recipe that keeps DSpark's embedding and lm_head frozen copies of the target's ships
+    them left out: `shared_with_target` names them and the loader fills them from the target;
+    without the key such a file is refused by name, and with it a file holding them too."""
+    from safetensors.torch import load_file, save_file
+
+    target = tiny_target(tmp_path, "qwen3")
+    drafter = write_semiar("dspark", tmp_path / "d", target)
+    cfg = semiar_model_config("dspark", target, drafter)
+    full = load_file(drafter / "model.safetensors")
+    lean = {k: v for k, v in full.items() if k not in ("embed_tokens.weight", "lm_head.weight")}
+    save_file(lean, drafter / "model.safetensors")
+    with pytest.raises(Refusal, match=r"lacks key 'embed_tokens.weight' .*shared_with_target does "
+                                      r"not name 'embed_tokens'"):  # fmt: skip
+        load_model_pair(cfg)
+    _edit(drafter, shared_with_target=["embed_tokens", "lm_head"])
+    with one_thread():
+        pair = load_model_pair(cfg)
+    module = pair.drafter.module
+    assert torch.equal(module.embed_tokens.weight, pair.target.get_input_embeddings().weight)
+    assert torch.equal(module.lm_head.weight, pair.target.get_output_embeddings().weight)
+    save_file(full, drafter / "model.safetensors")
+    with pytest.raises(Refusal, match=r"unexpected key 'embed_tokens.weight'"):
         load_model_pair(cfg)
 
 

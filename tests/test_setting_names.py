@@ -24,6 +24,11 @@ _TRAINING = "the same knob of a drafter or target training loop (head.train, poc
 _ARCH = "the same architecture number of a trained transformer (head, pocket's target/drafter)"
 _RECIPE = "the same knob of the drafter recipes (decode.train_head, decode.train_pocket.*)"
 
+# the DSpark and Domino heads' knobs: pocket_dspark / pocket_domino and block_head
+_HEAD_KNOBS = ("markov_rank", "markov_head_type", "confidence_with_markov", "ce_alpha", "l1_alpha",
+               "confidence_alpha", "calibration_bins", "gru_hidden_dim", "emb_dim",
+               "pure_draft_prefix_len", "lambda_base_start", "lambda_base_decay_ratio")  # fmt: skip
+
 # leaf name -> why every setting or section of that name means the same thing
 SAME: dict[str, str] = {
     "seed": "a seed of the command's randomness (the job's, or its recipe's or decoder's own)",
@@ -77,6 +82,8 @@ SAME: dict[str, str] = {
     "rollout_tokens": _RECIPE,
     "card_prompts": _RECIPE,
     "card_tokens": _RECIPE,
+    "checkpoint_minutes": _TRAINING,
+    **dict.fromkeys(_HEAD_KNOBS, _RECIPE),
 }
 
 

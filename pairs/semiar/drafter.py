@@ -189,12 +189,20 @@ def check_semiar_depth(semi: SemiARSpec, pool: PoolConfig, setting: str) -> None
 def attach_semiar(ckpt: SemiARCheckpoint, target: PreTrainedModel, cfg: ModelConfig
                   ) -> SemiARDrafter:  # fmt: skip
     """The drafter on `target`'s device and dtype. DSpark drafts with its own embedding and
-    lm_head, as its reference does (they start as copies of the target's and may be trained);
-    Domino with the target's."""
+    lm_head, as its reference does (they start as copies of the target's and may be trained;
+    those its config's `shared_with_target` names are filled from the target's); Domino with
+    the target's."""
     semi = ckpt.semi
     semi.block.layer._attn_implementation = cfg.attn_implementation
     module = SemiARModule(semi)
-    module.load_state_dict(ckpt.state, strict=True)
+    state = dict(ckpt.state)
+    filled = {
+        "embed_tokens": target.get_input_embeddings(),
+        "lm_head": target.get_output_embeddings(),
+    }
+    for name in semi.shared_with_target:  # left out of the file: the target's (config says so)
+        state[f"{name}.weight"] = filled[name].weight.detach()
+    module.load_state_dict(state, strict=True)
     module = module.to(device=target.device, dtype=target.dtype).eval()
     own = semi.kind == "dspark"
     embed = module.embed_tokens if own else target.get_input_embeddings()

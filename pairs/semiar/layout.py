@@ -9,7 +9,12 @@ its reference's layout, each setting where that reference reads it.
             markov_rank, markov_head_type (`vanilla` | `gated`), enable_confidence_head,
             confidence_head_with_markov. A `dflash_config` holding one of them with another
             value is refused. Weights: the backbone's (`pairs.block.layout`), `embed_tokens`,
-            `lm_head`, `markov_head.*`, `confidence_head.proj.*`.
+            `lm_head`, `markov_head.*`, `confidence_head.proj.*`. Our key
+            `shared_with_target` (a list of `embed_tokens`, `lm_head`) says the file leaves
+            those out because they are the target's, unchanged (a recipe that keeps them
+            frozen copies ships 2 x vocab x hidden fewer weights); the loader fills them from
+            the target (`pairs.semiar.drafter.attach_semiar`). Without the key a file lacking
+            them is refused by name; with it, a file holding them too.
     domino  sgl-project/SpecForge `specforge/modeling/draft/domino.py` (read at commit
             a6b6b0230009d15ec2a97a57384e6f53f0f96946): `architectures: ["DominoDraftModel"]`,
             DFlash's places (block_size at the top level; ids and mask under `dflash_config`,
@@ -51,6 +56,8 @@ DSPARK_KEYS = ("block_size", "target_layer_ids", "mask_token_id", "markov_rank",
                "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")  # fmt: skip
 NOT_DOMINO = ("markov_rank", "markov_head_type", "enable_confidence_head",
               "confidence_head_with_markov", "confidence_head_alpha", "attention_mode")  # fmt: skip
+SHARED_KEY = "shared_with_target"  # ours: weights left out of the file, the target's
+SHAREABLE = ("embed_tokens", "lm_head")
 LEGACY_PREFIX = "logit_head."  # SpecForge's early Domino checkpoints nest the head under it
 
 
@@ -71,6 +78,7 @@ class SemiARSpec:
     plain_rows: int = 0  # domino's pure_draft_prefix_len: first drafted rows left uncorrected
     emb_dim: int = 0  # domino's embed_proj width
     confidence: str = "none"  # dspark: none | hidden | hidden+markov
+    shared_with_target: tuple[str, ...] = ()  # dspark: SHAREABLE modules the file leaves out
 
     @property
     def depth(self) -> int:
@@ -144,7 +152,12 @@ def read_dspark_config(folder: Path) -> SemiARSpec:
     block = BlockSpec(block.layer, block.target_layer_ids, size, block.mask_token_id,
                       block.num_target_layers)  # fmt: skip
     vocab = _int(path, "vocab_size", raw.get("vocab_size"), 1)
-    return SemiARSpec("dspark", block, head, rank, vocab, True, confidence=confidence)
+    shared = raw.get(SHARED_KEY, [])
+    if not isinstance(shared, list) or any(s not in SHAREABLE for s in shared):
+        raise _refuse(path, f"{SHARED_KEY}: expected a list of {list(SHAREABLE)} (the modules "
+                           f"the file leaves out, the target's), found {shared!r}")  # fmt: skip
+    return SemiARSpec("dspark", block, head, rank, vocab, True, confidence=confidence,
+                      shared_with_target=tuple(shared))  # fmt: skip
 
 
 def read_domino_config(folder: Path) -> SemiARSpec:
@@ -156,7 +169,7 @@ def read_domino_config(folder: Path) -> SemiARSpec:
     if inner.get("projector_type", "domino") != "domino":
         raise _refuse(path, f"dflash_config.projector_type: {inner['projector_type']!r}: "
                            "DominoDraftModel requires 'domino'")  # fmt: skip
-    foreign = [k for k in NOT_DOMINO if k in inner or k in raw]
+    foreign = [k for k in (*NOT_DOMINO, SHARED_KEY) if k in inner or k in raw]
     if foreign:
         raise _refuse(path, f"keys {foreign}: not Domino's settings (DSpark's or other "
                            "projectors'); not honoured here, so refused")  # fmt: skip
@@ -196,9 +209,28 @@ def read_semiar_weights(folder: Path, spec: SemiARSpec) -> dict[str, Tensor]:
     """The weights, refused unless every key of `spec`'s drafter is there with its shape
     (older checkpoints' `logit_head.` prefix read as the reference does)."""
     what = f"a {spec.kind} drafter ({spec.variant})"
-    return read_checked_weights(
-        folder, semiar_shapes(spec), what, lambda key: key.removeprefix(LEGACY_PREFIX)
-    )
+    want = semiar_shapes(spec)
+    for name in SHAREABLE if spec.kind == "dspark" else ():
+        key = f"{name}.weight"
+        if name in spec.shared_with_target:
+            want.pop(key)
+        elif key not in _keys(folder):
+            raise _refuse(folder / WEIGHTS, f"lacks key '{key}' (expected shape "
+                         f"{list(want[key])}) for {what}, and config.json's {SHARED_KEY} does "
+                         f"not name '{name}' (add {SHARED_KEY}: [\"{name}\", ...] to fill it "
+                         "from the target, for a drafter whose copy is the target's)")  # fmt: skip
+    return read_checked_weights(folder, want, what, lambda key: key.removeprefix(LEGACY_PREFIX))
+
+
+def _keys(folder: Path) -> set[str]:
+    """The weight names of `folder`'s file (unreadable: none; `read_checked_weights` refuses)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(folder / WEIGHTS), "pt") as f:
+            return {k.removeprefix(LEGACY_PREFIX) for k in f.keys()}  # noqa: SIM118
+    except (OSError, SafetensorError):
+        return set()
 
 
 def semiar_config(spec: SemiARSpec, extra: dict | None = None) -> dict:
@@ -218,6 +250,8 @@ def semiar_config(spec: SemiARSpec, extra: dict | None = None) -> dict:
                    "markov_rank": spec.rank, "markov_head_type": spec.variant,
                    "enable_confidence_head": spec.confidence != "none",
                    "confidence_head_with_markov": spec.confidence == "hidden+markov"}  # fmt: skip
+        if spec.shared_with_target:
+            fields[SHARED_KEY] = list(spec.shared_with_target)
     else:
         fields["dflash_config"] = {
             "mask_token_id": b.mask_token_id, "target_layer_ids": list(b.target_layer_ids),
@@ -230,8 +264,11 @@ def semiar_config(spec: SemiARSpec, extra: dict | None = None) -> dict:
 def save_semiar_drafter(folder: Path, module: nn.Module, spec: SemiARSpec,
                         extra: dict | None = None) -> None:  # fmt: skip
     """config.json and model.safetensors in `spec.kind`'s reference layout (the pocket
-    drafters); read back, they give `spec` (`READERS`)."""
+    drafters); read back, they give `spec` (`READERS`). `spec.shared_with_target`'s modules
+    are left out of the file (the loader fills them from the target)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(semiar_config(spec, extra), indent=2) + "\n")
-    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    shared = tuple(f"{name}." for name in spec.shared_with_target)
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()
+             if not k.startswith(shared) or not shared}  # fmt: skip
     save_file(state, folder / WEIGHTS)

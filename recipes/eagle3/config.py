@@ -2,13 +2,16 @@
 
 The target and the folder the head is written to are the `model` section's (`model.target`,
 `model.drafter`), so `python -m decode.train_head model=smollm2` trains the head that
-`model=smollm2` decodes with.
+`model=smollm2` decodes with; `model.drafter_kind` picks the recipe (eagle3: this one; block,
+dspark, domino: `recipes.block_head`, settings `block_head.*`, on this recipe's capture).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from recipes.block_head.config import BlockHeadConfig
+from recipes.resume import HeadTrainConfig
 from specrank.settings.fields import setting
 
 
@@ -34,22 +37,15 @@ class HeadCorpusConfig:
 
 
 @dataclass
-class HeadTrainConfig:
-    steps: int = setting(1200, "optimizer steps at most")
-    batch: int = setting(4, "windows per step")
-    lr: float = setting(1e-3, "peak learning rate: linear warm-up, then cosine")
-    warmup: int = setting(40, "warm-up steps")
-    min_lr_ratio: float = setting(0.1, "the cosine's floor, as a share of lr")
-    max_minutes: float = setting(25.0, "wall-time cap; the cosine follows time when it binds")
-    eval_every: int = setting(100, "steps between held-out agreement figures")
-    checkpoint_minutes: float = setting(2.0, "a resumable checkpoint at most this often")
-
-
-@dataclass
 class HeadRecipeConfig:
     """One decoder layer over the target's low / mid / high states (EAGLE-3)."""
 
     work_dir: str = setting("outputs/head_work", "captured shards and checkpoints")
+    capture: str | None = setting(
+        None,
+        "the capture's folder under work_dir (or a path); null: the target's (models/<name>/... "
+        "-> <name>), so every drafter kind of one target trains on one capture",
+    )
     seed: int = setting(0, "data order, split and initialisation")
     threads: int = setting(2, "torch intra-op threads (capture and training)")
     # float32 on CPUs without native bfloat16 arithmetic: emulated bf16 forwards are slower
@@ -68,4 +64,6 @@ class HeadRecipeConfig:
     train: HeadTrainConfig = field(default_factory=HeadTrainConfig)
 
 
-SECTIONS = {"head": HeadRecipeConfig}
+# `decode.train_head` reads both: `head` (the capture, and the EAGLE-3 head) and `block_head`
+# (the block-family drafters trained on that capture, `recipes.block_head`)
+SECTIONS = {"head": HeadRecipeConfig, "block_head": BlockHeadConfig}

@@ -1,14 +1,18 @@
 """The head recipe end to end: data, capture, training, export (`python -m decode.train_head`).
 
-Every stage keeps its output in `head.work_dir/<model.name>/` (git-ignored), so a rerun
-after an interruption skips what is done: the windows (`windows.npz`), each captured shard,
-and training from its last checkpoint.
+The capture is the target's: `head.work_dir/<capture_name>/` (git-ignored; by default the
+target's folder name, so `model=smollm2` and `model=smollm2_dspark` share one); checkpoints
+are the drafter's: `head.work_dir/<model.name>/checkpoint`. A rerun after an interruption
+skips what is done: the windows (`windows.npz`), each captured shard, and training from its
+last checkpoint. The block-family drafters (`recipes.block_head`) train on the same capture.
 """
 
 from __future__ import annotations
 
+import json
 import platform
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +29,7 @@ from recipes.eagle3.fit import fit_head
 from recipes.pocket.config import CorpusConfig
 from recipes.pocket.eagle3 import export_head, make_head, make_spec
 from specrank.settings.checks import check_choice
+from specrank.settings.errors import Refusal
 from specrank.settings.paths import project_path
 
 
@@ -61,17 +66,63 @@ def _windows(
     return ids, mask, minutes
 
 
-def run(hc: HeadRecipeConfig, model: ModelConfig, log) -> dict:
-    """Data, capture, training and export into `model.drafter`; the recipe's facts."""
+def capture_name(hc: HeadRecipeConfig, model: ModelConfig) -> str:
+    """The capture's folder under `head.work_dir`: `head.capture`, or the target's name (the
+    folder under models/ holding it: models/smollm2/target/... -> smollm2; elsewhere its file
+    or folder name), so every drafter kind of one target reuses one capture."""
+    if hc.capture:
+        return hc.capture
+    parts = Path(model.target).parts
+    return parts[1] if len(parts) > 2 and parts[0] == "models" else Path(model.target).stem
+
+
+@dataclass
+class Capture:
+    """The captured windows of a target (`captured`): ids and loss mask [n, L], the held-out
+    and training rows of them, the draft vocabulary (target ids, ascending) and the shards."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    val: np.ndarray
+    trn: np.ndarray
+    draft: np.ndarray
+    aux: tuple[int, ...]
+    shards: dict[str, list[Path]]
+    minutes: float  # replies and capture, summed over interrupted runs
+    folder: Path
+
+
+def load_target(hc: HeadRecipeConfig, model: ModelConfig):
+    """(target in `head.capture_dtype`, frozen, and its tokenizer); torch on `head.threads`."""
     check(hc)
     torch.set_num_threads(hc.threads)
     target_dir = checkpoint_dir(str(project_path(model.target)), "model.target", model.fetch)
-    out, work = project_path(model.drafter), project_path(hc.work_dir) / model.name
     target = AutoModelForCausalLM.from_pretrained(
         target_dir, dtype=DTYPES[hc.capture_dtype], local_files_only=True
     ).eval()
     target.requires_grad_(False)
-    tok = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    return target, AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+
+
+def _check_capture_target(folder: Path, model: ModelConfig) -> None:
+    """A capture records its target (`capture.json`); another target's is refused by name."""
+    path = folder / "capture.json"
+    if path.is_file():
+        made = json.loads(path.read_text())["target"]
+        if made != model.target:
+            raise Refusal(f"head.capture: {folder} holds the capture of {made!r}, not of "
+                          f"model.target={model.target!r}; set head.capture to another "
+                          "folder name")  # fmt: skip
+    elif not (folder / "windows.npz").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"target": model.target}) + "\n")
+
+
+def captured(target, tok, hc: HeadRecipeConfig, model: ModelConfig, log) -> Capture:
+    """The target's capture in `head.work_dir/<capture_name>`, made (or completed) when
+    missing: windows, their held-out split, draft vocabulary and shards (`recipes.eagle3.data`)."""
+    work = project_path(hc.work_dir) / capture_name(hc, model)
+    _check_capture_target(work, model)
     n_layers = target.config.num_hidden_layers
     aux = resolve_aux_layers(hc.aux_layers, None, "input", n_layers, "head.aux_layers")
     ids, mask, reply_minutes = _windows(target, tok, hc, work, log)
@@ -84,8 +135,18 @@ def run(hc: HeadRecipeConfig, model: ModelConfig, log) -> dict:
         for name, sel in (("val", val), ("train", trn))
     }
     # the stages' own times, summed over interrupted runs (a rerun skips what is done)
-    data_minutes = reply_minutes + data.capture_minutes(work)
+    minutes = reply_minutes + data.capture_minutes(work)
     log(f"data: {ids.size:,} tokens in {len(ids)} windows ({n_val} held back), captured")
+    return Capture(ids, mask, val, trn, draft, tuple(aux), shards, minutes, work)
+
+
+def run(hc: HeadRecipeConfig, model: ModelConfig, log) -> dict:
+    """Data, capture, training and export into `model.drafter`; the recipe's facts."""
+    target, tok = load_target(hc, model)
+    cap = captured(target, tok, hc, model, log)
+    out, work = project_path(model.drafter), project_path(hc.work_dir) / model.name
+    aux, draft, shards, ids, mask = cap.aux, cap.draft, cap.shards, cap.ids, cap.mask
+    n_val, trn, data_minutes = len(cap.val), cap.trn, cap.minutes
     t = target.config
     spec = make_spec(
         target, aux, hc.draft_vocab, hc.intermediate or t.intermediate_size,

@@ -114,7 +114,7 @@ READS: dict[str, tuple[str, ...]] = {
     "decode.train_pocket.block": ("pocket_block",),
     "decode.train_pocket.dspark": ("pocket_dspark",),
     "decode.train_pocket.domino": ("pocket_domino",),
-    "decode.train_head": ("model", "head"),
+    "decode.train_head": ("model", "head", "block_head"),
 }  # fmt: skip
 EVERY_COMMAND = ("paths", "seed", "hydra")
 GLOBAL_PACKAGES = ("debug", "experiment")
