@@ -3,6 +3,7 @@
 
     python -m bench.bench_head --card                   # model=smollm2: record them in its card
     python -m bench.bench_head --prompts 4 --max-new-tokens 32 --laws 0
+    python -m bench.bench_head --card --model smollm2_dspark   # a block-family drafter's card
 
 Each law's run decodes the first `--prompts` prompts of `data=heldout` (Spec-Bench's first
 turns, which the head never trained on) with rule=draft at B = 8 and 59 and target-only, in
@@ -31,7 +32,7 @@ from specrank.settings.paths import PROJECT_ROOT
 def law_run(args: argparse.Namespace, temperature: float, out: Path) -> pd.DataFrame:
     """One decode.run at `temperature`; its groups table (all prompts)."""
     cmd = [
-        sys.executable, "-m", "decode.run", f"model={args.model}", f"experiment={args.model}",
+        sys.executable, "-m", "decode.run", f"model={args.model}", f"experiment={args.experiment}",
         "data=heldout", f"data.sources.0.limit={args.prompts}",
         f"decode.temperature={temperature}", f"decode.max_new_tokens={args.max_new_tokens}",
         f"run.budgets=[{','.join(map(str, args.budgets))}]", "run.progress=false",
@@ -54,8 +55,12 @@ def card_rows(groups: pd.DataFrame, law: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument(
-        "--model", default="smollm2", help="a conf/model with an experiment of its name"
+        "--model", default="smollm2", help="a conf/model whose drafter was trained here"
     )
+    ap.add_argument(
+        "--experiment", default="smollm2",
+        help="the conf/experiment (pool, store) decoding with it: SmolLM2's serves every kind",
+    )  # fmt: skip
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--budgets", type=int, nargs="+", default=[8, 59])
@@ -77,13 +82,17 @@ def main(argv: list[str] | None = None) -> None:
 def write_suite(args: argparse.Namespace, rows: list[dict], load: str) -> None:
     from omegaconf import OmegaConf
 
-    from recipes.eagle3.card import write_card
+    from recipes.block_head import card as block_card
+    from recipes.eagle3 import card as head_card
 
     model = OmegaConf.load(PROJECT_ROOT / "conf" / "model" / f"{args.model}.yaml")
+    write_card = head_card.write_card if model.drafter_kind == "eagle3" else block_card.write_card
     folder = PROJECT_ROOT / model.drafter
     facts = json.loads((folder / "recipe.json").read_text())
     facts["suite"] = {
-        "command": "python -m bench.bench_head --card", "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["python -m bench.bench_head --card"]
+                            + ([f"--model {args.model}"] if args.model != "smollm2" else [])),
+        "date": time.strftime("%Y-%m-%d"),
         "load": load, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
         "dtype": model.dtype, "threads": 1, "rows": rows,
     }  # fmt: skip

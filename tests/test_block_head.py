@@ -82,7 +82,9 @@ def test_each_kind_trains_exports_and_its_export_drafts_losslessly(root, kind):
         assert {"MODEL_CARD.md", "recipe.json", "config.json", "model.safetensors"} <= {
             p.name for p in out.iterdir()
         }
-        assert "not measured yet: `python -m decode.run" in (out / "MODEL_CARD.md").read_text()
+        assert "run `python -m bench.bench_head --card --model " in " ".join(
+            (out / "MODEL_CARD.md").read_text().split()
+        )
         if kind == "dspark":
             assert json.loads((out / "config.json").read_text())["shared_with_target"] == [
                 "embed_tokens", "lm_head"]  # fmt: skip

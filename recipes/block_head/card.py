@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from recipes.eagle3.card import suite_section
 from recipes.pocket.semiar_card import DEEPSPEC, SPECFORGE, reflow
 
 NAMES = {"block": "DFlash block drafter", "dspark": "DSpark drafter", "domino": "Domino drafter"}
@@ -14,12 +15,6 @@ NAMES = {"block": "DFlash block drafter", "dspark": "DSpark drafter", "domino": 
 def model_name(facts: dict) -> str:
     """The conf/model name decoding with the drafter (the one it was trained under)."""
     return facts["model"]
-
-
-def tau_command(facts: dict, temperature: int) -> str:
-    return (f"python -m decode.run model={model_name(facts)} experiment=smollm2 data=heldout "
-            f"data.sources.0.limit=12 decode.temperature={temperature} "
-            "'run.budgets=[8,59]'")  # fmt: skip
 
 
 def _rows(x: dict) -> str:
@@ -77,17 +72,6 @@ def _calibration(facts: dict) -> str:
             f"{mean['after']:.4f}; temperatures {temps}")  # fmt: skip
 
 
-def _tau(facts: dict) -> str:
-    h = facts.get("tau") or {}
-    lines = ["| law | B | tau |", "|---|---|---|"]
-    for t in (0, 1):
-        for b in (8, 59):
-            v = h.get(f"T{t}_B{b}")
-            lines.append(f"| T={t} | {b} | "
-                         f"{f'{v:.3f}' if v is not None else 'not measured yet: `' + tau_command(facts, t) + '`'} |")  # fmt: skip
-    return "\n".join(lines)
-
-
 def write_card(out: Path, facts: dict) -> None:
     (out / "recipe.json").write_text(json.dumps(facts, indent=2) + "\n")
     c, d, t, h = facts["config"], facts["data"], facts["train"], facts["head"]
@@ -130,10 +114,9 @@ kind's head); the block drafts {facts["depth"]} positions; mask token {facts["ma
 - teacher-forced agreement with the target's argmax on the capture's held-out windows, rows
   1 / 2 / ...: {_rows(v)}; mean leading run of matches {v.get("chain_run", float("nan")):.2f}{base}{_calibration(facts)}
 
-Online tau (1 + accepted drafts per round, rule=draft, held-out prompts the drafter never
-trained on):
+## Decoding
 
-{_tau(facts)}
+{suite_section(facts.get("suite"), model_name(facts))}
 
 ## Context window
 

@@ -12,9 +12,12 @@ from pathlib import Path
 from specrank.settings.renames import migrated_config
 
 
-def _suite(s: dict | None) -> str:
+def suite_section(s: dict | None, model: str = "smollm2") -> str:
+    """The decoding figures `bench.bench_head --card` measured, or the command that does."""
     if not s:
-        return "Not measured for these weights yet: run `python -m bench.bench_head --card`.\n"
+        flag = "" if model == "smollm2" else f" --model {model}"
+        return ("Not measured for these weights yet: run "
+                f"`python -m bench.bench_head --card{flag}`.\n")  # fmt: skip
     rows = "\n".join(
         f"| {r['law']} | {r['budget']} | {r['tau']:.3f} | {r['tokens_per_s']:.1f} | "
         f"{r['speedup']:.3f} [{r['speedup_lo']:.3f}, {r['speedup_hi']:.3f}] | "
@@ -90,7 +93,7 @@ Held-out agreement with the target's argmax, steps 0 / 1 / 2 (each step's own po
 
 ## Decoding
 
-{_offline(facts.get("offline"))}{_suite(facts.get("suite"))}
+{_offline(facts.get("offline"))}{suite_section(facts.get("suite"))}
 ## Files
 
 | file | bytes |
