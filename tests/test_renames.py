@@ -152,9 +152,12 @@ def test_a_head_recipe_written_before_the_rename_gives_the_same_card(tmp_path):
     if not (shipped / "recipe.json").is_file():
         pytest.skip("no shipped SmolLM2 head")
     facts = json.loads((shipped / "recipe.json").read_text())
+    corpus = dict(facts["config"].pop("corpus"))  # as written before head.data was renamed
+    facts["config"]["data"] = corpus | {"top_k": corpus.pop("target_top_k")}
     write_card(tmp_path, facts)
     assert (tmp_path / "MODEL_CARD.md").read_text() == (shipped / "MODEL_CARD.md").read_text()
     config = json.loads((tmp_path / "recipe.json").read_text())["config"]
+    assert "data" not in config
     assert config["corpus"]["target_top_k"] == facts["config"]["data"]["top_k"]
 
 
