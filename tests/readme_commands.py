@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 # the README, the measurement logs it links to and the docs pages, whose command lines are
 # checked alike
-DOCS = (README, ROOT / "bench" / "SCALING.md", *sorted((ROOT / "docs").glob("*.md")))
+DOCS = (README, ROOT / "bench" / "SCALING.md", *sorted((ROOT / "docs").rglob("*.md")))
 EXEMPT = re.compile(r"<!--\s*commands:\s*exempt\s*\((?P<why>[^)]+)\)\s*-->")
 HYDRA_MODULES = ("decode.", "features.", "rerank.")
 # argparse commands among them (no Hydra config): parsed like the bench scripts
