@@ -20,6 +20,7 @@ from recipes.block_head.recipe import run
 from recipes.eagle3.config import HeadCorpusConfig, HeadRecipeConfig
 from recipes.resume import HeadTrainConfig
 from specrank.settings.errors import Refusal
+from specrank.settings.paths import PROJECT_ROOT as ROOT
 from tests.eagle3_heads import tiny_target
 from tests.recording import decode_recorded
 from tests.tiny_models import one_thread
@@ -138,3 +139,18 @@ def test_the_guide_s_train_head_commands_compose(hydra_conf):
         assert block.train.max_minutes <= 25
         kinds.add(model.drafter_kind)
     assert kinds == {"eagle3", "block", "dspark", "domino"}
+
+
+@pytest.mark.parametrize("kind", ["block", "dspark", "domino"])
+def test_a_shipped_card_is_what_its_recipe_json_writes(kind, tmp_path):
+    """`bench.bench_head --card` rewrites a shipped drafter's card from its recipe.json, the
+    decoding table included, with every heading on its own line."""
+    from recipes.block_head.card import write_card
+
+    shipped = ROOT / "models" / "smollm2" / kind
+    facts = json.loads((shipped / "recipe.json").read_text())
+    write_card(tmp_path, facts)
+    text = (tmp_path / "MODEL_CARD.md").read_text()
+    assert text == (shipped / "MODEL_CARD.md").read_text()
+    assert "\n## Decoding\n" in text and "\n## Context window\n" in text
+    assert "| T=1 | 8 |" in text

@@ -116,7 +116,7 @@ kind's head); the block drafts {facts["depth"]} positions; mask token {facts["ma
 
 ## Decoding
 
-{suite_section(facts.get("suite"), model_name(facts))}
+{suite_section(facts.get("suite"), model_name(facts)).rstrip()}
 
 ## Context window
 
