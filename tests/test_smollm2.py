@@ -94,3 +94,23 @@ def test_the_converted_target_decodes_as_its_gguf_source_says(smollm2):
     prompt = encode_prompt(smollm2.tokenizer, PROMPTS[0])
     out = autoregressive_decode(smollm2.target, prompt, 12)
     assert "Paris" in smollm2.tokenizer.decode(out)
+
+
+@pytest.mark.parametrize("kind", ["block", "dspark", "domino"])
+def test_greedy_with_each_block_family_drafter_equals_plain_greedy(kind):
+    """The block-family drafters trained for SmolLM2 (`models/smollm2/<kind>`) decode
+    losslessly on the real target, and draft: weaker than the head (tau about 1.3-1.4)."""
+    yaml = OmegaConf.load(CONF_DIR / "model" / f"smollm2_{kind}.yaml")
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), yaml))
+    if not project_path(cfg.target).is_file():
+        pytest.skip(f"{cfg.target} is not fetched: run `{cfg.fetch}`")
+    cfg = dataclasses.replace(
+        cfg, target=str(project_path(cfg.target)), drafter=str(project_path(cfg.drafter))
+    )
+    s = DecodeSettings(
+        pool=PoolConfig(top_k=8, expand_steps=3, expand=8), select=SelectConfig(budget=8),
+        decode=DecodeConfig(max_new_tokens=32),
+    )  # fmt: skip
+    with one_thread():
+        accepted, rounds = greedy_acceptance(load_model_pair(cfg), PROMPTS, s)
+    assert accepted > rounds // 5
