@@ -18,31 +18,15 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from recipes.pocket import train
-from specrank.settings.fields import setting
 
 CKPT = "checkpoint"
-WEIGHTS = "head.safetensors"
-
-
-@dataclass
-class HeadTrainConfig:
-    """The resumable loop's schedule (`fit`): AdamW, linear warm-up, cosine to a floor."""
-
-    steps: int = setting(1200, "optimizer steps at most")
-    batch: int = setting(4, "windows per step")
-    lr: float = setting(1e-3, "peak learning rate: linear warm-up, then cosine")
-    warmup: int = setting(40, "warm-up steps")
-    min_lr_ratio: float = setting(0.1, "the cosine's floor, as a share of lr")
-    max_minutes: float = setting(25.0, "wall-time cap; the cosine follows time when it binds")
-    eval_every: int = setting(100, "steps between held-out agreement figures")
-    checkpoint_minutes: float = setting(2.0, "a resumable checkpoint at most this often")
+CHECKPOINT_WEIGHTS = "head.safetensors"
 
 
 def save_checkpoint(folder: Path, module: torch.nn.Module, opt, state: dict) -> None:
@@ -52,7 +36,7 @@ def save_checkpoint(folder: Path, module: torch.nn.Module, opt, state: dict) -> 
     tmp.mkdir(parents=True)
     frozen = _frozen(module)
     state_dict = {k: v.contiguous() for k, v in module.state_dict().items() if k not in frozen}
-    save_file(state_dict, str(tmp / WEIGHTS))
+    save_file(state_dict, str(tmp / CHECKPOINT_WEIGHTS))
     torch.save(opt.state_dict(), tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps(state))
     old = folder.with_name(f".{folder.name}.old")
@@ -72,7 +56,9 @@ def load_checkpoint(folder: Path, module: torch.nn.Module, opt) -> dict | None:
     """The saved state, `module` and `opt` restored from `folder`; None when there is none."""
     if not (folder / "state.json").is_file():
         return None
-    missing, unexpected = module.load_state_dict(load_file(str(folder / WEIGHTS)), strict=False)
+    missing, unexpected = module.load_state_dict(
+        load_file(str(folder / CHECKPOINT_WEIGHTS)), strict=False
+    )
     if unexpected or set(missing) - _frozen(module):
         raise ValueError(
             f"{folder}: a checkpoint of another module (missing "
@@ -86,7 +72,7 @@ def _row_text(row: dict) -> str:
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
 
 
-def fit(module: torch.nn.Module, opt, loss_at: Callable[[int, float], torch.Tensor],
+def fit_resumable(module: torch.nn.Module, opt, loss_at: Callable[[int, float], torch.Tensor],
         evaluate: Callable[[], dict], cfg, folder: Path, log) -> dict:  # fmt: skip
     """Train `module` from `folder`'s checkpoint (if any) until `cfg.steps` or
     `cfg.max_minutes`; `loss_at(step, progress)` gives the step's loss, `evaluate()` held-out

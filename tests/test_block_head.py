@@ -18,7 +18,7 @@ from pairs.models import load_model_pair
 from recipes.block_head.config import BlockHeadConfig
 from recipes.block_head.recipe import run
 from recipes.eagle3.config import HeadCorpusConfig, HeadRecipeConfig
-from recipes.resume import HeadTrainConfig
+from recipes.schedule import HeadTrainConfig
 from specrank.settings.errors import Refusal
 from specrank.settings.paths import PROJECT_ROOT as ROOT
 from tests.eagle3_heads import tiny_target

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from recipes.resume import HeadTrainConfig
+from recipes.schedule import HeadTrainConfig
 from specrank.settings.fields import setting
 
 

@@ -18,19 +18,19 @@ import torch
 import torch.nn.functional as F
 
 from recipes.block_head.config import BlockHeadConfig
-from recipes.block_head.windows import Window
+from recipes.block_head.windows import CapturedWindow
 from recipes.pocket.block import block_logits, decayed_weights
 from recipes.pocket.domino import lambda_base
 from recipes.pocket.dspark import dspark_weights
 from recipes.pocket.semiar import teacher_forced
 
 
-def ce(logq: torch.Tensor, win: Window) -> torch.Tensor:
+def ce(logq: torch.Tensor, win: CapturedWindow) -> torch.Tensor:
     """[A, D] cross-entropy of log-rows `logq` [A, D, V] against the data tokens."""
     return -logq.gather(-1, win.gold[..., None])[..., 0]
 
 
-def support_terms(logq: torch.Tensor, win: Window, confidence: torch.Tensor):
+def support_terms(logq: torch.Tensor, win: CapturedWindow, confidence: torch.Tensor):
     """(L1 [A, D], acceptance 1 - TV detached, confidence BCE) against the captured top-k row."""
     q = logq.gather(-1, win.top_t).exp()
     l1 = (q - win.top_p).abs().sum(-1) + (1.0 - q.sum(-1)).clamp(min=0.0)
@@ -54,13 +54,13 @@ class KindLoss:
     def block_spec(self):
         return self.spec if self.kind == "block" else self.spec.block
 
-    def logits(self, win: Window, which: str = "final") -> torch.Tensor:
+    def logits(self, win: CapturedWindow, which: str = "final") -> torch.Tensor:
         if self.kind == "block":
             return block_logits(self.module, self.frozen, win.feats, win.x, win.anchors,
                                 self.spec)  # fmt: skip
         return getattr(teacher_forced(self.module, self.spec, self.frozen, win), which)
 
-    def terms(self, win: Window, progress: float) -> torch.Tensor:
+    def terms(self, win: CapturedWindow, progress: float) -> torch.Tensor:
         bc = self.bc
         if self.kind == "block":
             return ce(self.logits(win).float().log_softmax(-1), win)
@@ -83,7 +83,7 @@ class KindLoss:
 
 
 @torch.no_grad()
-def confidence_data(loss: KindLoss, wins):
+def captured_confidence_data(loss: KindLoss, wins):
     """DSpark's held-out blocks whose every row is trained: (logits [N, D], 1 - TV [N, D])."""
     zs, accepts = [], []
     for win in wins:

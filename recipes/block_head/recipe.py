@@ -15,7 +15,7 @@ copies of the target's, shipped without them: `shared_with_target`), Domino Spec
 prefix GRU and embed_proj. With `block_head.backbone_init` a DSpark or Domino backbone starts
 from a trained block drafter (the heads from the references' init).
 
-Training: `recipes.resume.fit` (resumable; checkpoints in `head.work_dir/<model.name>/`),
+Training: `recipes.resume.fit_resumable` (resumable; checkpoints in `head.work_dir/<model.name>/`),
 losses `recipes.block_head.losses`; held-out teacher-forced agreement on the capture's
 held-out windows; DSpark's confidence calibrated by sequential temperature scaling on
 alternate held-out windows (`recipes.pocket.dspark.sts_fit`), reported on the others.
@@ -37,25 +37,25 @@ from pairs.semiar.layout import MARKOV_HEADS, SemiARSpec, save_semiar_drafter
 from recipes import resume
 from recipes.block_head.card import write_card
 from recipes.block_head.config import BlockHeadConfig
-from recipes.block_head.losses import KindLoss, confidence_data
-from recipes.block_head.windows import Captured, FrozenTarget, agreement, trained_context
+from recipes.block_head.losses import KindLoss, captured_confidence_data
+from recipes.block_head.windows import Captured, FrozenTarget, captured_agreement
 from recipes.eagle3 import data
 from recipes.eagle3.config import HeadRecipeConfig
-from recipes.eagle3.recipe import captured, load_target
+from recipes.eagle3.recipe import captured, load_capture_target
 from recipes.pocket import train
-from recipes.pocket.block import backbone_layer, export
+from recipes.pocket.block import backbone_layer, export, trained_context
 from recipes.pocket.dspark import sts_fit, sts_scores
 from recipes.pocket.semiar import BACKBONE, HEADS, build_module
 from specrank.settings.checks import check_choice
 from specrank.settings.errors import Refusal
 from specrank.settings.paths import project_path
 
-KINDS = ("block", "dspark", "domino")
+BLOCK_KINDS = ("block", "dspark", "domino")
 
 
-def check(bc: BlockHeadConfig, kind: str) -> None:
+def check_block_head(bc: BlockHeadConfig, kind: str) -> None:
     """The settings the recipe reads, before the target loads."""
-    check_choice("model.drafter_kind", kind, list(KINDS))
+    check_choice("model.drafter_kind", kind, list(BLOCK_KINDS))
     check_choice("block_head.markov_head_type", bc.markov_head_type, list(MARKOV_HEADS))
     if bc.block_size < 2:
         raise Refusal(f"block_head.block_size: expected >= 2, found {bc.block_size}")
@@ -86,7 +86,7 @@ def mask_id(bc: BlockHeadConfig, tok) -> int:
     return int(tok.unk_token_id)
 
 
-def make_spec(kind: str, bc: BlockHeadConfig, target, ids: list[int], mask: int):
+def make_kind_spec(kind: str, bc: BlockHeadConfig, target, ids: list[int], mask: int):
     t = target.config
     arch = SimpleNamespace(intermediate=bc.intermediate or t.intermediate_size,
                            heads=bc.heads or t.num_attention_heads,
@@ -139,13 +139,15 @@ def build(kind: str, spec, frozen: FrozenTarget, seed: int, bc: BlockHeadConfig,
     return module
 
 
-def calibrate(loss: KindLoss, val: Captured, bins: int) -> dict:
+def calibrate_confidence(loss: KindLoss, val: Captured, bins: int) -> dict:
     """Sequential temperature scaling fitted on even held-out windows, reported on odd ones."""
     fit = [
-        np.concatenate(x) for x in confidence_data(loss, val.heldout(loss.depth, slice(0, None, 2)))
+        np.concatenate(x)
+        for x in captured_confidence_data(loss, val.heldout(loss.depth, slice(0, None, 2)))
     ]
     rep = [
-        np.concatenate(x) for x in confidence_data(loss, val.heldout(loss.depth, slice(1, None, 2)))
+        np.concatenate(x)
+        for x in captured_confidence_data(loss, val.heldout(loss.depth, slice(1, None, 2)))
     ]
     temps = sts_fit(*fit, bins)
     ones = np.ones_like(temps)
@@ -162,11 +164,11 @@ def _params(module, names=None, trainable=False) -> int:
 def run(hc: HeadRecipeConfig, bc: BlockHeadConfig, model: ModelConfig, log) -> dict:
     """Capture (reused), training, calibration (dspark) and export into `model.drafter`."""
     kind = model.drafter_kind
-    check(bc, kind)
-    target, tok = load_target(hc, model)
+    check_block_head(bc, kind)
+    target, tok = load_capture_target(hc, model)
     cap = captured(target, tok, hc, model, log)
     ids = layer_ids(bc, cap.aux)
-    spec = make_spec(kind, bc, target, ids, mask_id(bc, tok))
+    spec = make_kind_spec(kind, bc, target, ids, mask_id(bc, tok))
     frozen = FrozenTarget(target)
     del target
     module = build(kind, spec, frozen, hc.seed, bc, log)
@@ -180,15 +182,15 @@ def run(hc: HeadRecipeConfig, bc: BlockHeadConfig, model: ModelConfig, log) -> d
         return loss(trn.training_batch(hc.seed, step, cfg.batch, bc.anchors, depth), progress)
 
     def evaluate(which: str = "final") -> dict:
-        return agreement(module, lambda w: loss.logits(w, which), val.heldout(depth))
+        return captured_agreement(module, lambda w: loss.logits(w, which), val.heldout(depth))
 
     work = project_path(hc.work_dir) / model.name
-    state = resume.fit(module, opt, loss_at, evaluate, cfg, work / resume.CKPT, log)
+    state = resume.fit_resumable(module, opt, loss_at, evaluate, cfg, work / resume.CKPT, log)
     done = {"val": evaluate()}
     if kind != "block":
         done["val_base"] = evaluate("base")
     if kind == "dspark":
-        done["sts"] = calibrate(loss, val, bc.calibration_bins)
+        done["sts"] = calibrate_confidence(loss, val, bc.calibration_bins)
     out = project_path(model.drafter)
     if kind == "block":
         save = lambda o, m: save_block_drafter(o, m, spec)  # noqa: E731
@@ -207,7 +209,7 @@ def run(hc: HeadRecipeConfig, bc: BlockHeadConfig, model: ModelConfig, log) -> d
                  "target_top_k": hc.corpus.target_top_k},
         "mask_token_id": int(spec.mask_token_id if kind == "block" else spec.block.mask_token_id),
         "depth": depth, "hidden": int(frozen.config.hidden_size),
-        "context_window": trained_context(length, depth),
+        "context_window": trained_context(length - 1, depth),  # windows of L = seq_len + 1
         "params": _params(module), "trainable": _params(module, trainable=True),
         "heads": _params(module, HEADS), "backbone": _params(module, BACKBONE),
         "data": {"tokens": int(cap.ids.size), "windows": len(cap.ids), "window": length,

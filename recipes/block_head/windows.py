@@ -9,8 +9,8 @@ recipe's windows.npz gives the loss mask (assistant tokens).
 
 Anchors: positions a with an assistant token at a + 1 whose D rows fit in the window (a + D
 <= L - 1), so the context [0, a) of a trained block is at most L - 1 - D positions
-(`trained_context`). Row j of anchor a drafts the token at a + j + 1 and is trained where
-that token is an assistant token (`held`).
+(`recipes.pocket.block.trained_context` of L - 1). Row j of anchor a drafts the token at
+a + j + 1 and is trained where that token is an assistant token (`held`).
 
 Labels: the window's tokens (DFlash's hard labels: the replies are the target's own greedy
 text). DSpark's distribution matching uses the captured top-k target row, mapped from draft
@@ -52,7 +52,7 @@ class FrozenTarget(nn.Module):
 
 
 @dataclass
-class Window:
+class CapturedWindow:
     """One window's blocks (the attributes `recipes.pocket.block` and `.semiar` read:
     feats, x, anchors, rows, held) and their labels."""
 
@@ -95,11 +95,11 @@ class Captured:
         a = torch.arange(1, length - depth)
         return a[self.mask[w, a + 1]]
 
-    def window(self, w: int, anchors: torch.Tensor, depth: int) -> Window:
+    def window(self, w: int, anchors: torch.Tensor, depth: int) -> CapturedWindow:
         rows = anchors[:, None] + torch.arange(depth)
         top_p = self.top_v[w][rows].float().softmax(-1)
         top_t = self.draft[self.top_i[w][rows]]
-        return Window(self.aux[w].float(), self.ids[w], anchors, rows,
+        return CapturedWindow(self.aux[w].float(), self.ids[w], anchors, rows,
                       self.mask[w][rows + 1].float(), top_p, top_t, self.valid[w][rows])  # fmt: skip
 
     def training_batch(self, seed: int, step: int, batch: int, n_anchors: int, depth: int):
@@ -125,13 +125,7 @@ class Captured:
                 yield self.window(w, torch.tensor(keep), depth)
 
 
-def trained_context(length: int, depth: int) -> int:
-    """The most context positions a trained block attended to (module doc): L - 1 - depth."""
-    return length - 1 - depth
-
-
-@torch.no_grad()
-def agreement(module: nn.Module, logits_of, wins) -> dict:
+def captured_agreement(module: nn.Module, logits_of, wins) -> dict:
     """Held-out, teacher-forced: per row, the share of rows whose drafter argmax is the
     target's (captured; rows whose target argmax lies outside the draft vocabulary are not
     counted, and end a leading run); the mean leading run of matches (a greedy chain's

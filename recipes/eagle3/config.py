@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from recipes.block_head.config import BlockHeadConfig
-from recipes.resume import HeadTrainConfig
+from recipes.schedule import HeadTrainConfig
 from specrank.settings.fields import setting
 
 

@@ -76,7 +76,7 @@ def fit_head(head: Eagle3Head, arrays, val, hc: HeadRecipeConfig, work: Path, lo
         idx = np.random.default_rng([hc.seed, step]).choice(n, cfg.batch, replace=False)
         return window_loss(head, _batch(arrays, idx), hc.ttt_steps, hc.ttt_decay)[0]
 
-    state = resume.fit(head, opt, loss_at, lambda: head_agreement(head, val, hc.ttt_steps, cfg.batch),
+    state = resume.fit_resumable(head, opt, loss_at, lambda: head_agreement(head, val, hc.ttt_steps, cfg.batch),
                        cfg, work / resume.CKPT, log)  # fmt: skip
     final = head_agreement(head, val, hc.ttt_steps, cfg.batch)
     head.eval()

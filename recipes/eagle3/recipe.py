@@ -92,7 +92,7 @@ class Capture:
     folder: Path
 
 
-def load_target(hc: HeadRecipeConfig, model: ModelConfig):
+def load_capture_target(hc: HeadRecipeConfig, model: ModelConfig):
     """(target in `head.capture_dtype`, frozen, and its tokenizer); torch on `head.threads`."""
     check(hc)
     torch.set_num_threads(hc.threads)
@@ -142,7 +142,7 @@ def captured(target, tok, hc: HeadRecipeConfig, model: ModelConfig, log) -> Capt
 
 def run(hc: HeadRecipeConfig, model: ModelConfig, log) -> dict:
     """Data, capture, training and export into `model.drafter`; the recipe's facts."""
-    target, tok = load_target(hc, model)
+    target, tok = load_capture_target(hc, model)
     cap = captured(target, tok, hc, model, log)
     out, work = project_path(model.drafter), project_path(hc.work_dir) / model.name
     aux, draft, shards, ids, mask = cap.aux, cap.draft, cap.shards, cap.ids, cap.mask
