@@ -103,3 +103,26 @@ def test_a_chunk_decoded_before_the_renames_pools_with_one_after(tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     with pytest.raises(Refusal, match=r"other settings .*'run'"):
         read_chunks(chunks)
+
+
+def test_a_chunk_decoded_before_a_setting_at_its_old_behaviour_pools_with_one_after(tmp_path):
+    """`model.drafter_window: null` (added later; null is the behaviour from before) reads as
+    absent; set otherwise, it differs."""
+    run = RunConfig(rules=["draft"], warmup_prompts=0, bootstrap_resamples=200, progress=False)
+    chunks = [tmp_path / f"chunk{i}" for i in range(2)]
+    for i, folder in enumerate(chunks):
+        _decode(tmp_path, folder, _data(tmp_path, 2, i), run)
+    for folder in chunks:  # the model section as Hydra writes it
+        path = folder / ".hydra" / "config.yaml"
+        cfg = yaml.safe_load(path.read_text())
+        cfg["model"] = dataclasses.asdict(tiny_model_config(tmp_path / "models", "llama"))
+        path.write_text(yaml.safe_dump(cfg))
+    assert cfg["model"]["drafter_window"] is None
+    del cfg["model"]["drafter_window"]  # chunk 1 decoded before the setting existed
+    path.write_text(yaml.safe_dump(cfg))
+    prompts, _, _ = read_chunks(chunks)
+    assert prompts["chunk"].nunique() == 2
+    cfg["model"]["drafter_window"] = 120
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(Refusal, match=r"other settings .*'model'"):
+        read_chunks(chunks)
