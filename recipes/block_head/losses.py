@@ -15,28 +15,24 @@ pocket recipe's (`recipes.pocket.block`, `.dspark`, `.domino`) with the captured
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from recipes.block_head.config import BlockHeadConfig
 from recipes.block_head.windows import CapturedWindow
-from recipes.pocket.block import block_logits, decayed_weights
+from recipes.pocket.block import block_logits, decayed_weights, row_ce
 from recipes.pocket.domino import lambda_base
-from recipes.pocket.dspark import dspark_weights
+from recipes.pocket.dspark import l1_terms
 from recipes.pocket.semiar import teacher_forced
 
 
 def ce(logq: torch.Tensor, win: CapturedWindow) -> torch.Tensor:
     """[A, D] cross-entropy of log-rows `logq` [A, D, V] against the data tokens."""
-    return -logq.gather(-1, win.gold[..., None])[..., 0]
+    return row_ce(logq, win, "data")[0]
 
 
 def support_terms(logq: torch.Tensor, win: CapturedWindow, confidence: torch.Tensor):
     """(L1 [A, D], acceptance 1 - TV detached, confidence BCE) against the captured top-k row."""
     q = logq.gather(-1, win.top_t).exp()
-    l1 = (q - win.top_p).abs().sum(-1) + (1.0 - q.sum(-1)).clamp(min=0.0)
-    accept = (1.0 - 0.5 * l1).clamp(0.0, 1.0).detach()
-    bce = F.binary_cross_entropy_with_logits(confidence, accept, reduction="none")
-    return l1, accept, bce
+    return l1_terms((q - win.top_p).abs().sum(-1) + (1.0 - q.sum(-1)).clamp(min=0.0), confidence)
 
 
 class KindLoss:
@@ -45,14 +41,9 @@ class KindLoss:
 
     def __init__(self, kind: str, module, spec, frozen, bc: BlockHeadConfig) -> None:
         self.kind, self.module, self.spec, self.frozen, self.bc = kind, module, spec, frozen, bc
-        depth = spec.block_size - 1 if kind == "block" else spec.depth
-        self.depth = depth
-        self.w = dspark_weights(depth, bc.decay_gamma) if kind == "dspark" else decayed_weights(
-            depth + 1, bc.decay_gamma)  # fmt: skip
+        self.depth = spec.block_size - 1 if kind == "block" else spec.depth
+        self.w = decayed_weights(self.depth + 1, bc.decay_gamma)  # one weight a drafted row
         self.lam = bc.lambda_base_start
-
-    def block_spec(self):
-        return self.spec if self.kind == "block" else self.spec.block
 
     def logits(self, win: CapturedWindow, which: str = "final") -> torch.Tensor:
         if self.kind == "block":

@@ -65,11 +65,6 @@ class CapturedWindow:
     top_t: torch.Tensor  # [A, D, k] those k tokens as target ids, the argmax first
     valid: torch.Tensor  # [A, D] the captured `rows`: top_t[..., 0] is the target's argmax
 
-    @property
-    def gold(self) -> torch.Tensor:
-        """[A, D] the data tokens the rows draft (the labels)."""
-        return self.x[self.rows + 1]
-
 
 class Captured:
     """Captured windows (one split's shards) with their loss mask, as tensors."""
@@ -100,7 +95,8 @@ class Captured:
         top_p = self.top_v[w][rows].float().softmax(-1)
         top_t = self.draft[self.top_i[w][rows]]
         return CapturedWindow(self.aux[w].float(), self.ids[w], anchors, rows,
-                      self.mask[w][rows + 1].float(), top_p, top_t, self.valid[w][rows])  # fmt: skip
+                              self.mask[w][rows + 1].float(), top_p, top_t,
+                              self.valid[w][rows])  # fmt: skip
 
     def training_batch(self, seed: int, step: int, batch: int, n_anchors: int, depth: int):
         """Step `step`'s windows, each with up to `n_anchors` random anchors: the same draws

@@ -48,7 +48,11 @@ def dspark_weights(depth: int, gamma: float) -> torch.Tensor:
 def dspark_terms(logq: torch.Tensor, p: torch.Tensor, confidence: torch.Tensor):
     """(L1 [..], acceptance 1 - TV [..] detached, confidence BCE [..]) of draft log-rows
     `logq` against target rows `p` [.., V], the confidence head's logits `confidence` [..]."""
-    l1 = (logq.exp() - p).abs().sum(-1)
+    return l1_terms((logq.exp() - p).abs().sum(-1), confidence)
+
+
+def l1_terms(l1: torch.Tensor, confidence: torch.Tensor):
+    """(L1, acceptance 1 - TV = 1 - L1 / 2 detached, the confidence head's BCE towards it)."""
     accept = (1.0 - 0.5 * l1).clamp(0.0, 1.0).detach()
     bce = F.binary_cross_entropy_with_logits(confidence, accept, reduction="none")
     return l1, accept, bce
