@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from recipes.pocket.config import DominoHeadConfig, DSparkHeadConfig
 from recipes.schedule import HeadTrainConfig
 from specrank.settings.fields import setting
 
@@ -21,7 +22,7 @@ def _train() -> HeadTrainConfig:
 
 
 @dataclass
-class BlockHeadConfig:
+class BlockHeadConfig(DSparkHeadConfig, DominoHeadConfig):
     """A DFlash backbone (one Qwen3 decoder layer at the target's width, `fc` over the captured
     states, the target's embedding and lm_head frozen) and, for dspark / domino, its kind's
     correction head (`recipes.block_head`)."""
@@ -56,25 +57,5 @@ class BlockHeadConfig:
         "dspark | domino: a trained block drafter folder (e.g. models/smollm2/block) whose "
         "backbone starts this one (saves CPU: the heads train on a trained backbone); null: "
         "from scratch",
-    )
-    markov_rank: int = setting(64, "dspark: rank of the Markov head's W2 W1 (a low-rank bigram)")
-    markov_head_type: str = setting("vanilla", "dspark: vanilla | gated Markov head")
-    confidence_with_markov: bool = setting(
-        True, "dspark: the confidence head reads [h ; W1[x_prev]] (DeepSpec's released configs)"
-    )
-    ce_alpha: float = setting(0.1, "dspark: weight of the decayed cross-entropy")
-    l1_alpha: float = setting(
-        0.9, "dspark: weight of sum |q - p| = 2 TV to the captured top-k target row"
-    )
-    confidence_alpha: float = setting(
-        1.0, "dspark: weight of the confidence BCE towards 1 - TV(q, p)"
-    )
-    calibration_bins: int = setting(20, "dspark: equal-width bins of the calibration error")
-    gru_hidden_dim: int = setting(64, "domino: the prefix GRU's state width")
-    emb_dim: int = setting(128, "domino: embed_proj's inner width")
-    pure_draft_prefix_len: int = setting(1, "domino: first drafted rows left uncorrected")
-    lambda_base_start: float = setting(1.0, "domino: the base cross-entropy's starting weight")
-    lambda_base_decay_ratio: float = setting(
-        0.5, "domino: share of the run over which the base weight falls linearly to 0"
     )
     train: HeadTrainConfig = field(default_factory=_train)

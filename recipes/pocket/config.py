@@ -253,6 +253,56 @@ def _semiar_train() -> TrainConfig:
 
 
 @dataclass
+class DSparkHeadConfig:
+    """DeepSpec's Markov and confidence heads and their loss weights: the pocket DSpark's
+    (`pocket_dspark.*`) and the real-target recipe's (`block_head.*`)."""
+
+    markov_rank: int = setting(64, "dspark: rank of the Markov head's W2 W1 (a low-rank bigram)")
+    markov_head_type: str = setting(
+        "vanilla", "dspark: vanilla | gated: W2 W1[x_prev], or gated by the row's hidden state"
+    )
+    confidence_with_markov: bool = setting(
+        True, "dspark: the confidence head reads [h ; W1[x_prev]] (DeepSpec's released configs)"
+    )
+    ce_alpha: float = setting(
+        0.1, "dspark: weight of the decayed cross-entropy (DeepSpec's configs)"
+    )
+    l1_alpha: float = setting(
+        0.9,
+        "dspark: weight of the L1 distance sum |q - p| = 2 TV to the target's row (DeepSpec's; "
+        "block_head: its captured top-k)",
+    )
+    confidence_alpha: float = setting(
+        1.0, "dspark: weight of the confidence BCE towards 1 - TV(q, p) (DeepSpec's configs)"
+    )
+    calibration_bins: int = setting(
+        20, "dspark: equal-width bins of the calibration error (ECE; DeepSpec's evaluator's 20)"
+    )
+
+
+@dataclass
+class DominoHeadConfig:
+    """SpecForge's Domino correction and its curriculum: the pocket Domino's (`pocket_domino.*`)
+    and the real-target recipe's (`block_head.*`)."""
+
+    gru_hidden_dim: int = setting(64, "domino: the prefix GRU's state width")
+    emb_dim: int = setting(
+        128, "domino: embed_proj's inner width ([h ; s] -> emb_dim -> vocabulary)"
+    )
+    pure_draft_prefix_len: int = setting(
+        1, "domino: first drafted rows left uncorrected (SpecForge's released config)"
+    )
+    lambda_base_start: float = setting(
+        1.0, "domino: the base cross-entropy's weight at the start (the final one's: 1 - it)"
+    )
+    lambda_base_decay_ratio: float = setting(
+        0.5,
+        "domino: share of the run over which the base weight falls linearly to 0 (SpecForge's "
+        "default); the final cross-entropy alone after it",
+    )
+
+
+@dataclass
 class PocketSemiARConfig:
     """What the pocket semi-autoregressive drafters share with the pocket block drafter: its
     DFlash backbone, data and schedule (`recipes.pocket.semiar`)."""
@@ -298,7 +348,7 @@ class PocketSemiARConfig:
 
 
 @dataclass
-class PocketDSparkConfig(PocketSemiARConfig):
+class PocketDSparkConfig(DSparkHeadConfig, PocketSemiARConfig):
     """The pocket DSpark drafter (`python -m decode.train_pocket.dspark`): a DFlash backbone plus
     DeepSpec's Markov head and confidence head, in DeepSpec's layout (`recipes.pocket.dspark`)."""
 
@@ -308,32 +358,15 @@ class PocketDSparkConfig(PocketSemiARConfig):
     block_size: int = setting(
         8, "rows per block, row k drafting the token at r + k + 1: depth 8, the default pool's"
     )
-    markov_rank: int = setting(64, "rank of the Markov head's W2 W1 (a low-rank bigram)")
-    markov_head_type: str = setting(
-        "vanilla", "vanilla | gated: W2 W1[x_prev], or gated by the row's hidden state"
-    )
-    confidence_with_markov: bool = setting(
-        True, "the confidence head reads [h ; W1[x_prev]] (DeepSpec's released configs)"
-    )
-    ce_alpha: float = setting(0.1, "weight of the decayed cross-entropy (DeepSpec's configs)")
-    l1_alpha: float = setting(
-        0.9, "weight of the L1 distance sum |q - p| = 2 TV to the target's row (DeepSpec's)"
-    )
-    confidence_alpha: float = setting(
-        1.0, "weight of the confidence BCE towards 1 - TV(q, p) (DeepSpec's configs)"
-    )
     calibration_tokens: int = setting(
         32_768,
         "validation tokens whose blocks calibrate the confidence head (sequential temperature "
         "scaling on alternate windows; the others report the calibration)",
     )
-    calibration_bins: int = setting(
-        20, "equal-width bins of the calibration error (ECE; DeepSpec's evaluator's 20)"
-    )
 
 
 @dataclass
-class PocketDominoConfig(PocketSemiARConfig):
+class PocketDominoConfig(DominoHeadConfig, PocketSemiARConfig):
     """The pocket Domino drafter (`python -m decode.train_pocket.domino`): a DFlash backbone plus
     SpecForge's GRU correction, in SpecForge's layout (`recipes.pocket.domino`)."""
 
@@ -342,19 +375,6 @@ class PocketDominoConfig(PocketSemiARConfig):
     )
     block_size: int = setting(
         9, "the bonus token + 8 placeholders: depth 8, the default pool's (shift_label false)"
-    )
-    gru_hidden_dim: int = setting(64, "the prefix GRU's state width")
-    emb_dim: int = setting(128, "embed_proj's inner width ([h ; s] -> emb_dim -> vocabulary)")
-    pure_draft_prefix_len: int = setting(
-        1, "first drafted rows left uncorrected (SpecForge's released config)"
-    )
-    lambda_base_start: float = setting(
-        1.0, "the base cross-entropy's weight at the start (the final one's: 1 - it)"
-    )
-    lambda_base_decay_ratio: float = setting(
-        0.5,
-        "share of the run over which the base weight falls linearly to 0 (SpecForge's "
-        "default); the final cross-entropy alone after it",
     )
 
 
