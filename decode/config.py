@@ -55,6 +55,14 @@ def manifest_view(sections: dict) -> dict:
     for section, keys in NOT_IN_MANIFEST.items():
         if isinstance(out.get(section), dict):
             out[section] = {k: v for k, v in out[section].items() if k not in keys}
+    return without_omitted(out)
+
+
+def without_omitted(sections: dict) -> dict:
+    """Config sections without OMITTED_AT's keys at their listed values: a setting added later,
+    at the default that keeps the behaviour from before, reads as absent (manifests, and the
+    chunks `decode.pooled` compares)."""
+    out = dict(sections)
     for section, defaults in OMITTED_AT.items():
         if isinstance(out.get(section), dict):
             out[section] = {k: v for k, v in out[section].items()

@@ -29,7 +29,7 @@ import pandas as pd
 import yaml
 
 from decode.compare import ratios_of_tables, ratios_text
-from decode.config import OMITTED_AT
+from decode.config import without_omitted
 from decode.metrics import entropy_halves, run_groups, task_entropy
 from decode.predicted import offline_comparison, offline_text, offline_values
 from specrank.settings.cli import READS, refusals_exit
@@ -49,13 +49,9 @@ def chunk_config(folder: Path) -> dict:
     # a chunk decoded before a rename compares under the new names; sections decode.run does
     # not read (the model recipes') may differ between code versions and do not matter
     raw = migrated_config(yaml.safe_load(path.read_text()))
-    cfg = {k: v for k, v in raw.items() if k in (*READS["decode.run"], "seed")}
-    # a setting added later at the default that keeps the old behaviour (OMITTED_AT) reads as
-    # absent, so a chunk decoded before it pools with one decoded after
-    for section, defaults in OMITTED_AT.items():
-        if isinstance(cfg.get(section), dict):
-            cfg[section] = {k: v for k, v in cfg[section].items()
-                            if k not in defaults or v != defaults[k]}  # fmt: skip
+    # a setting added later at its old behaviour reads as absent: chunks before it pool with
+    # chunks after
+    cfg = without_omitted({k: v for k, v in raw.items() if k in (*READS["decode.run"], "seed")})
     for key in _PER_CHUNK:
         *parents, leaf = key.split(".")
         node = cfg

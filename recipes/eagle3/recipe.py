@@ -31,6 +31,7 @@ from recipes.pocket.eagle3 import export_head, make_head, make_spec
 from specrank.settings.checks import check_choice
 from specrank.settings.errors import Refusal
 from specrank.settings.paths import project_path
+from specrank.store.files import atomic_write
 
 
 def check(hc: HeadRecipeConfig) -> None:
@@ -115,7 +116,7 @@ def _check_capture_target(folder: Path, model: ModelConfig) -> None:
                           "folder name")  # fmt: skip
     elif not (folder / "windows.npz").is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"target": model.target}) + "\n")
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps({"target": model.target}) + "\n"))
 
 
 def captured(target, tok, hc: HeadRecipeConfig, model: ModelConfig, log) -> Capture:
