@@ -84,7 +84,7 @@ def fit_resumable(module: torch.nn.Module, opt, loss_at: Callable[[int, float], 
     start, saved = time.time() - state["seconds"], time.time()
     step = state["step"]
     while True:
-        progress = max(step / cfg.steps, (time.time() - start) / (60 * cfg.max_minutes))
+        progress = train.progress_of(step, time.time() - start, cfg)
         if progress >= 1.0:
             break
         for g in opt.param_groups:
